@@ -1,0 +1,256 @@
+"""Typed configuration: the embedded default, a --conf file and --set overrides, validated once.
+
+Entry points call :func:`load_config` exactly once and pass the resulting :class:`Config` (or the
+section a function needs) down explicitly. Nothing else reads YAML or the environment for
+settings, so a run is fully described by the resolved config that is logged with it.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from recsys.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsConfig(_Section):
+    events: str
+    catalog: str
+    output: str
+    work: str
+
+    @field_validator("events", "catalog", "output", "work")
+    @classmethod
+    def _path_is_sane(cls, value: str) -> str:
+        return validate_path(value)
+
+
+class MlflowConfig(_Section):
+    tracking_uri: str
+    artifact_location: str | None = None
+    experiment: str = Field(min_length=1)
+    model_name: str = Field(min_length=1)
+    alias: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+class HistoryConfig(_Section):
+    window_days: int = Field(ge=1)
+    max_items: int = Field(ge=1, le=100_000)
+    event_types: tuple[str, ...] = ()
+    tie_break_seed: int = 7
+
+
+class CatalogConfig(_Section):
+    max_age_days: int = Field(ge=0)
+
+
+class ScoringConfig(_Section):
+    top_n: int = Field(ge=1, le=10_000)
+    chunk_size: int = Field(ge=1, le=1_000_000)
+    device: str = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    arrow_batch_size: int = Field(ge=1, le=1_000_000)
+    partitions: int = Field(ge=0)
+    cache_size: int = Field(ge=1, le=64)
+    item_tile: int = Field(ge=0)
+
+    @field_validator("device")
+    @classmethod
+    def _device_is_known(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+
+class ModelConfig(_Section):
+    type: Literal["sasrec"] = "sasrec"
+    dim: int = Field(ge=4, le=4096)
+    layers: int = Field(ge=1, le=24)
+    heads: int = Field(ge=1, le=64)
+    max_len: int = Field(ge=1, le=4096)
+    dropout: float = Field(ge=0.0, lt=1.0)
+
+
+class TrainConfig(_Section):
+    model: ModelConfig
+    epochs: int = Field(ge=1)
+    batch_size: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    weight_decay: float = Field(ge=0)
+    patience: int = Field(ge=1)
+    seed: int = 42
+    min_item_count: int = Field(ge=1)
+    device: str = "auto"
+    gate_tolerance: float = Field(ge=0)
+
+
+class SparkConfig(_Section):
+    master: str = "local[*]"
+    remote: str | None = None
+    app_name: str = "recsys"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _stringify(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+        return value
+
+
+class Config(_Section):
+    paths: PathsConfig
+    mlflow: MlflowConfig
+    history: HistoryConfig
+    catalog: CatalogConfig
+    scoring: ScoringConfig
+    train: TrainConfig
+    spark: SparkConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        """A short stable hash of everything that shapes the output; tied to manifests."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def redacted_dict(self) -> dict[str, Any]:
+        """The config as logged and stored: credentials in URIs removed."""
+        data = self.to_dict()
+        data["mlflow"]["tracking_uri"] = redact_uri(data["mlflow"]["tracking_uri"])
+        if data["spark"]["remote"]:
+            data["spark"]["remote"] = redact_uri(data["spark"]["remote"])
+        return data
+
+
+def default_config_text() -> str:
+    return resources.files("recsys").joinpath("default.yaml").read_text()
+
+
+def load_config(conf_file: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Merge the embedded default, an optional YAML file and ``key=value`` overrides, then validate.
+
+    Raises ConfigError naming the offending key and value, so a scheduler log says what to fix.
+    """
+    data = yaml.safe_load(default_config_text())
+    if conf_file is not None:
+        path = Path(conf_file)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist; pass an existing YAML file to --conf")
+        try:
+            user = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+        if not isinstance(user, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(user).__name__}")
+        data = _deep_merge(data, user, prefix="")
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_dotted(data, key, value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe_validation_error(exc, data)) from None
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        dotted = f"{prefix}{key}"
+        if key not in merged:
+            raise ConfigError(f"unknown config key {dotted!r}; see the README's configuration keys")
+        if isinstance(merged[key], dict) and isinstance(value, Mapping) and dotted != "spark.conf":
+            merged[key] = _deep_merge(merged[key], value, prefix=f"{dotted}.")
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value, e.g. scoring.top_n=50")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r} in --set {key}=...")
+        node = node[part]
+        if ".".join(parts[: i + 1]) == "spark.conf":  # free-form Spark settings
+            node[".".join(parts[i + 1 :])] = value
+            return
+    if not isinstance(node, dict) or parts[-1] not in node:
+        raise ConfigError(f"unknown config key {key!r} in --set {key}=...; see the README's configuration keys")
+    node[parts[-1]] = value
+
+
+def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) -> str:
+    problems = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        problems.append(f"config key {key!r} = {err.get('input')!r}: {err['msg']}")
+    return "invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set KEY=VALUE)"
+
+
+_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def validate_path(value: str) -> str:
+    """Reject paths that cannot be what the user meant, before any data is read or written."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("path must be a non-empty string")
+    if "\x00" in value or "\n" in value:
+        raise ValueError(f"path {value!r} holds a control character")
+    if _SCHEME.match(value):
+        return value
+    if ".." in Path(value).parts:
+        raise ValueError(f"path {value!r} must not contain '..'; give it relative to the working directory or absolute")
+    if Path(value).resolve() == Path("/"):
+        raise ValueError("path must not be the filesystem root")
+    return value
+
+
+def is_local_path(path: str) -> bool:
+    return not _SCHEME.match(path) or path.startswith("file://")
+
+
+def local_path(path: str) -> Path:
+    """Absolute local path for a local path or file:// URI."""
+    if path.startswith("file://"):
+        return Path(urlsplit(path).path)
+    return Path(path).resolve()
+
+
+def redact_uri(uri: str) -> str:
+    """Drop user:password@ and secret-looking query values from a URI before it is logged."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return "<unparseable uri>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = re.sub(r"(?i)((?:token|password|secret|key|sig|signature)=)[^&]*", r"\1***", parts.query)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))

@@ -1,0 +1,1 @@
+"""Input contracts and the readers, generators and importers that honour them."""

@@ -1,0 +1,95 @@
+"""The user-visible data contracts (DESIGN.md section 4), in one place.
+
+Inputs and outputs are Parquet datasets with Hive-style date partitions ``dt=YYYY-MM-DD``.
+Changing anything here is a breaking change for users: it needs a migration note in the README.
+Pure pyarrow: used by the generators and importers, which run without Spark.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+PARTITION_COLUMN = "dt"
+DATE_FORMAT = "%Y-%m-%d"
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("user_id", pa.int64()),
+        pa.field("item_id", pa.int64()),
+        pa.field("event_type", pa.string()),
+        pa.field("ts", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+# Required catalog columns; any further (descriptive) columns are carried through untouched.
+CATALOG_REQUIRED_SCHEMA = pa.schema(
+    [
+        pa.field("item_id", pa.int64()),
+        pa.field("available", pa.bool_()),
+    ]
+)
+CATALOG_SCHEMA = pa.schema(
+    list(CATALOG_REQUIRED_SCHEMA)
+    + [
+        pa.field("title", pa.string()),
+        pa.field("category", pa.string()),
+    ]
+)
+
+RECOMMENDATION_TYPE = pa.list_(
+    pa.field("element", pa.struct([pa.field("item_id", pa.int64()), pa.field("score", pa.float32())]))
+)
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field("user_id", pa.int64()),
+        pa.field("recommendations", RECOMMENDATION_TYPE),
+        pa.field("source", pa.string()),          # "model" or the fallback's name, e.g. "popularity"
+        pa.field("model_version", pa.string()),
+    ]
+)
+OUTPUT_SPARK_DDL = (
+    "user_id BIGINT, recommendations ARRAY<STRUCT<item_id: BIGINT, score: FLOAT>>, "
+    "source STRING, model_version STRING"
+)
+SOURCE_MODEL = "model"
+SOURCE_POPULARITY = "popularity"
+
+SUCCESS_MARKER = "_SUCCESS"
+MANIFEST_NAME = "_manifest.json"
+
+
+def parse_date(value: str | dt.date) -> dt.date:
+    """Parse YYYY-MM-DD, with an error that says what was wrong."""
+    if isinstance(value, dt.date):
+        return value
+    try:
+        return dt.datetime.strptime(value, DATE_FORMAT).date()
+    except (TypeError, ValueError):
+        raise ValueError(f"date {value!r} is not in YYYY-MM-DD form, e.g. 2024-05-01") from None
+
+
+def partition_name(date: dt.date) -> str:
+    return f"{PARTITION_COLUMN}={date.strftime(DATE_FORMAT)}"
+
+
+def write_partition(table: pa.Table, root: str | Path, date: dt.date, *, replace: bool = True) -> Path:
+    """Write one date partition of a local dataset: files appear under their final name only when complete.
+
+    Used by the sample generator and importers (local paths). The file is written under a hidden
+    name and renamed, so a reader listing the partition never sees a half-written file.
+    """
+    part_dir = Path(root) / partition_name(date)
+    part_dir.mkdir(parents=True, exist_ok=True)
+    if replace:
+        for old in part_dir.glob("*.parquet"):
+            old.unlink()
+    tmp = part_dir / f".part-{uuid.uuid4().hex}.parquet.tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    final = part_dir / f"part-{uuid.uuid4().hex[:12]}.parquet"
+    os.replace(tmp, final)
+    return final

@@ -1,0 +1,34 @@
+"""The contract every recommendation model honours, so the scoring core stays model-agnostic.
+
+A model turns a user's recent items into one vector and scores items by dot product with their
+embeddings. That shape is what makes batch scoring fast: one matrix product per chunk of users,
+tileable over the catalog, fused with masking and top-k (see ``recsys.scoring.core``).
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class SequenceRecommender(Protocol):
+    """What the scoring core needs from a model.
+
+    Item indices are vocabulary positions shifted by one: 0 is padding, real items ``1..num_items``.
+    """
+
+    max_len: int     # how many of the most recent items ``encode`` looks at
+    num_items: int   # vocabulary size, padding excluded
+
+    def encode(self, seq: torch.Tensor) -> torch.Tensor:
+        """``seq``: [B, max_len] int64, left-padded with 0, newest item last -> [B, D] user vectors.
+
+        Must return finite vectors for all-padding rows too (callers route users without history
+        to a fallback, but a NaN must never reach a ranking).
+        """
+        ...
+
+    def item_embeddings(self) -> torch.Tensor:
+        """[num_items + 1, D]: row i scores item index i; row 0 (padding) is never recommended."""
+        ...

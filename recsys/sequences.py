@@ -1,0 +1,90 @@
+"""Per-user item sequences in compressed (CSR) form, and their conversion to padded tensors input.
+
+The same layout as an Arrow list array (offsets + flat values), so histories move between Spark,
+the scoring core and training without per-row Python objects. Pure numpy/pyarrow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Item-index sequences, oldest first: user ``u`` owns ``items[offsets[u]:offsets[u + 1]]``.
+
+    Item indices are positions in a model's vocabulary, shifted by one: 0 is padding, so real
+    items are ``1..num_items``.
+    """
+
+    offsets: np.ndarray  # [U + 1] int64, offsets[0] == 0, non-decreasing
+    items: np.ndarray    # [offsets[-1]] int64
+
+    def __post_init__(self) -> None:
+        if self.offsets.ndim != 1 or len(self.offsets) == 0 or self.offsets[0] != 0:
+            raise ValueError("offsets must be a 1-d array starting at 0")
+        if self.offsets[-1] != len(self.items):
+            raise ValueError(f"offsets end at {self.offsets[-1]} but there are {len(self.items)} items")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @classmethod
+    def from_lists(cls, lists: list[list[int]] | list[np.ndarray]) -> "Sequences":
+        lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=len(lists))
+        offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        items = np.concatenate([np.asarray(x, dtype=np.int64) for x in lists]) if len(lists) else np.zeros(0, np.int64)
+        return cls(offsets, items.astype(np.int64, copy=False))
+
+    @classmethod
+    def from_arrow(cls, array: pa.Array | pa.ChunkedArray) -> "Sequences":
+        """Zero-copy where possible; null lists become empty sequences."""
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
+        if array.null_count:
+            array = array.fill_null(pa.scalar([], type=array.type))
+        if pa.types.is_large_list(array.type):
+            offsets = array.offsets.to_numpy().astype(np.int64)
+        else:
+            offsets = array.offsets.to_numpy().astype(np.int64)
+        values = array.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        start, end = offsets[0], offsets[-1]
+        return cls(offsets - start, values[start:end])
+
+    def to_lists(self) -> list[np.ndarray]:
+        return [self.items[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
+
+    def take(self, rows: np.ndarray) -> "Sequences":
+        """A subset of users, vectorised (no per-row Python)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, ends = self.offsets[rows], self.offsets[rows + 1]
+        lengths = ends - starts
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return Sequences(offsets, self.items[idx])
+
+
+def pad_left(seqs: Sequences, max_len: int, pad: int = 0) -> np.ndarray:
+    """The last ``max_len`` items of each sequence, right-aligned: ``[U, max_len]`` int64.
+
+    Newest item in the last column, padding (0) on the left, the layout causal sequence models
+    read. Vectorised: one gather through the offsets, no per-row Python.
+    """
+    n = len(seqs)
+    out = np.full((n, max_len), pad, dtype=np.int64)
+    if n == 0 or max_len == 0:
+        return out
+    ends = seqs.offsets[1:]                                   # [U]
+    starts = seqs.offsets[:-1]                                # [U]
+    idx = ends[:, None] - max_len + np.arange(max_len)[None]  # [U, L] positions into items
+    valid = idx >= starts[:, None]
+    out[valid] = seqs.items[idx[valid]]
+    return out
