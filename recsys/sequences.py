@@ -88,3 +88,42 @@ def pad_left(seqs: Sequences, max_len: int, pad: int = 0) -> np.ndarray:
     valid = idx >= starts[:, None]
     out[valid] = seqs.items[idx[valid]]
     return out
+
+
+class Vocabulary:
+    """A model's item vocabulary: external item id <-> model index (1-based; 0 is padding).
+
+    Built once per model (the scorer caches it with the model), then maps whole chunks of ids with
+    one vectorised binary search.
+    """
+
+    def __init__(self, item_ids: np.ndarray):
+        self.item_ids = np.ascontiguousarray(item_ids, dtype=np.int64)   # item_ids[i] has index i + 1
+        self._order = np.argsort(self.item_ids, kind="stable")
+        self._sorted = self.item_ids[self._order]
+        if len(self._sorted) > 1 and np.any(self._sorted[1:] == self._sorted[:-1]):
+            raise ValueError("vocabulary item ids must be unique")
+
+    def __len__(self) -> int:
+        return len(self.item_ids)
+
+    def index_of(self, ids: np.ndarray) -> np.ndarray:
+        """Model index of each id, 0 where the model does not know the item."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(self._sorted) == 0:
+            return np.zeros(len(ids), dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._sorted, ids), len(self._sorted) - 1)
+        known = self._sorted[pos] == ids
+        return np.where(known, self._order[pos] + 1, 0)
+
+    def map_sequences(self, seqs: Sequences) -> tuple[Sequences, int]:
+        """Id sequences -> index sequences with unknown items dropped (order kept); also the drop count."""
+        idx = self.index_of(seqs.items)
+        known = idx > 0
+        if known.all():
+            return Sequences(seqs.offsets, idx), 0
+        row_of = np.repeat(np.arange(len(seqs)), seqs.lengths)
+        kept = np.bincount(row_of[known], minlength=len(seqs))
+        offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+        np.cumsum(kept, out=offsets[1:])
+        return Sequences(offsets, idx[known]), int((~known).sum())

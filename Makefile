@@ -1,0 +1,58 @@
+# The two commands of the README:
+#   make demo   set up (or reuse) .venv, then data -> train -> recommend on the bundled MovieLens sample
+#   make test   set up (or reuse) .venv, then run the test suite
+#
+# torch: TORCH is installed before the package. torch==2.13.0 resolves to the CPU build on
+# machines whose pip finds one first (a local wheel cache), and to PyPI's CUDA build elsewhere.
+# On a machine without a GPU and without such a cache, get the small CPU build with
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# and on a GPU machine pick the CUDA build matching your driver, e.g.
+#   make demo TORCH_INDEX=https://download.pytorch.org/whl/cu126
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.recsys-installed
+
+.PHONY: demo test venv check-java check-python clean-demo
+
+demo: check-java $(STAMP)
+	$(BIN)/recsys demo
+
+test: check-java $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml | check-python
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+check-python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null || { \
+	  echo "recsys needs Python 3.10 or newer as '$(PYTHON)' (override with make PYTHON=python3.11 ...)"; exit 1; }
+
+check-java:
+	@java_bin="$${JAVA_HOME:+$$JAVA_HOME/bin/}java"; \
+	version=$$("$$java_bin" -version 2>&1 | awk -F'"' '/version/ {print $$2; exit}'); \
+	major=$${version%%.*}; \
+	if [ "$$major" = "1" ]; then major=$$(echo "$$version" | cut -d. -f2); fi; \
+	if [ -z "$$version" ] || [ "$$major" -lt 17 ] 2>/dev/null; then \
+	  echo "Spark needs Java 17 or newer; found: $${version:-no java on PATH or in JAVA_HOME}."; \
+	  echo "Install it, then rerun:"; \
+	  echo "  Debian/Ubuntu:  sudo apt-get install -y openjdk-17-jre-headless"; \
+	  echo "  Fedora/RHEL:    sudo dnf install -y java-17-openjdk-headless"; \
+	  echo "  macOS:          brew install openjdk@17   (and put it on PATH or set JAVA_HOME)"; \
+	  echo "  or set JAVA_HOME to an existing JDK/JRE 17+"; \
+	  exit 1; \
+	fi
+
+clean-demo:
+	rm -rf .recsys

@@ -1,0 +1,13 @@
+"""spark-submit entry point of the nightly job; the same as ``recsys recommend``.
+
+    ./spark-submit.sh jobs/nightly_recommendations.py --date 2024-05-01 [--conf FILE] [--set KEY=VALUE ...]
+    ./spark-submit.sh --master spark://host:7077 jobs/nightly_recommendations.py --date 2024-05-01
+
+Exits with the job's documented exit code (README: exit codes), which is what a scheduler acts on.
+"""
+import sys
+
+from recsys.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["recommend", *sys.argv[1:]]))

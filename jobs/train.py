@@ -1,0 +1,10 @@
+"""spark-submit entry point of training; the same as ``recsys train``.
+
+    ./spark-submit.sh jobs/train.py --date 2024-05-01 [--force] [--conf FILE] [--set KEY=VALUE ...]
+"""
+import sys
+
+from recsys.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["train", *sys.argv[1:]]))

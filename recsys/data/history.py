@@ -1,0 +1,63 @@
+"""Per-user histories: what a model reads about each user, built the same way for training and scoring.
+
+One definition, used by ``recsys train`` and the nightly job alike, so the model is served exactly
+the kind of sequence it was trained on:
+
+- events with a null user, item or timestamp are dropped (and counted through an observation);
+- repeated interactions with an item collapse to the latest one;
+- items are ordered by that latest time, ties broken by a seeded hash of (user, item) —
+  never by item id, whose order would leak into a sequential model;
+- the most recent ``max_items`` items are kept, oldest first, as external item ids.
+
+Histories hold item *ids*, not model indices: they are plain data, independent of any model.
+Mapping ids to a model's vocabulary (and counting unknown items) happens where the model is, in
+the scoring core and in training.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from recsys.sequences import Sequences
+
+HISTORY_COLUMN = "history"
+
+
+def input_quality_metrics() -> list[Column]:
+    """Counts of raw window events and of rows dropped for null ids; observed on the raw events."""
+    return [
+        F.count(F.lit(1)).alias("events_read"),
+        F.count_if(F.col("user_id").isNull()).alias("dropped_null_user_id"),
+        F.count_if(F.col("item_id").isNull()).alias("dropped_null_item_id"),
+        F.count_if(F.col("ts").isNull()).alias("dropped_null_ts"),
+    ]
+
+
+def drop_null_ids(events: DataFrame) -> DataFrame:
+    return events.filter(F.col("user_id").isNotNull() & F.col("item_id").isNotNull() & F.col("ts").isNotNull())
+
+
+def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int) -> DataFrame:
+    """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items)."""
+    latest = events.groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
+    tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
+    entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
+    per_user = latest.groupBy("user_id").agg(F.sort_array(F.collect_list(entry), asc=False).alias("_newest_first"))
+    history = F.transform(F.reverse(F.slice("_newest_first", 1, max_items)), lambda e: e["item_id"])
+    return per_user.select("user_id", history.alias(HISTORY_COLUMN))
+
+
+def history_metrics() -> list[Column]:
+    """Observed on the histories as they are written."""
+    return [
+        F.count(F.lit(1)).alias("users_in_window"),
+        F.sum(F.size(HISTORY_COLUMN)).alias("history_items"),
+        F.max(F.size(HISTORY_COLUMN)).alias("history_max_len"),
+    ]
+
+
+def histories_to_sequences(table: pa.Table) -> tuple[np.ndarray, Sequences]:
+    """A collected histories table -> (user_ids, id sequences)."""
+    return table.column("user_id").to_numpy(), Sequences.from_arrow(table.column(HISTORY_COLUMN))

@@ -1,0 +1,129 @@
+"""``recsys demo`` (what ``make demo`` runs): data -> train -> recommend, then show what came out.
+
+It runs on the embedded default configuration, so afterwards ``recsys recommend --date D`` in the
+same directory reruns the nightly job on the demo's data and model.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from recsys.config import Config, local_path
+from recsys.errors import ConfigError, ExitCode
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MOVIELENS_CANDIDATES = (
+    Path("../shared/data/ml-latest-small"),
+    REPO_ROOT.parent / "shared" / "data" / "ml-latest-small",
+    REPO_ROOT / "data" / "ml-latest-small",
+)
+IMPORT_MARKER = "_recsys_import.json"
+
+
+def find_movielens() -> Path | None:
+    for candidate in MOVIELENS_CANDIDATES:
+        if (candidate / "ratings.csv").is_file():
+            return candidate.resolve()
+    return None
+
+
+def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False) -> ExitCode:
+    from recsys.nightly import run_nightly
+    from recsys.spark_session import build_session
+    from recsys.train import run_training
+
+    root = _dataset_root(cfg)
+    date = _prepare_data(root, data, synthetic)
+    print(f"\n== recsys demo: data in {root}, producing recommendations for {date} ==\n", flush=True)
+    spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo")
+    try:
+        trained = run_training(spark, cfg, date)
+        result = run_nightly(spark, cfg, date)
+    finally:
+        spark.stop()
+    _show(cfg, result, trained)
+    return result.exit_code
+
+
+def _dataset_root(cfg: Config) -> Path:
+    events, catalog = local_path(cfg.paths.events), local_path(cfg.paths.catalog)
+    if events.parent != catalog.parent or events.name != "events" or catalog.name != "catalog":
+        raise ConfigError("the demo writes <root>/events and <root>/catalog; paths.events and paths.catalog must "
+                          "be siblings named like that")
+    return events.parent
+
+
+def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
+    """Import (or generate) the demo data once; later demos reuse it. Returns the date to run for."""
+    marker = root / IMPORT_MARKER
+    if synthetic:
+        source = {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7}
+    else:
+        movielens = data.resolve() if data else find_movielens()
+        if movielens is None:
+            log.warning("MovieLens not found (looked in %s); using synthetic sample data",
+                        ", ".join(str(p) for p in MOVIELENS_CANDIDATES))
+            source = {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7}
+        else:
+            ratings = movielens / "ratings.csv"
+            source = {"kind": "movielens", "ratings": str(ratings), "size": ratings.stat().st_size}
+    if marker.is_file():
+        previous = json.loads(marker.read_text())
+        if previous.get("source") == source:
+            log.info("demo data already in %s (%s); reusing it", root, source["kind"])
+            return dt.date.fromisoformat(previous["run_date"])
+    if source["kind"] == "movielens":
+        from recsys.data.movielens import import_movielens
+
+        movies = Path(source["ratings"]).with_name("movies.csv")
+        summary = import_movielens(Path(source["ratings"]), root, movies=movies if movies.is_file() else None,
+                                   progress=log.info)
+        last = summary.last_date
+    else:
+        from recsys.data.sample import generate_sample
+
+        summary = generate_sample(root, users=source["users"], items=source["items"], days=source["days"],
+                                  seed=source["seed"], progress=log.info)
+        last = summary.last_date
+    log.info("%s", summary)
+    run_date = last + dt.timedelta(days=1)
+    marker.write_text(json.dumps({"source": source, "run_date": str(run_date)}, indent=2))
+    return run_date
+
+
+def _show(cfg: Config, result, trained) -> None:
+    """Print where the output is, a few users' lists with titles, and how to open MLflow."""
+    out = local_path(result.output_dir)
+    table = pq.read_table(out, columns=["user_id", "recommendations", "source"])
+    titles = _titles(cfg, result.manifest["catalog_snapshot"])
+    counts = result.manifest["counts"]
+    print(f"\n== published {out} ==")
+    print(f"   {counts['rows']:,} users: {counts['model_users']:,} scored by model version "
+          f"{result.manifest['model']['version']}, {counts['fallback_users']:,} on the popularity fallback")
+    print(f"   training: {trained.summary()}")
+    rows = table.sort_by("user_id").slice(0, 3).to_pylist()
+    for row in rows:
+        print(f"\n   user {row['user_id']} ({row['source']}):")
+        for rank, rec in enumerate(row["recommendations"][:5], 1):
+            print(f"     {rank}. {titles.get(rec['item_id'], '?')}  (item {rec['item_id']}, score {rec['score']:.3f})")
+    uri = cfg.mlflow.tracking_uri
+    print("\n== next ==")
+    print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open http://127.0.0.1:5000)")
+    print(f"   rerun the job:  .venv/bin/recsys recommend --date {result.date}")
+    print(f"   run id {result.run_id}; manifest: {out / '_manifest.json'}\n", flush=True)
+
+
+def _titles(cfg: Config, snapshot: str) -> dict[int, str]:
+    path = local_path(cfg.paths.catalog) / f"dt={snapshot}"
+    try:
+        table = ds.dataset(path, format="parquet").to_table(columns=["item_id", "title"])
+    except Exception:  # titles are a nicety: a catalog without them still demos
+        return {}
+    return dict(zip(table.column("item_id").to_pylist(), table.column("title").to_pylist()))

@@ -1,0 +1,1 @@
+"""Staging, validation, atomic partition publish and the manifest."""

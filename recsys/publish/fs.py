@@ -1,0 +1,58 @@
+"""Filesystem operations on the driver, through pyarrow.fs: local paths, file://, s3://, gs://, hdfs://.
+
+pyarrow's filesystems are a well-kept, dependency-free layer over the same stores Spark writes to,
+so the driver can move, list and write small files (manifests, locks) without a SparkContext
+(which Spark Connect does not have).
+"""
+from __future__ import annotations
+
+import uuid
+
+import pyarrow.fs as pafs
+
+from recsys.config import is_local_path, local_path
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    if is_local_path(uri):
+        return pafs.LocalFileSystem(), str(local_path(uri))
+    return pafs.FileSystem.from_uri(uri)
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/")] + [p.strip("/") for p in parts])
+
+
+def exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_dir(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.Directory
+
+
+def read_text(fs: pafs.FileSystem, path: str) -> str:
+    with fs.open_input_stream(path) as f:
+        return f.read().decode()
+
+
+def write_text_atomic(fs: pafs.FileSystem, path: str, text: str) -> None:
+    """Write under a temporary name in the same directory, then rename: readers see all or nothing."""
+    parent = path.rsplit("/", 1)[0]
+    tmp = f"{parent}/.{uuid.uuid4().hex}.tmp"
+    fs.create_dir(parent, recursive=True)
+    with fs.open_output_stream(tmp) as f:
+        f.write(text.encode())
+    fs.move(tmp, path)
+
+
+def delete_dir_if_exists(fs: pafs.FileSystem, path: str) -> None:
+    if exists(fs, path):
+        fs.delete_dir(path)
+
+
+def list_dirs(fs: pafs.FileSystem, path: str) -> list[str]:
+    if not is_dir(fs, path):
+        return []
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.Directory)

@@ -1,0 +1,124 @@
+"""Validation of the staged output before anything is published, and the profile the run reports.
+
+Two Spark passes over the staged recommendations, independent of the code that produced them:
+one joins each row with the user's history (one row per user, checks per row), one counts how
+often each item was recommended (availability check, catalog coverage, long tail). A non-zero
+count on any check fails the run: nothing is published and the report says what was wrong.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from recsys.data.contracts import SOURCE_MODEL
+
+# check name -> what a violation means (the report and the README use the same words)
+CHECKS = {
+    "missing_users": "users with history in the window but no output row",
+    "unexpected_users": "output rows for users without history in the window",
+    "null_user_ids": "output rows without a user id",
+    "duplicate_rows": "users with more than one output row",
+    "empty_lists": "rows without any recommendation",
+    "too_long_lists": "rows with more than top_n items",
+    "short_lists_unexplained": "rows shorter than top_n although enough unseen items were available",
+    "duplicate_items": "rows recommending an item twice",
+    "seen_items": "rows recommending an item from the user's history",
+    "unavailable_items": "recommended items not available in the catalog snapshot used",
+    "nonfinite_scores": "rows with a NaN, infinite or null score",
+    "unordered_scores": "rows whose scores are not in descending order",
+    "unknown_source": "rows whose source is neither the model nor the named fallback",
+    "wrong_model_version": "rows stamped with another model version",
+}
+
+
+@dataclass
+class ValidationReport:
+    violations: dict[str, int]
+    figures: dict[str, Any] = field(default_factory=dict)
+    item_counts: tuple[np.ndarray, np.ndarray] | None = None  # (item_ids, times recommended)
+
+    @property
+    def passed(self) -> bool:
+        return not any(self.violations.values())
+
+    def failures(self) -> list[str]:
+        return [f"{name}={count} ({CHECKS[name]})" for name, count in self.violations.items() if count]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "violations": dict(self.violations), "figures": dict(self.figures),
+                "checks": dict(CHECKS)}
+
+
+def validate_recommendations(
+    recs: DataFrame,
+    histories: DataFrame,
+    *,
+    candidate_ids: np.ndarray,
+    top_n: int,
+    fallback_name: str,
+    fallback_len: int,
+    model_version: str,
+) -> ValidationReport:
+    """Check the staged output against the histories it was computed for and the candidate set."""
+    n_candidates = len(candidate_ids)
+    ids = F.transform("recommendations", lambda x: x["item_id"])
+    scores = F.transform("recommendations", lambda x: x["score"])
+    size = F.size(ids)
+    pairs = F.zip_with(
+        F.slice(scores, 1, F.greatest(size - 1, F.lit(0))),
+        F.slice(scores, 2, F.greatest(size - 1, F.lit(0))),
+        lambda a, b: a >= b,
+    )
+    is_fallback = F.col("source") == F.lit(fallback_name)
+    expected_len = F.when(is_fallback, F.lit(min(top_n, fallback_len))).otherwise(
+        F.least(F.lit(top_n), F.greatest(F.lit(n_candidates) - F.size("history"), F.lit(0)))
+    )
+    r = recs.withColumn("_in_output", F.lit(True))
+    h = histories.select("user_id", "history").withColumn("_in_window", F.lit(True))
+    joined = r.join(h, on="user_id", how="full_outer")
+    in_output = F.col("_in_output").isNotNull()
+    in_window = F.col("_in_window").isNotNull()
+    row = joined.agg(
+        F.count_if(in_output).alias("rows"),
+        F.count_distinct(F.when(in_output, F.col("user_id"))).alias("distinct_users"),
+        F.count_if(in_window & ~in_output).alias("missing_users"),
+        F.count_if(in_output & ~in_window & F.col("user_id").isNotNull()).alias("unexpected_users"),
+        F.count_if(in_output & F.col("user_id").isNull()).alias("null_user_ids"),
+        F.count_if(in_output & (size == 0)).alias("empty_lists"),
+        F.count_if(in_output & (size > top_n)).alias("too_long_lists"),
+        F.count_if(in_output & in_window & (size < expected_len)).alias("short_lists_unexplained"),
+        F.count_if(in_output & (F.size(F.array_distinct(ids)) != size)).alias("duplicate_items"),
+        F.count_if(in_output & in_window & (F.size(F.array_intersect(ids, F.col("history"))) > 0)).alias("seen_items"),
+        F.count_if(in_output & F.exists(scores, lambda s: s.isNull() | F.isnan(s) | (F.abs(s) == F.lit(float("inf"))))).alias("nonfinite_scores"),
+        F.count_if(in_output & ~F.forall(pairs, lambda ok: ok)).alias("unordered_scores"),
+        F.count_if(in_output & ~F.col("source").isin(SOURCE_MODEL, fallback_name)).alias("unknown_source"),
+        F.count_if(in_output & (F.col("model_version") != F.lit(model_version))).alias("wrong_model_version"),
+        F.count_if(in_output & is_fallback).alias("fallback_rows"),
+        F.count_if(in_output & (size < top_n)).alias("short_lists"),
+        F.sum(F.when(in_output, size)).alias("recommended_items"),
+    ).first().asDict()
+
+    violations = {name: int(row.get(name) or 0) for name in CHECKS if name in row}
+    rows = int(row["rows"] or 0)
+    violations["duplicate_rows"] = rows - violations["null_user_ids"] - int(row["distinct_users"] or 0)
+
+    counted = recs.select(F.explode(ids).alias("item_id")).groupBy("item_id").count().toArrow()
+    item_ids = counted.column("item_id").to_numpy()
+    times = counted.column("count").to_numpy()
+    available = np.isin(item_ids, np.asarray(candidate_ids, dtype=np.int64))
+    violations["unavailable_items"] = int(times[~available].sum())
+
+    figures = {
+        "rows": rows,
+        "fallback_rows": int(row["fallback_rows"] or 0),
+        "short_lists": int(row["short_lists"] or 0),
+        "recommended_items": int(row["recommended_items"] or 0),
+        "distinct_items_recommended": int(len(item_ids)),
+        "catalog_coverage": float(available.sum() / n_candidates) if n_candidates else 0.0,
+    }
+    ordered = {name: violations[name] for name in CHECKS}
+    return ValidationReport(ordered, figures, (item_ids, times))

@@ -1,0 +1,227 @@
+"""Spark glue for the scoring core: moves Arrow batches in and out of it, nothing more.
+
+``mapInArrow`` is the Arrow-native sibling of ``mapInPandas``: the same Python-worker execution,
+but batches arrive as ``pyarrow.RecordBatch``. That matters here: a history column is a list per
+user, which pandas would turn into one numpy object per row; Arrow hands over offsets and flat
+values that the core turns into a padded tensor without per-row Python.
+
+Arrow batches hold at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; a scoring chunk
+is usually larger, so the iterator assembles chunks across batches. Each task ends with one
+statistics row (``user_id`` null, ``_stats`` a JSON object): the worker's cache hits and misses,
+load and scoring seconds, device and memory. That is how executor-side figures travel back to the
+driver as data (no accumulators, so it works over Spark Connect too); the driver observes and drops
+those rows before writing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from recsys.data.contracts import OUTPUT_SPARK_DDL
+
+STATS_COLUMN = "_stats"
+SCORED_DDL = OUTPUT_SPARK_DDL + f", {STATS_COLUMN} STRING"
+HISTORY_COLUMN = "history"   # array<bigint> of external item ids, oldest first (recsys.data.history)
+
+# Fault injection for tests and game days (documented in the README): a comma-separated list.
+# "fail_first_attempt" makes every scoring task fail on its first attempt, so Spark retries it.
+# "kill_worker_first_attempt" makes the Python worker exit abruptly on a task's first attempt.
+FAULT_ENV = "RECSYS_FAULT_INJECTION"
+
+
+@dataclass(frozen=True)
+class ScoringSpec:
+    """Everything a worker needs, minted once on the driver and shipped with the task closure.
+
+    Kept small: ids, paths and two int arrays (candidate indices and the fallback list). The model
+    weights travel by path (``model_dir``, readable from every worker: a local path in local mode,
+    a shared or object-store URI on a cluster), never inside the closure.
+    """
+
+    model_dir: str
+    model_version: str
+    model_key: str                 # driver-minted cache key: model URI + version
+    candidates_index: np.ndarray   # [C] int64 model indices, sorted
+    candidates_item_ids: np.ndarray  # [C] int64
+    candidates_digest: str         # catalog snapshot + candidate set digest
+    fallback_item_ids: np.ndarray  # [F] int64
+    fallback_scores: np.ndarray    # [F] float32
+    fallback_name: str
+    top_n: int
+    chunk_size: int
+    device: str
+    dtype: str
+    item_tile: int
+    cache_size: int
+    faults: tuple[str, ...] = ()
+
+
+def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function ``mapInArrow`` runs on each partition."""
+
+    def score_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # Imported here, not at module level: the driver never needs torch to plan the job.
+        import torch
+        from pyspark import TaskContext
+
+        from recsys.scoring import cache
+        from recsys.scoring.core import ChunkStats, resolve_device
+        from recsys.sequences import Sequences
+
+        task_start = time.perf_counter()
+        ctx = TaskContext.get()
+        attempt = ctx.attemptNumber() if ctx else 0
+        _inject_faults(spec.faults, attempt)
+        gpus = list(ctx.resources()["gpu"].addresses) if ctx and "gpu" in ctx.resources() else []
+        device = resolve_device(spec.device, gpus)
+        threads = max(1, ctx.cpus() if ctx else 1)
+        if device.type == "cpu":
+            torch.set_num_threads(threads)
+
+        cache.MODELS.resize(spec.cache_size)
+        cache.SCORERS.resize(spec.cache_size)
+        models_before, scorers_before = cache.MODELS.snapshot(), cache.SCORERS.snapshot()
+        scorer = _get_scorer(spec, device)
+        stats = ChunkStats()
+        for chunk in _chunks(batches, spec.chunk_size):
+            histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
+            user_ids = chunk.column("user_id").to_numpy(zero_copy_only=False)
+            out, chunk_stats = scorer.score(user_ids, histories)
+            stats.add(chunk_stats)
+            n = out.num_rows
+            yield pa.RecordBatch.from_arrays(
+                list(out.columns) + [pa.repeat(pa.scalar(spec.model_version, pa.string()), n), pa.nulls(n, pa.string())],
+                names=["user_id", "recommendations", "source", "model_version", STATS_COLUMN],
+            )
+        models_delta = cache.MODELS.snapshot().minus(models_before)
+        scorers_delta = cache.SCORERS.snapshot().minus(scorers_before)
+        payload = {
+            **cache.worker_identity(),
+            "partition": ctx.partitionId() if ctx else -1,
+            "attempt": attempt,
+            "device": str(device),
+            "threads": threads if device.type == "cpu" else None,
+            "model_hits": models_delta.hits,
+            "model_misses": models_delta.misses,
+            "model_load_s": models_delta.load_seconds,
+            "scorer_hits": scorers_delta.hits,
+            "scorer_misses": scorers_delta.misses,
+            "scorer_load_s": scorers_delta.load_seconds,
+            "task_s": time.perf_counter() - task_start,
+            "rss_mb": _rss_mb(),
+            **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
+        }
+        yield _stats_batch(json.dumps(payload))
+
+    return score_partition
+
+
+def _get_scorer(spec: ScoringSpec, device):
+    """Scorer from the worker cache; on a miss, the model itself may still be cached."""
+    from recsys.model.io import load_model
+    from recsys.scoring import cache
+    from recsys.scoring.core import Candidates, Fallback, Scorer
+    from recsys.sequences import Vocabulary
+
+    model_key = (spec.model_key, str(device))
+
+    def load():
+        loaded = load_model(_materialise(spec.model_dir), device=device)
+        return loaded.model, Vocabulary(loaded.item_ids)
+
+    def prepare():
+        (model, vocab), _ = cache.MODELS.get_or_load(model_key, load)
+        return Scorer(
+            model=model,
+            vocab=vocab,
+            candidates=Candidates(spec.candidates_index, spec.candidates_item_ids),
+            fallback=Fallback(spec.fallback_name, spec.fallback_item_ids, spec.fallback_scores),
+            top_n=spec.top_n,
+            device=device,
+            dtype=spec.dtype,
+            item_tile=spec.item_tile,
+        )
+
+    scorer_key = model_key + (spec.candidates_digest, spec.dtype, spec.item_tile, spec.top_n)
+    scorer, _ = cache.SCORERS.get_or_load(scorer_key, prepare)
+    return scorer
+
+
+def _chunks(batches: Iterator[pa.RecordBatch], chunk_size: int) -> Iterator[pa.RecordBatch]:
+    """Re-cut Spark's Arrow batches into scoring chunks of exactly ``chunk_size`` rows (last: fewer)."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        rows += batch.num_rows
+        while rows >= chunk_size:
+            table = pa.Table.from_batches(pending)
+            head = table.slice(0, chunk_size).combine_chunks().to_batches()[0]
+            rest = table.slice(chunk_size)
+            yield head
+            pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+            rows = rest.num_rows
+    if rows:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+
+
+def _stats_batch(payload: str) -> pa.RecordBatch:
+    from recsys.data.contracts import RECOMMENDATION_TYPE
+
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.nulls(1, pa.int64()),
+            pa.nulls(1, RECOMMENDATION_TYPE),
+            pa.nulls(1, pa.string()),
+            pa.nulls(1, pa.string()),
+            pa.array([payload], pa.string()),
+        ],
+        names=["user_id", "recommendations", "source", "model_version", STATS_COLUMN],
+    )
+
+
+def _materialise(model_dir: str) -> Path:
+    """A local directory holding the model files; object-store URIs are copied to a temp dir once."""
+    if "://" not in model_dir or model_dir.startswith("file://"):
+        return Path(model_dir.removeprefix("file://"))
+    import pyarrow.fs as pafs
+
+    local = Path(tempfile.mkdtemp(prefix="recsys-model-"))
+    pafs.copy_files(model_dir, str(local), destination_filesystem=pafs.LocalFileSystem())
+    return local
+
+
+def _rss_mb() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except Exception:  # psutil missing on a bare worker: memory is then simply not reported
+        return float("nan")
+
+
+def faults_from_env() -> tuple[str, ...]:
+    """Read on the driver and shipped in the spec, so local and cluster workers see the same faults."""
+    known = {"fail_first_attempt", "kill_worker_first_attempt"}
+    faults = tuple(f.strip() for f in os.environ.get(FAULT_ENV, "").split(",") if f.strip())
+    unknown = set(faults) - known
+    if unknown:
+        raise ValueError(f"{FAULT_ENV} holds unknown faults {sorted(unknown)}; known: {sorted(known)}")
+    return faults
+
+
+def _inject_faults(faults: tuple[str, ...], attempt: int) -> None:
+    if attempt == 0 and "fail_first_attempt" in faults:
+        raise RuntimeError(f"injected fault: fail_first_attempt ({FAULT_ENV}); Spark should retry this task")
+    if attempt == 0 and "kill_worker_first_attempt" in faults:
+        os._exit(137)

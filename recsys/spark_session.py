@@ -1,0 +1,79 @@
+"""Building (or joining) the Spark session, the one place that knows how a job was launched.
+
+- under ``spark-submit`` (``spark-submit.sh``): the session spark-submit configured, untouched
+  apart from the job's runtime SQL settings;
+- with ``spark.remote`` set (or ``SPARK_REMOTE``): a Spark Connect client session;
+- otherwise (``recsys ...`` on a laptop or in CI): a local session on ``spark.master``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from recsys.config import ScoringConfig, SparkConfig
+
+log = logging.getLogger(__name__)
+
+
+def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, app_name: str | None = None):
+    """Create or join the session and apply the settings every recsys job relies on."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name or spark_cfg.app_name)
+    remote = spark_cfg.remote or os.environ.get("SPARK_REMOTE")
+    launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    if remote:
+        builder = builder.remote(remote)
+    elif not launched_by_submit:
+        builder = builder.master(spark_cfg.master)
+        # Local workers must run the interpreter that has torch, not whatever python3 is on PATH.
+        builder = builder.config("spark.pyspark.python", sys.executable)
+        builder = builder.config("spark.pyspark.driver.python", sys.executable)
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        builder = builder.config("spark.sql.shuffle.partitions", os.environ.get("RECSYS_SHUFFLE_PARTITIONS", "8"))
+    for key, value in spark_cfg.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    apply_runtime_settings(spark, scoring)
+    return spark
+
+
+def apply_runtime_settings(spark, scoring: ScoringConfig | None) -> None:
+    """SQL settings the job's semantics depend on; runtime-settable, so they hold under spark-submit too."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # dt partitions and ts filters are UTC days
+    if scoring is not None:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(scoring.arrow_batch_size))
+
+
+def is_connect(spark) -> bool:
+    try:
+        from pyspark.sql.utils import is_remote
+
+        return bool(is_remote()) or type(spark).__module__.startswith("pyspark.sql.connect")
+    except ImportError:  # pragma: no cover
+        return False
+
+
+@contextmanager
+def job_description(spark, text: str) -> Iterator[None]:
+    """Label the Spark jobs a stage runs, so the Spark UI reads like the job's log.
+
+    Classic sessions use the job description; Spark Connect has no SparkContext, so it gets a tag.
+    """
+    if is_connect(spark):
+        tag = "recsys-" + "".join(c if c.isalnum() else "-" for c in text.lower())[:60]
+        spark.addTag(tag)
+        try:
+            yield
+        finally:
+            spark.removeTag(tag)
+        return
+    sc = spark.sparkContext
+    sc.setJobDescription(text)
+    try:
+        yield
+    finally:
+        sc.setJobDescription(None)

@@ -1,0 +1,232 @@
+"""MLflow: runs, parameters, metrics, artifacts and the model registry, behind a few small functions.
+
+One job run is one MLflow run, named after the date it produced, whose id is written into the
+published manifest. Recording is deliberately fault-tolerant: if the tracking store is down the
+recommendations are still published, the manifest still carries every figure, and the job exits
+with TRACKING_FAILED so the scheduler can flag it (see :class:`RunRecorder`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from recsys.config import MlflowConfig, is_local_path, local_path, redact_uri
+from recsys.errors import ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+# An unreachable tracking server should cost seconds, not MLflow's default minutes of retries.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    alias: str
+    version: str
+    run_id: str | None
+    source: str        # artifact URI the version points at
+    local_dir: Path    # where the model files can be read (downloaded if the source is remote)
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}@{self.alias}"
+
+
+def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
+    """Point MLflow at the configured store and return the experiment id (created if missing)."""
+    import mlflow
+
+    uri = cfg.tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    name = experiment or cfg.experiment
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if cfg.artifact_location:
+        location = cfg.artifact_location
+        if is_local_path(location):
+            local_path(location).mkdir(parents=True, exist_ok=True)
+            location = local_path(location).as_uri()
+    return mlflow.create_experiment(name, artifact_location=location)
+
+
+def resolve_model(cfg: MlflowConfig, download_root: Path) -> ResolvedModel:
+    """The model version behind ``models:/<model_name>@<alias>``, with its files available locally."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient()
+    try:
+        mv = client.get_model_version_by_alias(cfg.model_name, cfg.alias)
+    except MlflowException as exc:
+        raise ModelNotFoundError(
+            f"no model at models:/{cfg.model_name}@{cfg.alias} in {redact_uri(cfg.tracking_uri)} "
+            f"({_first_line(exc)}); run `recsys train` first, or set mlflow.model_name / mlflow.alias"
+        ) from None
+    return ResolvedModel(
+        name=cfg.model_name,
+        alias=cfg.alias,
+        version=str(mv.version),
+        run_id=mv.run_id,
+        source=mv.source,
+        local_dir=_local_model_dir(mv.source, download_root / cfg.model_name / str(mv.version)),
+    )
+
+
+def _local_model_dir(source: str, target: Path) -> Path:
+    if source.startswith("file://") or "://" not in source:
+        path = local_path(source)
+        if path.is_dir():
+            return path
+    if target.is_dir() and (target / "config.json").is_file():
+        return target  # model versions are immutable: a previous download is still valid
+    import mlflow
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=target.parent))
+    downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=str(tmp)))
+    downloaded.rename(target)
+    return target
+
+
+def register_version(model_name: str, run_id: str, artifact_uri: str, description: str = "") -> str:
+    """Register the model files logged by a training run as a new version; returns the version."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient()
+    try:
+        client.get_registered_model(model_name)
+    except MlflowException:
+        client.create_registered_model(model_name, description="recsys sequence recommender")
+    mv = client.create_model_version(model_name, source=artifact_uri, run_id=run_id, description=description)
+    return str(mv.version)
+
+
+def alias_holder(model_name: str, alias: str) -> tuple[str, str | None] | None:
+    """(version, run_id) currently holding the alias, or None."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = MlflowClient().get_model_version_by_alias(model_name, alias)
+    except MlflowException:
+        return None
+    return str(mv.version), mv.run_id
+
+
+def set_alias(model_name: str, alias: str, version: str) -> None:
+    from mlflow import MlflowClient
+
+    MlflowClient().set_registered_model_alias(model_name, alias, version)
+
+
+class RunRecorder:
+    """An MLflow run that degrades instead of failing the job when the tracking store misbehaves.
+
+    Every call is attempted; the first failure is logged as a warning and later calls are skipped.
+    ``failed`` tells the caller to exit with TRACKING_FAILED after publishing.
+    """
+
+    def __init__(self, cfg: MlflowConfig, run_name: str, *, experiment: str | None = None,
+                 tags: Mapping[str, str] | None = None):
+        self.run_id: str | None = None
+        self.error: str | None = None
+        self._mlflow = None
+        try:
+            import mlflow
+
+            experiment_id = setup(cfg, experiment)
+            run = mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=dict(tags or {}))
+            self.run_id = run.info.run_id
+            self._mlflow = mlflow
+        except Exception as exc:  # the store is down or misconfigured: publish anyway, say so
+            self._fail(exc)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {_first_line(exc)}"
+            log.warning("MLflow tracking failed, continuing without it: %s", self.error)
+
+    def _call(self, fn_name: str, *args: Any, **kwargs: Any) -> None:
+        if self._mlflow is None or self.failed:
+            return
+        try:
+            getattr(self._mlflow, fn_name)(*args, **kwargs)
+        except Exception as exc:
+            self._fail(exc)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        self._call("log_params", {k: _param_value(v) for k, v in params.items()})
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if v is not None and _is_number(v)}
+        self._call("log_metrics", clean, step=step)
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        self._call("set_tags", {k: str(v) for k, v in tags.items()})
+
+    def log_dict(self, data: Mapping[str, Any], name: str) -> None:
+        self._call("log_dict", dict(data), name)
+
+    def log_text(self, text: str, name: str) -> None:
+        self._call("log_text", text, name)
+
+    def log_figure(self, figure: Any, name: str) -> None:
+        self._call("log_figure", figure, name)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._call("log_artifact", str(path), artifact_path)
+
+    def log_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self._call("log_artifacts", str(path), artifact_path)
+
+    def artifact_uri(self, sub: str = "") -> str | None:
+        if self._mlflow is None or self.failed:
+            return None
+        try:
+            return self._mlflow.get_artifact_uri(sub) if sub else self._mlflow.get_artifact_uri()
+        except Exception as exc:
+            self._fail(exc)
+            return None
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self._mlflow is None:
+            return
+        try:
+            self._mlflow.end_run(status=status)
+        except Exception as exc:
+            self._fail(exc)
+
+
+def _param_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:6000]
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact_uri(text[0]) if text else type(exc).__name__

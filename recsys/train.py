@@ -1,0 +1,244 @@
+"""Training: histories before a date -> a model version in the registry, and a gated alias move.
+
+The training data is built by the same history code the nightly job serves from
+(``recsys.data.history``), so the model sees at training time exactly the sequences it will be
+scored on. Each user's most recent item is held out for validation (early stopping, the gate).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyspark.sql import SparkSession
+
+from recsys import __version__, tracking
+from recsys.config import Config, redact_uri
+from recsys.data import history as hist
+from recsys.data.contracts import parse_date
+from recsys.data.readers import read_events_window
+from recsys.errors import InputDataError, TrackingFailed
+from recsys.progress import StageTimer
+from recsys.sequences import Sequences, Vocabulary
+
+log = logging.getLogger(__name__)
+
+VALIDATION_METRIC = "val_ndcg@10"
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """Id-space training data: model-independent, so any model version can be evaluated on it."""
+
+    train: Sequences               # item ids, oldest first (validation targets removed)
+    valid_histories: Sequences     # item ids, for users with a validation target
+    valid_targets: np.ndarray      # [V] item ids
+
+
+@dataclass
+class TrainResult:
+    date: dt.date
+    run_id: str
+    version: str
+    metrics: dict[str, float]
+    promoted: bool
+    decision: str
+    curve: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"trained model version {self.version} (run {self.run_id}): "
+                f"{VALIDATION_METRIC}={self.metrics.get(VALIDATION_METRIC, float('nan')):.4f}; {self.decision}")
+
+
+def split_last_item(seqs: Sequences, min_len: int = 3) -> SplitData:
+    """Hold out each user's newest item as the validation target (users with >= ``min_len`` items)."""
+    lengths = seqs.lengths
+    has_target = lengths >= min_len
+    last_pos = seqs.offsets[1:] - 1
+    keep = np.ones(len(seqs.items), dtype=bool)
+    keep[last_pos[has_target]] = False
+    new_len = lengths - has_target.astype(np.int64)
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(new_len, out=offsets[1:])
+    train = Sequences(offsets, seqs.items[keep])
+    rows = np.flatnonzero(has_target)
+    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=seqs.items[last_pos[has_target]])
+
+
+def build_vocabulary(train: Sequences, min_count: int) -> Vocabulary:
+    """Items seen at least ``min_count`` times in training, ordered by id (stable across runs)."""
+    ids, counts = np.unique(train.items, return_counts=True)
+    return Vocabulary(ids[counts >= min_count])
+
+
+def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
+    events = read_events_window(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
+    histories = hist.build_histories(hist.drop_null_ids(events), max_items=cfg.history.max_items,
+                                     tie_break_seed=cfg.history.tie_break_seed)
+    return hist.histories_to_sequences(histories.toArrow())
+
+
+def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False) -> TrainResult:
+    import torch
+
+    from recsys import plots
+    from recsys.model.io import save_model
+    from recsys.model.sasrec import SASRecConfig
+    from recsys.model.training import TrainSettings, ValidationSet, fit
+    from recsys.scoring.core import resolve_device
+
+    date = parse_date(date)
+    timer = StageTimer(spark, job=f"train {date}")
+    with timer.stage("read", "read events and build histories") as c:
+        user_ids, id_seqs = load_training_data(spark, cfg, date)
+        c.update(users=len(user_ids), interactions=len(id_seqs.items))
+    if len(id_seqs.items) == 0:
+        raise InputDataError(f"no events before {date} within history.window_days={cfg.history.window_days} "
+                             f"under {cfg.paths.events!r}; nothing to train on")
+
+    with timer.stage("prepare", "split and build vocabulary") as c:
+        split = split_last_item(id_seqs)
+        vocab = build_vocabulary(split.train, cfg.train.min_item_count)
+        train_seqs, dropped = vocab.map_sequences(split.train)
+        valid = _validation_set(vocab, split)
+        c.update(items=len(vocab), train_items=len(train_seqs.items), dropped_rare=dropped,
+                 validation_users=len(valid.targets))
+    if len(vocab) < 2:
+        raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
+                             f"train.min_item_count")
+
+    model_cfg = SASRecConfig(num_items=len(vocab), **cfg.train.model.model_dump(exclude={"type"}))
+    settings = TrainSettings(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
+                             learning_rate=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay,
+                             patience=cfg.train.patience, seed=cfg.train.seed)
+    device = resolve_device(cfg.train.device)
+    recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
+                                    experiment=f"{cfg.mlflow.experiment}-training",
+                                    tags={"recsys.job": "train", "recsys.date": str(date), "recsys.version": __version__})
+    if recorder.failed:
+        raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")
+    recorder.log_params({
+        "date": str(date), "model_type": cfg.train.model.type, **{f"model_{k}": v for k, v in model_cfg.__dict__.items()},
+        **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(device),
+        "window_days": cfg.history.window_days, "max_history_items": cfg.history.max_items,
+        "users": len(user_ids), "validation_users": len(valid.targets), "config_digest": cfg.digest(),
+    })
+
+    def on_epoch(row: dict[str, Any]) -> None:
+        log.info("[train %s] epoch %d: %s", date, row["epoch"],
+                 ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch" and isinstance(v, float)))
+        recorder.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=int(row["epoch"]))
+
+    try:
+        with timer.stage("fit", "train model") as c:
+            result = fit(train_seqs, model_cfg, settings, valid=valid, device=device, progress=on_epoch)
+            c.update(best_epoch=result.best_epoch, **{k: round(v, 4) for k, v in result.best_metrics.items()})
+        metrics = {_val_name(k): v for k, v in result.best_metrics.items()}
+        metrics["best_epoch"] = result.best_epoch
+        recorder.log_metrics({**metrics, **timer.as_metrics()})
+        recorder.log_figure(plots.learning_curve(_curve_with_val_names(result.curve), VALIDATION_METRIC),
+                            "plots/learning_curve.png")
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = save_model(result.model.cpu(), vocab.item_ids, Path(tmp) / "model",
+                                   metadata={"trained_before": str(date), "run_id": recorder.run_id,
+                                             VALIDATION_METRIC: metrics.get(VALIDATION_METRIC)})
+            recorder.log_artifacts(model_dir, "model")
+        artifact_uri = recorder.artifact_uri("model")
+        if recorder.failed or artifact_uri is None:
+            raise TrackingFailed(f"the training run could not be recorded: {recorder.error}")
+        version = tracking.register_version(cfg.mlflow.model_name, recorder.run_id, artifact_uri,
+                                            description=f"trained on events before {date}")
+
+        with timer.stage("gate", "compare with the alias holder") as c:
+            new_score = score_on_split(result.model, vocab.item_ids, split, device)
+            promoted, decision = _gate(cfg, version, new_score, split, force, device)
+            c.update(decision=decision)
+        recorder.set_tags({"recsys.model_version": version, "recsys.promoted": str(promoted),
+                           "recsys.gate": decision})
+        recorder.end("FINISHED")
+    except BaseException as exc:
+        recorder.set_tags({"recsys.error": str(exc)[:4000]})
+        recorder.end("FAILED")
+        raise
+    finally:
+        torch.set_grad_enabled(True)
+    log.info("[train %s] %s", date, decision)
+    return TrainResult(date, recorder.run_id, version, metrics, promoted, decision, result.curve)
+
+
+def _validation_set(vocab: Vocabulary, split: SplitData):
+    """Validation users whose target the model can know, histories mapped to its vocabulary."""
+    from recsys.model.training import ValidationSet
+
+    histories, _ = vocab.map_sequences(split.valid_histories)
+    targets = vocab.index_of(split.valid_targets)
+    keep = np.flatnonzero(targets > 0)
+    return ValidationSet(histories=histories.take(keep), targets=targets[keep])
+
+
+def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: bool, device):
+    """Move the alias unless the holder scores better on *this* validation set by more than the tolerance.
+
+    Comparing on the same validation users is what makes the decision fair: the holder's own
+    training-time figure was measured on older data.
+    """
+    name, alias = cfg.mlflow.model_name, cfg.mlflow.alias
+    holder = tracking.alias_holder(name, alias)
+    if holder is None:
+        tracking.set_alias(name, alias, version)
+        return True, f"promoted version {version} to @{alias}: no version held the alias"
+    holder_version, _ = holder
+    holder_score = _score_version(cfg, holder_version, split, device)
+    tolerance = cfg.train.gate_tolerance
+    detail = (f"new {VALIDATION_METRIC}={new_score:.4f} vs holder version {holder_version} "
+              f"{holder_score:.4f} on the same validation users (tolerance {tolerance})")
+    if force:
+        tracking.set_alias(name, alias, version)
+        return True, f"promoted version {version} to @{alias} because of --force; {detail}"
+    if not np.isfinite(new_score):
+        return False, f"kept @{alias} on version {holder_version}: the new version has no validation score; {detail}"
+    if new_score >= holder_score - tolerance:
+        tracking.set_alias(name, alias, version)
+        return True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}"
+    return False, f"kept @{alias} on version {holder_version}: the new version validates worse; {detail}; use --force to override"
+
+
+def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
+    from mlflow import MlflowClient
+
+    from recsys.config import local_path
+    from recsys.model.io import load_model
+
+    mv = MlflowClient().get_model_version(cfg.mlflow.model_name, version)
+    local = tracking._local_model_dir(mv.source, local_path(cfg.paths.work) / "models" / cfg.mlflow.model_name / version)
+    loaded = load_model(local, device=device)
+    return score_on_split(loaded.model, loaded.item_ids, split, device)
+
+
+def score_on_split(model, item_ids: np.ndarray, split: SplitData, device) -> float:
+    """NDCG@10 over *all* validation users; a target the model's vocabulary lacks counts as a miss.
+
+    Any two model versions scored with this function are compared on the same users, whatever
+    their vocabularies.
+    """
+    from recsys.evaluation.metrics import evaluate_ranking
+
+    valid = _validation_set(Vocabulary(item_ids), split)
+    if len(split.valid_targets) == 0:
+        return float("nan")
+    if len(valid.targets) == 0:
+        return 0.0
+    scores = evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
+    return float(scores["ndcg@10"]) * len(valid.targets) / len(split.valid_targets)
+
+
+def _val_name(key: str) -> str:
+    return key if key.startswith("val_") else f"val_{key}"
+
+
+def _curve_with_val_names(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{(_val_name(k) if "@" in k else k): v for k, v in row.items()} for row in curve]

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Run a recsys job on any Spark master, the supported way.
+#
+#   ./spark-submit.sh [--master URL] [other spark-submit options] JOB.py [job arguments]
+#
+#   ./spark-submit.sh jobs/nightly_recommendations.py --date 2024-05-01
+#   ./spark-submit.sh --master spark://10.0.0.5:7077 --conf spark.executor.memory=8g \
+#       jobs/nightly_recommendations.py --date 2024-05-01 --conf conf/production.yaml
+#
+# - master: --master if given, else $SPARK_MASTER, else local[*];
+# - Spark settings: conf/spark-defaults.conf (override any with --conf key=value);
+# - the recsys package is zipped and shipped to the executors with --py-files; native
+#   dependencies (torch, pyarrow, numpy) must already be on the executors or travel as a packed
+#   environment (README: "Running on a cluster");
+# - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3.
+# Every argument is passed through quoted; the job's exit code is this script's exit code.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+python="${PYSPARK_PYTHON:-}"
+if [[ -z "$python" ]]; then
+  if [[ -x "$here/.venv/bin/python" ]]; then python="$here/.venv/bin/python"; else python="python3"; fi
+fi
+export PYSPARK_PYTHON="$python"
+export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$python}"
+
+if [[ -n "${SPARK_HOME:-}" && -x "$SPARK_HOME/bin/spark-submit" ]]; then
+  submit="$SPARK_HOME/bin/spark-submit"
+else
+  spark_home="$("$python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)" || {
+    echo "spark-submit.sh: no SPARK_HOME and pyspark is not importable by $python; run 'make venv' or set SPARK_HOME" >&2
+    exit 2
+  }
+  submit="$spark_home/bin/spark-submit"
+fi
+
+master="${SPARK_MASTER:-local[*]}"
+passthrough=()
+# spark-submit options come before the job file; everything from the job file on is the job's
+while [[ $# -gt 0 && "$1" == -* ]]; do
+  case "$1" in
+    --master) [[ $# -ge 2 ]] || { echo "spark-submit.sh: --master needs a value" >&2; exit 2; }
+              master="$2"; shift 2 ;;
+    --master=*) master="${1#--master=}"; shift ;;
+    --verbose|-v|--supervise) passthrough+=("$1"); shift ;;
+    --*=*) passthrough+=("$1"); shift ;;
+    *) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
+       passthrough+=("$1" "$2"); shift 2 ;;
+  esac
+done
+if [[ $# -eq 0 ]]; then
+  echo "usage: spark-submit.sh [--master URL] [spark-submit options] JOB.py [job arguments]" >&2
+  exit 2
+fi
+
+workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
+trap 'rm -rf "$workdir"' EXIT
+(cd "$here" && "$python" - "$workdir/recsys.zip" <<'PY'
+import pathlib, sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
+    for path in sorted(pathlib.Path("recsys").rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            z.write(path)
+PY
+)
+
+set +e
+"$submit" \
+  --master "$master" \
+  --properties-file "$here/conf/spark-defaults.conf" \
+  --conf "spark.pyspark.python=$PYSPARK_PYTHON" \
+  --py-files "$workdir/recsys.zip" \
+  "${passthrough[@]+"${passthrough[@]}"}" \
+  "$@"
+status=$?
+set -e
+exit $status
