@@ -190,8 +190,11 @@ def test_user_tastes_drift_so_recent_behaviour_differs_from_old(sample):
     day = (views["dt"] - min(views["dt"])).map(lambda d: d.days)
     views = views.assign(early=day < DAYS // 2, even=day % 2 == 0)
     heavy = views.groupby("user_id").filter(lambda g: g["early"].sum() >= 15 and (~g["early"]).sum() >= 15)
-    drift = heavy.groupby("user_id").apply(lambda g: _total_variation(g.loc[g.early, "category"], g.loc[~g.early, "category"]))
-    noise = heavy.groupby("user_id").apply(lambda g: _total_variation(g.loc[g.even, "category"], g.loc[~g.even, "category"]))
+    def split_distance(column: str) -> pd.Series:
+        return heavy.groupby("user_id").apply(
+            lambda g: _total_variation(g.loc[g[column], "category"], g.loc[~g[column], "category"]))
+
+    drift, noise = split_distance("early"), split_distance("even")     # old vs recent; interleaved days
     assert len(drift) > 50
     assert drift.mean() > 1.4 * noise.mean()
 
