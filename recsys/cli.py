@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--end-date", type=_date, help="last day with events (default: yesterday, UTC)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_sample_data)
 
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratings", type=Path, required=True, help="ratings.csv (ml-latest*) or u.data (ml-100k)")
     p.add_argument("--movies", type=Path, help="movies.csv or u.item, for titles and genres")
     p.add_argument("--out", type=Path, help="dataset root; default: the parent of paths.events")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_import_movielens)
 
@@ -123,7 +125,8 @@ def cmd_sample_data(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     summary = generate_sample(_dataset_root(cfg, args.out), users=args.users, items=args.items, days=args.days,
-                              seed=args.seed, end_date=args.end_date, progress=log.info)
+                              seed=args.seed, end_date=args.end_date, progress=log.info,
+                              overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
 
@@ -132,7 +135,8 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
     from recsys.data.movielens import import_movielens
 
     cfg = _config(args)
-    summary = import_movielens(args.ratings, _dataset_root(cfg, args.out), movies=args.movies, progress=log.info)
+    summary = import_movielens(args.ratings, _dataset_root(cfg, args.out), movies=args.movies, progress=log.info,
+                               overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
 

@@ -79,18 +79,21 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
         if previous.get("source") == source:
             log.info("demo data already in %s (%s); reusing it", root, source["kind"])
             return dt.date.fromisoformat(previous["run_date"])
+    elif any((root / sub).glob("dt=*") for sub in ("events", "catalog")):
+        raise ConfigError(f"{root} holds a dataset the demo did not write; refusing to overwrite it. "
+                          f"Run the demo with the embedded default configuration or point paths.* elsewhere")
     if source["kind"] == "movielens":
         from recsys.data.movielens import import_movielens
 
         movies = Path(source["ratings"]).with_name("movies.csv")
         summary = import_movielens(Path(source["ratings"]), root, movies=movies if movies.is_file() else None,
-                                   progress=log.info)
+                                   progress=log.info, overwrite=True)
         last = summary.last_date
     else:
         from recsys.data.sample import generate_sample
 
         summary = generate_sample(root, users=source["users"], items=source["items"], days=source["days"],
-                                  seed=source["seed"], progress=log.info)
+                                  seed=source["seed"], progress=log.info, overwrite=True)
         last = summary.last_date
     log.info("%s", summary)
     run_date = last + dt.timedelta(days=1)

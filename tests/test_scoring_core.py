@@ -126,3 +126,30 @@ def test_chunks_are_assembled_across_arrow_batches():
     chunks = list(_chunks(iter(batches), 4))
     assert [c.num_rows for c in chunks] == [4, 4, 4, 1]
     assert sum((c.column("x").to_pylist() for c in chunks), []) == list(range(13))
+
+
+def test_a_chunk_where_nobody_has_known_history_is_all_fallback():
+    model = random_model(NUM_ITEMS)
+    fb = popularity_fallback(ITEM_IDS[:10], np.arange(10, 0, -1), top_n=4)
+    batch, stats = make_scorer(model, np.arange(1, NUM_ITEMS + 1), top_n=4, fallback=fb).score(
+        np.array([1, 2]), Sequences.from_lists([[], [123456]]))
+    assert batch.column("source").to_pylist() == [SOURCE_POPULARITY] * 2
+    assert (stats.fallback_users, stats.unknown_items, stats.model_users) == (2, 1, 0)
+
+
+def test_only_the_newest_max_len_known_items_feed_the_model_but_all_are_masked():
+    model = random_model(NUM_ITEMS, max_len=2)
+    hist = [3, 4, 5, 6]                        # the model reads [5, 6]; all four are masked
+    scorer = make_scorer(model, np.arange(1, NUM_ITEMS + 1), top_n=NUM_ITEMS)
+    batch, _ = scorer.score(np.array([1]), to_ids([hist]))
+    items = [r["item_id"] for r in batch.column("recommendations").to_pylist()[0]]
+    assert len(items) == NUM_ITEMS - 4 and not set(items) & {int(ITEM_IDS[i - 1]) for i in hist}
+    # the user vector depends only on the newest max_len items: an item ranked for both histories
+    # gets the same score from both
+    short, _ = make_scorer(model, np.arange(1, NUM_ITEMS + 1), top_n=10).score(np.array([1]), to_ids([[5, 6]]))
+    full, _ = make_scorer(model, np.arange(1, NUM_ITEMS + 1), top_n=10).score(np.array([1]), to_ids([hist]))
+    short_scores = {r["item_id"]: r["score"] for r in short.column("recommendations").to_pylist()[0]}
+    full_scores = {r["item_id"]: r["score"] for r in full.column("recommendations").to_pylist()[0]}
+    common = set(short_scores) & set(full_scores)
+    assert len(common) >= 8
+    assert all(short_scores[i] == pytest.approx(full_scores[i]) for i in common)

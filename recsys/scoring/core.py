@@ -97,8 +97,10 @@ class Scorer:
     """A model prepared for one candidate set on one device: built once per worker, then reused.
 
     Preparing gathers the candidate rows of the item-embedding table into one contiguous matrix
-    (so unavailable items are never scored, rather than scored and masked) and builds the lookup
-    that maps a history item to its candidate column for seen-item masking.
+    (so unavailable items are never scored, rather than scored and masked), and puts the
+    vocabulary and the item -> candidate-column lookup on the device. Scoring a chunk then runs
+    entirely on the device: id -> index mapping, padding, encoding, scoring, masking and top-k;
+    the host only ships flat Arrow buffers in and the top N out.
     """
 
     model: SequenceRecommender
@@ -111,7 +113,12 @@ class Scorer:
     item_tile: int = 0
     _cand_emb: torch.Tensor = field(init=False, repr=False)
     _cand_of_item: torch.Tensor = field(init=False, repr=False)
-    _cand_ids: np.ndarray = field(init=False, repr=False)
+    _cand_ids: torch.Tensor = field(init=False, repr=False)
+    _vocab_sorted: torch.Tensor = field(init=False, repr=False)
+    _vocab_order: torch.Tensor = field(init=False, repr=False)
+    _fallback_ids: np.ndarray = field(init=False, repr=False)
+    _fallback_scores: np.ndarray = field(init=False, repr=False)
+    _staging: "_HostStaging" = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -122,110 +129,103 @@ class Scorer:
         idx = torch.as_tensor(self.candidates.index, dtype=torch.long)
         if len(idx) and (int(idx.min()) < 1 or int(idx.max()) > num_items):
             raise ValueError(f"candidate indices must lie in 1..{num_items}")
+        dev = self.device
         with torch.inference_mode():
             emb = self.model.item_embeddings().detach()
-            self._cand_emb = emb.index_select(0, idx.to(emb.device)).to(self.device, torch.float32).contiguous()  # [C, D]
+            cand_emb = emb.index_select(0, idx.to(emb.device)).to(dev, torch.float32)   # [C, D]
+            if dev.type == "cuda" and self.dtype != "float32":
+                cand_emb = cand_emb.to(_DTYPES[self.dtype])
+            self._cand_emb = cand_emb.contiguous()
         lookup = torch.full((num_items + 1,), -1, dtype=torch.long)
         lookup[idx] = torch.arange(len(idx), dtype=torch.long)
-        self._cand_of_item = lookup.to(self.device)  # [num_items + 1] -> candidate column or -1
-        self._cand_ids = np.ascontiguousarray(self.candidates.item_ids, dtype=np.int64)
-        if self.dtype != "float32" and self.device.type == "cuda":
-            self._cand_emb = self._cand_emb.to(_DTYPES[self.dtype])
+        self._cand_of_item = lookup.to(dev)                                  # [num_items + 1] -> column or -1
+        self._cand_ids = torch.as_tensor(self.candidates.item_ids, dtype=torch.long).to(dev)   # [C]
+        order = np.argsort(self.vocab.item_ids, kind="stable")
+        self._vocab_sorted = torch.as_tensor(self.vocab.item_ids[order]).to(dev)              # [V] sorted ids
+        self._vocab_order = torch.as_tensor(order + 1, dtype=torch.long).to(dev)              # -> model index
+        k = min(self.top_n, len(self.candidates.index))
+        self._fallback_ids = np.zeros(k, dtype=np.int64)
+        self._fallback_scores = np.full(k, -np.inf, dtype=np.float32)
+        n = min(k, len(self.fallback.item_ids))
+        self._fallback_ids[:n] = self.fallback.item_ids[:n]
+        self._fallback_scores[:n] = self.fallback.scores[:n]
+        self._staging = _HostStaging(dev)
 
     @property
     def num_candidates(self) -> int:
-        return len(self._cand_ids)
+        return int(self._cand_ids.shape[0])
 
     def score(self, user_ids: np.ndarray, history_ids: Sequences) -> tuple[pa.RecordBatch, ChunkStats]:
         """Top-N for one chunk of users -> (Arrow batch: user_id, recommendations, source), stats.
 
         ``history_ids`` are external item ids, oldest first; items the model does not know are
-        dropped and counted, and users left with no known item get the fallback.
+        dropped and counted, and users left with no known item get the fallback, as do users whose
+        vector comes out non-finite (a NaN must never rank first).
         """
-        histories, unknown = self.vocab.map_sequences(history_ids)
-        stats = ChunkStats(users=len(histories), chunks=1, history_items=len(history_ids.items), unknown_items=unknown)
-        n_users = len(histories)
-        lengths = histories.lengths
-        has_history = lengths > 0
-        model_rows = np.flatnonzero(has_history)
+        n_users = len(history_ids)
         k = min(self.top_n, self.num_candidates)
-
-        top_idx = np.zeros((n_users, k), dtype=np.int64)
-        top_val = np.full((n_users, k), -np.inf, dtype=np.float32)
-        use_fallback = ~has_history
-        if len(model_rows) and k > 0:
-            sub = histories.take(model_rows) if len(model_rows) != n_users else histories
-            vals, idx, finite, enc_s, sc_s = self._score_model_users(sub, k)
-            top_val[model_rows] = vals
-            top_idx[model_rows] = idx
-            bad = model_rows[~finite]
-            use_fallback[bad] = True
-            stats.nonfinite_users = int(len(bad))
-            stats.encode_s, stats.score_s = enc_s, sc_s
-
+        stats = ChunkStats(users=n_users, chunks=1, history_items=len(history_ids.items))
         t0 = time.perf_counter()
-        valid = np.isfinite(top_val)                                  # [U, k] masked slots are -inf
-        item_ids = self._cand_ids[top_idx] if k else np.zeros((n_users, 0), np.int64)
-        scores = top_val
+        with torch.inference_mode():
+            items = self._staging.to_device(history_ids.items, slot=0)              # [S] external ids
+            lengths = self._staging.to_device(history_ids.lengths, slot=1)          # [U]
+            seq, seen_rows, seen_cols, known_per_user, unknown = self._prepare(items, lengths, n_users)
+            with self._autocast():
+                user = self.model.encode(seq)                                       # [B, D]
+            usable = torch.isfinite(user).all(dim=1) & (known_per_user > 0)         # [B]
+            nonfinite = (~torch.isfinite(user).all(dim=1)) & (known_per_user > 0)
+            user = torch.where(usable[:, None], user, torch.zeros_like(user)).to(self._cand_emb.dtype)
+            self._sync()
+            t1 = time.perf_counter()
+            vals, cols = self._topk_tiled(user, seen_rows, seen_cols, k)            # [B, k], [B, k]
+            ids = self._cand_ids[cols]                                              # [B, k] external ids
+            vals_np = vals.float().cpu().numpy()
+            ids_np = ids.cpu().numpy()
+            usable_np = usable.cpu().numpy()
+            stats.unknown_items = int(unknown)
+            stats.nonfinite_users = int(nonfinite.sum())
+        t2 = time.perf_counter()
+        stats.encode_s, stats.score_s = t1 - t0, t2 - t1
+
+        use_fallback = ~usable_np
         if use_fallback.any():
-            item_ids, scores, valid = self._apply_fallback(use_fallback, item_ids, scores, valid, k)
-        counts = valid.sum(axis=1)
-        offsets = np.zeros(n_users + 1, dtype=np.int32)
-        np.cumsum(counts, out=offsets[1:])
-        recs = pa.ListArray.from_arrays(
-            pa.array(offsets, type=pa.int32()),
-            pa.StructArray.from_arrays(
-                [pa.array(item_ids[valid], type=pa.int64()), pa.array(scores[valid].astype(np.float32), type=pa.float32())],
-                fields=list(RECOMMENDATION_TYPE.value_type),
-            ),
-            type=RECOMMENDATION_TYPE,
-        )
-        source = pa.DictionaryArray.from_arrays(
-            pa.array(use_fallback.astype(np.int8)), pa.array([SOURCE_MODEL, self.fallback.name])
-        ).cast(pa.string())
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(np.asarray(user_ids, dtype=np.int64)), recs, source],
-            names=["user_id", "recommendations", "source"],
-        )
+            ids_np[use_fallback] = self._fallback_ids
+            vals_np[use_fallback] = self._fallback_scores
+        batch, counts = _to_arrow(np.asarray(user_ids, dtype=np.int64), ids_np, vals_np, use_fallback,
+                                  self.fallback.name)
         stats.fallback_users = int(use_fallback.sum())
         stats.model_users = n_users - stats.fallback_users
         stats.short_lists = int((counts < self.top_n).sum())
-        stats.to_arrow_s = time.perf_counter() - t0
+        stats.to_arrow_s = time.perf_counter() - t2
         return batch, stats
 
-    def _score_model_users(self, histories: Sequences, k: int):
-        """Encode, score against candidates (tiled), mask seen, top-k. Returns numpy arrays."""
-        device = self.device
-        max_len = int(self.model.max_len)
-        t0 = time.perf_counter()
-        seq = torch.from_numpy(pad_left(histories, max_len))           # [B, L] int64, newest last
-        if device.type == "cuda":
-            seq = seq.pin_memory().to(device, non_blocking=True)
-        with torch.inference_mode(), self._autocast():
-            user = self.model.encode(seq)                              # [B, D]
-            finite = torch.isfinite(user).all(dim=1)                   # [B]
-            user = torch.where(finite[:, None], user, torch.zeros_like(user))
-            user = user.to(self._cand_emb.dtype)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t1 = time.perf_counter()
-            rows, cols = self._seen_columns(histories)                 # [S], [S] seen (row, candidate col)
-            vals, idx = self._topk_tiled(user, rows, cols, k)          # [B, k], [B, k]
-            vals = vals.float().cpu().numpy()
-            idx = idx.cpu().numpy()
-            finite_np = finite.cpu().numpy()
-        t2 = time.perf_counter()
-        return vals, idx, finite_np, t1 - t0, t2 - t1
+    def _prepare(self, items: torch.Tensor, lengths: torch.Tensor, n_users: int):
+        """Ids -> model indices, the padded model input, and the (row, column) pairs to mask. On device.
 
-    def _seen_columns(self, histories: Sequences) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every history item that is a candidate, as (row, candidate column) pairs on the device."""
-        items = torch.from_numpy(histories.items)
-        rows = torch.repeat_interleave(torch.arange(len(histories)), torch.from_numpy(histories.lengths))
-        if self.device.type == "cuda":
-            items, rows = items.to(self.device, non_blocking=True), rows.to(self.device, non_blocking=True)
-        cols = self._cand_of_item[items]                               # [S] -1 where not a candidate
-        keep = cols >= 0
-        return rows[keep], cols[keep]
+        Unknown items are dropped without compacting anything: each known item's place in the
+        padded row is its rank from the end among the row's known items.
+        """
+        dev = self.device
+        max_len = int(self.model.max_len)
+        num_v = self._vocab_sorted.shape[0]
+        pos = torch.searchsorted(self._vocab_sorted, items).clamp_(max=max(num_v - 1, 0))  # [S]
+        known = self._vocab_sorted[pos] == items if num_v else torch.zeros_like(items, dtype=torch.bool)
+        index = torch.where(known, self._vocab_order[pos], torch.zeros_like(pos))   # [S] model index, 0 unknown
+        rows = torch.repeat_interleave(torch.arange(n_users, device=dev), lengths)  # [S] user row of each item
+        known_l = known.long()
+        csum = torch.cumsum(known_l, 0)                                             # [S] known items so far
+        row_end = torch.cumsum(lengths, 0) - 1                                      # [U] last position per row
+        total_known = torch.zeros(n_users, dtype=torch.long, device=dev)
+        total_known.index_add_(0, rows, known_l)                                    # [U]
+        end_csum = torch.where(lengths > 0, csum[row_end.clamp(min=0)], torch.zeros_like(lengths)) if len(csum) \
+            else torch.zeros(n_users, dtype=torch.long, device=dev)
+        from_end = end_csum[rows] - csum                                            # [S] known items after this one
+        place = known & (from_end < max_len)
+        seq = torch.zeros((n_users, max_len), dtype=torch.long, device=dev)         # [B, L] newest last
+        seq[rows[place], (max_len - 1 - from_end)[place]] = index[place]
+        cols = self._cand_of_item[index]                                            # [S] candidate column or -1
+        seen = known & (cols >= 0)
+        return seq, rows[seen], cols[seen], total_known, int((~known).sum())
 
     def _topk_tiled(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
         """Top-k over all candidates, one item tile at a time, merging a running top-k.
@@ -235,50 +235,87 @@ class Scorer:
         """
         num_c = self.num_candidates
         tile = self.item_tile if 0 < self.item_tile < num_c else num_c
+        neg_inf = torch.tensor(float("-inf"), dtype=user.dtype, device=user.device)
         best_val: torch.Tensor | None = None
         best_idx: torch.Tensor | None = None
         for start in range(0, num_c, tile):
             stop = min(start + tile, num_c)
-            scores = user @ self._cand_emb[start:stop].T               # [B, T]
-            if scores.dtype != torch.float32 and self.device.type != "cuda":
-                scores = scores.float()
+            scores = user @ self._cand_emb[start:stop].T                             # [B, T]
             if len(cols):
-                in_tile = (cols >= start) & (cols < stop) if tile != num_c else None
-                r, c = (rows, cols) if in_tile is None else (rows[in_tile], cols[in_tile] - start)
-                scores.index_put_((r, c), torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device))
-            kt = min(k, stop - start)
-            v, i = torch.topk(scores, kt, dim=1)                       # [B, kt]
-            i = i + start
+                if tile == num_c:
+                    scores.index_put_((rows, cols), neg_inf)
+                else:
+                    in_tile = (cols >= start) & (cols < stop)
+                    scores.index_put_((rows[in_tile], cols[in_tile] - start), neg_inf)
+            v, i = torch.topk(scores, min(k, stop - start), dim=1)                   # [B, kt]
             if best_val is None:
-                best_val, best_idx = v, i
+                best_val, best_idx = v, i + start
             else:
-                v = torch.cat([best_val, v], dim=1)                    # [B, k + kt]
-                i = torch.cat([best_idx, i], dim=1)
-                best_val, pos = torch.topk(v, min(k, v.shape[1]), dim=1)
+                v = torch.cat([best_val, v], dim=1)                                  # [B, k + kt]
+                i = torch.cat([best_idx, i + start], dim=1)
+                best_val, pos = torch.topk(v, k, dim=1)
                 best_idx = torch.gather(i, 1, pos)
         assert best_val is not None and best_idx is not None
         return best_val, best_idx
 
-    def _apply_fallback(self, rows_mask: np.ndarray, item_ids: np.ndarray, scores: np.ndarray,
-                        valid: np.ndarray, k: int):
-        """Overwrite the rows in ``rows_mask`` with the fallback ranking (same width k)."""
-        fb_ids = np.zeros(k, dtype=np.int64)
-        fb_scores = np.full(k, -np.inf, dtype=np.float32)
-        n = min(k, len(self.fallback.item_ids))
-        fb_ids[:n] = self.fallback.item_ids[:n]
-        fb_scores[:n] = self.fallback.scores[:n]
-        item_ids = item_ids.copy()
-        scores = scores.copy()
-        valid = valid.copy()
-        item_ids[rows_mask] = fb_ids
-        scores[rows_mask] = fb_scores
-        valid[rows_mask] = np.isfinite(fb_scores)
-        return item_ids, scores, valid
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _autocast(self):
         if self.device.type == "cuda" and self.dtype != "float32":
             return torch.autocast("cuda", dtype=_DTYPES[self.dtype])
         return contextlib.nullcontext()
+
+
+class _HostStaging:
+    """Host -> device copies through reusable pinned buffers (non-blocking); plain views on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._buffers: dict[int, torch.Tensor] = {}
+
+    def to_device(self, array: np.ndarray, slot: int) -> torch.Tensor:
+        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        if self.device.type != "cuda":
+            return host
+        buf = self._buffers.get(slot)
+        if buf is None or buf.numel() < host.numel():
+            buf = torch.empty(max(host.numel(), 1 << 16), dtype=torch.long).pin_memory()
+            self._buffers[slot] = buf
+        staged = buf[: host.numel()]
+        staged.copy_(host)
+        # safe to reuse the buffer next chunk: every chunk ends with a device -> host copy (a sync)
+        return staged.to(self.device, non_blocking=True)
+
+
+def _to_arrow(user_ids: np.ndarray, ids: np.ndarray, vals: np.ndarray, use_fallback: np.ndarray,
+              fallback_name: str) -> tuple[pa.RecordBatch, np.ndarray]:
+    """[U, k] top-N arrays -> one Arrow batch; zero-copy when no slot is masked (the usual case)."""
+    n_users, k = ids.shape
+    valid = np.isfinite(vals)                                   # masked slots hold -inf
+    if valid.all():
+        counts = np.full(n_users, k, dtype=np.int64)
+        offsets = np.arange(0, (n_users + 1) * k, k, dtype=np.int32) if k else np.zeros(n_users + 1, np.int32)
+        flat_ids, flat_vals = ids.reshape(-1), vals.reshape(-1)
+    else:
+        counts = valid.sum(axis=1)
+        offsets = np.zeros(n_users + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        flat_ids, flat_vals = ids[valid], vals[valid]
+    recs = pa.ListArray.from_arrays(
+        pa.array(offsets, type=pa.int32()),
+        pa.StructArray.from_arrays(
+            [pa.array(flat_ids, type=pa.int64()), pa.array(flat_vals, type=pa.float32())],
+            fields=list(RECOMMENDATION_TYPE.value_type),
+        ),
+        type=RECOMMENDATION_TYPE,
+    )
+    source = pa.DictionaryArray.from_arrays(
+        pa.array(use_fallback.astype(np.int8)), pa.array([SOURCE_MODEL, fallback_name])
+    ).cast(pa.string())
+    batch = pa.RecordBatch.from_arrays([pa.array(user_ids), recs, source], names=["user_id", "recommendations", "source"])
+    return batch, counts
 
 
 def popularity_fallback(item_ids: np.ndarray, counts: np.ndarray, top_n: int) -> Fallback:
