@@ -122,7 +122,8 @@ def fit(train: Sequences, model_config: SASRecConfig, settings: TrainSettings, *
     if settings.num_threads is not None:
         torch.set_num_threads(settings.num_threads)
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(settings.seed)
             return _fit(inputs, labels, model_config, settings, valid, device, progress)
     finally:
