@@ -89,24 +89,36 @@ def successor_training() -> None:
 
 
 def encode_speed() -> None:
+    """users/s per chunk size and dtype; a failing kernel is reported, then retried without cuDNN SDPA."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     torch.manual_seed(0)
     model = SASRec(SASRecConfig(num_items=100_000, dim=64, max_len=50)).to(DEV).eval()
     users = USERS
-    seq = torch.randint(1, 100_001, (users, 50), device=DEV)
-    for chunk in (4096, 16384, 65536):
+    seq = left_padded(users, 50, 100_000).to(DEV)
+    for chunk in (4096, 65536, 262144):
         for dtype in (torch.float32, torch.bfloat16):
             for name, fn in (("forward[:, -1]", lambda x: model(x)[:, -1]), ("encode", model.encode)):
                 def run():
                     with torch.inference_mode(), torch.autocast(DEV.split(":")[0], dtype=dtype, enabled=dtype != torch.float32):
                         for start in range(0, users, chunk):
-                            fn(seq[start:start + chunk])
-                run()
-                sync()
-                t = time.perf_counter()
-                run()
-                sync()
-                dt = time.perf_counter() - t
-                print(f"encode speed chunk={chunk:6d} {str(dtype):15s} {name:15s}: {users / dt:12,.0f} users/s", flush=True)
+                            out = fn(seq[start:start + chunk])
+                    return out
+                for backends in (None, [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+                    label = f"chunk={chunk:6d} {str(dtype):15s} {name:15s} {'no-cudnn' if backends else 'default'}"
+                    try:
+                        with sdpa_kernel(backends) if backends else torch.no_grad():
+                            out = run()
+                            sync()
+                            t = time.perf_counter()
+                            out = run()
+                            sync()
+                            dt = time.perf_counter() - t
+                        print(f"encode speed {label}: {users / dt:12,.0f} users/s finite={bool(torch.isfinite(out).all())}", flush=True)
+                        break
+                    except RuntimeError as exc:
+                        print(f"FAIL {label}: {str(exc).splitlines()[0][:150]}", flush=True)
+                        sync()
 
 
 def movielens_epochs(path: str) -> None:

@@ -74,11 +74,22 @@ class CausalSelfAttention(nn.Module):
         return self._attend(q, k, v, mask)
 
     def forward_last(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Only the last position's output: ``x`` [B, L, D], ``mask`` [B, 1, 1, L] -> [B, 1, D]."""
+        """Only the last position's output: ``x`` [B, L, D], ``mask`` [B, 1, 1, L] -> [B, 1, D].
+
+        With one query, attention is a batched vector-matrix product, written out here rather
+        than sent through SDPA: fused kernels gain nothing on it, and SDPA's cuDNN backend failed
+        on exactly this shape (bf16, 65,536 rows, torch 2.11 on an H200).
+        """
+        B, L, D = x.shape
         w, b = self.qkv.weight, self.qkv.bias                            # [3D, D], [3D]
-        q = F.linear(x[:, -1:], w[: self.dim], b[: self.dim])            # [B, 1, D]
-        k, v = F.linear(x, w[self.dim:], b[self.dim:]).split(self.dim, dim=2)  # 2 x [B, L, D]
-        return self._attend(q, k, v, mask)
+        q = F.linear(x[:, -1:], w[:D], b[:D])                            # [B, 1, D]
+        k, v = F.linear(x, w[D:], b[D:]).split(D, dim=2)                 # 2 x [B, L, D]
+        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # [B, H, 1|L, D/H]
+        att = (q @ k.transpose(-2, -1)) * (D // self.heads) ** -0.5      # [B, H, 1, L]
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)      # the own key is never masked
+        att = F.dropout(att, self.dropout, self.training)
+        y = (att.to(v.dtype) @ v).transpose(1, 2).reshape(B, 1, D)       # [B, 1, D]
+        return self.resid_dropout(self.proj(y))
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         B, T, D = q.shape
