@@ -121,7 +121,7 @@ def encode_speed() -> None:
                         sync()
 
 
-def movielens_epochs(path: str) -> None:
+def movielens_epochs(path: str, epochs: int = 30, patience: int = 5, dropout: float = 0.2) -> None:
     raw = np.loadtxt(path, delimiter=",", skiprows=1)
     user, movie, ts = raw[:, 0].astype(np.int64), raw[:, 1].astype(np.int64), raw[:, 3]
     tie = np.random.default_rng(7).random(len(raw))
@@ -136,27 +136,35 @@ def movielens_epochs(path: str) -> None:
     keep = np.ones(len(items), bool)
     keep[ends - 1] = False
     train = Sequences(np.concatenate([[0], np.cumsum(counts - 1)]), items[keep])
-    config = SASRecConfig(num_items=len(ids))
-    result = fit(train, config, TrainSettings(epochs=30, patience=5), valid=ValidationSet(train, targets), device=DEV,
+    config = SASRecConfig(num_items=len(ids), dropout=dropout)
+    result = fit(train, config, TrainSettings(epochs=epochs, patience=patience), valid=ValidationSet(train, targets), device=DEV,
                  progress=lambda row: print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True))
-    print(f"movielens on cuda: best epoch {result.best_epoch} {result.best_metrics}", flush=True)
+    seconds = sum(row["seconds"] for row in result.curve)
+    print(f"movielens on {DEV}, dropout {dropout}, patience {patience}: {len(result.curve)} epochs in {seconds:.0f} s, "
+          f"best epoch {result.best_epoch} {result.best_metrics}", flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ratings", default="data/ml-latest-small/ratings.csv")
     p.add_argument("--skip-movielens", action="store_true")
+    p.add_argument("--only-movielens", action="store_true")
+    p.add_argument("--ml-epochs", type=int, default=30)
+    p.add_argument("--ml-patience", type=int, default=5)
+    p.add_argument("--ml-dropout", type=float, nargs="+", default=[0.2])
     p.add_argument("--device", default="cuda", help="cpu only to try the script itself")
     p.add_argument("--users", type=int, default=1_000_000, help="users per encode-speed measurement")
     a = p.parse_args()
     global DEV, USERS
     DEV, USERS = a.device, a.users
     print(torch.__version__, torch.cuda.get_device_name() if DEV.startswith("cuda") else DEV, flush=True)
-    correctness()
-    successor_training()
-    encode_speed()
+    if not a.only_movielens:
+        correctness()
+        successor_training()
+        encode_speed()
     if not a.skip_movielens:
-        movielens_epochs(a.ratings)
+        for dropout in a.ml_dropout:
+            movielens_epochs(a.ratings, a.ml_epochs, a.ml_patience, dropout)
 
 
 if __name__ == "__main__":
