@@ -1,0 +1,1 @@
+"""Offline evaluation: ranking metrics over held-out interactions (pure torch/numpy)."""

@@ -1,0 +1,21 @@
+"""Model types by the name saved in ``config.json``, so loading never unpickles a class.
+
+A model type is a frozen config dataclass and an ``nn.Module`` built from it alone
+(``model_cls(config)``); adding a type is one line here.
+"""
+from __future__ import annotations
+
+from recsys.model.sasrec import SASRec, SASRecConfig
+
+MODEL_TYPES: dict[str, tuple[type, type]] = {
+    "sasrec": (SASRecConfig, SASRec),
+}
+
+
+def model_type_of(model: object) -> str:
+    """The registered name of ``model``'s class (exact class, so a subclass must register itself)."""
+    for name, (_, model_cls) in MODEL_TYPES.items():
+        if type(model) is model_cls:
+            return name
+    raise ValueError(f"{type(model).__name__} is not a registered model type "
+                     f"(known: {', '.join(sorted(MODEL_TYPES))}): add it to recsys.model.registry.MODEL_TYPES")

@@ -1,0 +1,299 @@
+"""SASRec's contract (finite, padding-invariant, fast path equal to the full one) and model files."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.model import sasrec as sasrec_module
+from recsys.model.base import SequenceRecommender
+from recsys.model.io import load_model, save_model
+from recsys.model.sasrec import SASRec, SASRecConfig
+from recsys.model.tensorfile import read_safetensors, write_safetensors
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_ITEMS = 40
+
+
+def make_model(seed: int = 0, **overrides) -> SASRec:
+    torch.manual_seed(seed)
+    config = SASRecConfig(num_items=NUM_ITEMS, dim=16, layers=2, heads=2, max_len=8, dropout=0.2)
+    model = SASRec(SASRecConfig(**{**config.__dict__, **overrides}))
+    with torch.no_grad():  # randomise LayerNorm too, so every parameter matters in a round trip
+        for name, p in model.named_parameters():
+            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(("ln_1.bias", "ln_2.bias", "ln_f.bias")):
+                p.normal_(0, 0.1)
+    return model.eval()
+
+
+def random_batch(batch: int, max_len: int, seed: int = 1) -> torch.Tensor:
+    """Left-padded rows of every length from 0 to max_len."""
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(1, NUM_ITEMS + 1, (batch, max_len), generator=g)
+    lengths = torch.arange(batch) % (max_len + 1)
+    seq[torch.arange(max_len)[None, :] < (max_len - lengths)[:, None]] = 0
+    return seq
+
+
+# --- the contract -----------------------------------------------------------------------------
+
+def test_sasrec_satisfies_the_scoring_contract():
+    model = make_model()
+    assert isinstance(model, SequenceRecommender)
+    assert (model.max_len, model.num_items) == (8, NUM_ITEMS)
+    emb = model.item_embeddings()
+    assert emb.shape == (NUM_ITEMS + 1, 16)
+    assert emb is model.item_emb.weight  # one table: input embedding and output layer
+    assert torch.count_nonzero(emb[0]) == 0  # padding row
+
+
+def test_encode_equals_last_position_of_full_forward():
+    model = make_model()
+    seq = random_batch(150, 8)  # more rows than CPU_ENCODE_ROWS, every padding amount
+    with torch.no_grad():
+        full = model(seq)[:, -1]
+        fast = model.encode(seq)
+    assert fast.shape == (150, 16)
+    torch.testing.assert_close(fast, full, rtol=1e-5, atol=1e-5)
+
+
+def test_encode_trims_padding_columns_exactly():
+    """All rows short: encode drops the all-padding columns, which must not change anything."""
+    model = make_model()
+    seq = random_batch(40, 8)
+    seq[:, :5] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode(seq), model(seq)[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_user_vector_does_not_depend_on_the_rest_of_the_batch():
+    model = make_model()
+    seq = random_batch(70, 8)
+    with torch.no_grad():
+        together = model.encode(seq)
+        alone = torch.cat([model.encode(row[None]) for row in seq])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_amount_does_not_change_the_user_vector():
+    model = make_model()
+    items = torch.tensor([5, 17, 3])
+    widths = [3, 4, 6, 8]
+    with torch.no_grad():
+        vectors = [model.encode(torch.cat([torch.zeros(w - 3, dtype=torch.long), items])[None]) for w in widths]
+        hidden = [model(torch.cat([torch.zeros(w - 3, dtype=torch.long), items])[None])[:, -3:] for w in widths]
+    for v, h in zip(vectors[1:], hidden[1:]):
+        torch.testing.assert_close(v, vectors[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(h, hidden[0], rtol=1e-5, atol=1e-5)  # every real position, not just the last
+
+
+def test_all_padding_and_left_padded_rows_are_finite_in_eval_and_training():
+    model = make_model()
+    seq = torch.zeros(4, 8, dtype=torch.long)
+    seq[1, -1] = 7
+    seq[2, -3:] = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        assert torch.isfinite(model.encode(seq)).all()
+        assert torch.isfinite(model.encode(torch.zeros(3, 8, dtype=torch.long))).all()
+        assert torch.isfinite(model(seq)).all()
+    model.train()
+    out = model(seq)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_no_attention_row_is_fully_masked():
+    """Fully masked rows are a softmax over nothing: NaN on torch < 2.5 and on some kernels.
+    Recent CPU kernels return zeros instead, so finiteness alone would not catch this."""
+    model = make_model()
+    seq = random_batch(20, 8)
+    seq[0] = 0
+    _, mask = model._embed(seq)
+    assert mask.any(dim=-1).all()
+
+
+def test_forward_is_causal():
+    model = make_model()
+    seq = random_batch(1, 8, seed=3)
+    seq[0] = torch.arange(1, 9)
+    changed = seq.clone()
+    changed[0, 5] = 30
+    with torch.no_grad():
+        a, b = model(seq), model(changed)
+    torch.testing.assert_close(a[:, :5], b[:, :5])
+    assert not torch.allclose(a[:, 5:], b[:, 5:])
+
+
+def test_rejects_sequences_longer_than_max_len():
+    with pytest.raises(ValueError, match="max_len=8"):
+        make_model().encode(torch.ones(2, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("bad", [dict(num_items=0), dict(dim=10, heads=3), dict(dropout=1.0), dict(layers=0)])
+def test_config_rejects_nonsense(bad):
+    with pytest.raises(ValueError):
+        SASRecConfig(**{"num_items": 5, **bad})
+
+
+def test_model_modules_import_without_spark_mlflow_pydantic_or_yaml():
+    code = ("import sys, recsys.model.sasrec, recsys.model.io, recsys.model.training, recsys.evaluation.metrics\n"
+            "bad = [m for m in ('pyspark', 'mlflow', 'pydantic', 'yaml') if m in sys.modules]\n"
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={"PYTHONPATH": str(REPO)})
+
+
+# --- save / load ------------------------------------------------------------------------------
+
+ITEM_IDS = np.arange(1000, 1000 + NUM_ITEMS, dtype=np.int64)[::-1].copy()
+
+
+def test_round_trip_gives_identical_user_vectors(tmp_path):
+    model = make_model()
+    save_model(model, ITEM_IDS, tmp_path / "m", metadata={"val_ndcg@10": 0.25, "run": "abc"})
+    loaded = load_model(tmp_path / "m")
+    seq = random_batch(20, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded.model.encode(seq), model.encode(seq))
+        assert torch.equal(loaded.model.item_embeddings(), model.item_embeddings())
+    assert not loaded.model.training
+    assert loaded.model_type == "sasrec" and loaded.config == model.config
+    assert loaded.item_ids.dtype == np.int64 and np.array_equal(loaded.item_ids, ITEM_IDS)
+    assert loaded.metadata == {"val_ndcg@10": 0.25, "run": "abc"}
+    document = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert document["format_version"] == 1 and document["model"]["num_items"] == NUM_ITEMS
+
+
+def test_tied_embedding_is_stored_once(tmp_path):
+    save_model(make_model(), ITEM_IDS, tmp_path)
+    tensors, _ = read_safetensors(tmp_path / "weights.safetensors")
+    tables = [name for name, t in tensors.items() if t.shape == (NUM_ITEMS + 1, 16)]
+    assert tables == ["item_emb.weight"]
+
+
+def test_pickled_weights_are_refused(tmp_path):
+    save_model(make_model(), ITEM_IDS, tmp_path)
+    torch.save(make_model().state_dict(), tmp_path / "weights.safetensors")  # a pickle under the right name
+    with pytest.raises(ValueError, match="safetensors"):
+        load_model(tmp_path)
+
+
+def test_pickled_item_ids_are_refused(tmp_path):
+    save_model(make_model(), ITEM_IDS, tmp_path)
+    np.save(tmp_path / "item_ids.npy", np.array([str(i) for i in ITEM_IDS], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="item_ids.npy"):
+        load_model(tmp_path)
+
+
+def test_a_directory_with_only_a_pickle_is_refused(tmp_path):
+    torch.save(make_model(), tmp_path / "model.pt")
+    with pytest.raises(ValueError, match="no config.json"):
+        load_model(tmp_path)
+
+
+def _tamper(directory: Path, **changes) -> None:
+    path = directory / "config.json"
+    document = json.loads(path.read_text())
+    for key, value in changes.items():
+        if key in document:
+            document[key] = value
+        else:
+            document["model"][key] = value
+    path.write_text(json.dumps(document))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(model_type="gru4rec"), "model_type 'gru4rec'"),
+    (dict(format_version=2), "format_version 2"),
+    (dict(dim=32), "shape"),
+    (dict(num_items=NUM_ITEMS + 1), "shape"),
+    (dict(layers=3), "missing"),
+    (dict(colour="blue"), "unknown sasrec config fields"),
+    (dict(heads=3), "invalid sasrec config"),
+])
+def test_tampered_config_fails_clearly(tmp_path, changes, message):
+    save_model(make_model(), ITEM_IDS, tmp_path)
+    _tamper(tmp_path, **changes)
+    with pytest.raises(ValueError, match=message):
+        load_model(tmp_path)
+
+
+def test_item_ids_length_must_match_num_items(tmp_path):
+    save_model(make_model(), ITEM_IDS, tmp_path)
+    np.save(tmp_path / "item_ids.npy", ITEM_IDS[:-1])
+    with pytest.raises(ValueError, match="num_items=40"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("missing", ["config.json", "weights.safetensors", "item_ids.npy"])
+def test_missing_file_fails_clearly(tmp_path, missing):
+    save_model(make_model(), ITEM_IDS, tmp_path)
+    (tmp_path / missing).unlink()
+    with pytest.raises(ValueError, match=f"no {missing}"):
+        load_model(tmp_path)
+
+
+def test_save_rejects_bad_vocabulary_and_metadata(tmp_path):
+    model = make_model()
+    with pytest.raises(ValueError, match="num_items=40"):
+        save_model(model, ITEM_IDS[:-1], tmp_path)
+    with pytest.raises(ValueError, match="duplicates"):
+        save_model(model, np.zeros(NUM_ITEMS, dtype=np.int64), tmp_path)
+    with pytest.raises(ValueError, match="JSON"):
+        save_model(model, ITEM_IDS, tmp_path, metadata={"when": object()})
+
+
+# --- the safetensors format -------------------------------------------------------------------
+
+def test_builtin_safetensors_round_trip_and_layout(tmp_path):
+    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5), "c": torch.randn(2, 2).to(torch.bfloat16),
+               "d": torch.tensor([True, False]), "e": torch.zeros(0, 3), "f": torch.randn(4, 6)[:, ::2]}
+    write_safetensors(tensors, tmp_path / "w.safetensors", metadata={"format": "pt"})
+    back, metadata = read_safetensors(tmp_path / "w.safetensors")
+    assert metadata == {"format": "pt"}
+    assert set(back) == set(tensors)
+    for name, t in tensors.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t)
+    raw = (tmp_path / "w.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    assert (8 + n) % 8 == 0 and header["a"] == {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}
+
+
+def test_builtin_reader_refuses_truncated_or_inconsistent_files(tmp_path):
+    path = tmp_path / "w.safetensors"
+    write_safetensors({"a": torch.randn(3, 4)}, path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[:-4])
+    with pytest.raises(ValueError, match="data_offsets"):
+        read_safetensors(path)
+    path.write_bytes(b"\xff" * 8 + raw[8:])
+    with pytest.raises(ValueError, match="header length"):
+        read_safetensors(path)
+
+
+def test_builtin_format_matches_the_safetensors_package(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    tensors = {"x": torch.randn(5, 3), "y": torch.arange(4)}
+    write_safetensors(tensors, tmp_path / "ours.safetensors")
+    st.save_file(tensors, str(tmp_path / "theirs.safetensors"))
+    assert all(torch.equal(st.load_file(str(tmp_path / "ours.safetensors"))[k], v) for k, v in tensors.items())
+    assert all(torch.equal(read_safetensors(tmp_path / "theirs.safetensors")[0][k], v) for k, v in tensors.items())
+
+
+def test_cpu_encode_blocks_do_not_change_results(monkeypatch):
+    model = make_model()
+    seq = random_batch(33, 8)
+    with torch.no_grad():
+        monkeypatch.setattr(sasrec_module, "CPU_ENCODE_ROWS", 7)
+        blocked = model.encode(seq)
+        monkeypatch.setattr(sasrec_module, "CPU_ENCODE_ROWS", 10_000)
+        whole = model.encode(seq)
+    torch.testing.assert_close(blocked, whole, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,143 @@
+"""Training: windows cover every interaction once, the model learns a plain pattern, runs repeat."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.evaluation.metrics import evaluate_ranking
+from recsys.model.sasrec import SASRec, SASRecConfig
+from recsys.model.training import TrainSettings, ValidationSet, fit, training_windows
+from recsys.sequences import Sequences
+
+NUM_ITEMS = 40
+
+
+def successor_task(users: int = 150, seed: int = 0) -> tuple[Sequences, ValidationSet]:
+    """Item i is always followed by item i + 1 (cyclically): runs of 4..14 items from a random start.
+
+    Validation target: the item after each user's last; it is never in the history (runs are
+    shorter than the cycle), so exclusion cannot hide it.
+    """
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, NUM_ITEMS, users)
+    lengths = rng.integers(4, 15, users)
+    runs = [(s + np.arange(n)) % NUM_ITEMS + 1 for s, n in zip(starts, lengths)]
+    targets = np.array([r[-1] % NUM_ITEMS + 1 for r in runs], dtype=np.int64)
+    train = Sequences.from_lists(runs)
+    return train, ValidationSet(train, targets)
+
+
+CONFIG = SASRecConfig(num_items=NUM_ITEMS, dim=32, layers=1, heads=2, max_len=10, dropout=0.1)
+FAST = TrainSettings(epochs=12, batch_size=32, learning_rate=5e-3, patience=3, seed=3, num_threads=2)
+
+
+def test_windows_tile_each_sequence_backwards_from_the_newest_item():
+    seqs = Sequences.from_lists([[1, 2, 3, 4, 5, 6, 7], [11, 12, 13, 14, 15, 16, 17, 18], [9], [], [21, 22]])
+    windows = training_windows(seqs, max_len=3)
+    assert windows.tolist() == [
+        [4, 5, 6, 7], [1, 2, 3, 4],                        # 7 items: two full windows sharing item 4
+        [15, 16, 17, 18], [12, 13, 14, 15], [0, 0, 11, 12],  # 8 items: the oldest window is left-padded
+        [0, 0, 21, 22],                                      # users with < 2 items give nothing
+    ]
+
+
+def test_every_interaction_but_each_users_first_is_a_target_exactly_once():
+    rng = np.random.default_rng(5)
+    lists = [rng.integers(1, 10_000, n) for n in rng.integers(0, 300, 60)]
+    # make item values unique so a target can be traced back to one interaction
+    flat = rng.permutation(sum(len(x) for x in lists)) + 1
+    cut = np.cumsum([0] + [len(x) for x in lists])
+    lists = [flat[a:b] for a, b in zip(cut[:-1], cut[1:])]
+    windows = training_windows(Sequences.from_lists(lists), max_len=50)
+    inputs, labels = windows[:, :-1], windows[:, 1:]
+    trained = labels[inputs != 0]
+    expected = np.concatenate([x[1:] for x in lists])
+    assert len(trained) == len(expected)
+    assert np.array_equal(np.sort(trained), np.sort(expected))
+
+
+def test_learns_that_each_item_is_followed_by_the_next():
+    train, valid = successor_task()
+    torch.manual_seed(123)
+    untrained = SASRec(CONFIG)
+    nothing = Sequences.from_lists([[]] * len(train))
+    seen = []
+    result = fit(train, CONFIG, FAST, valid=valid, progress=seen.append)
+    assert result.best_metrics["ndcg@10"] > 0.8
+    assert evaluate_ranking(untrained, valid.histories, valid.targets)["ndcg@10"] < 0.3
+    # Stricter than validation: with nothing excluded, the next item must also beat the history.
+    assert evaluate_ranking(result.model, valid.histories, valid.targets, exclude=nothing)["ndcg@10"] > 0.8
+    assert evaluate_ranking(untrained, valid.histories, valid.targets, exclude=nothing)["ndcg@10"] < 0.3
+    assert evaluate_ranking(result.model, valid.histories, valid.targets) == result.best_metrics
+    assert seen == result.curve
+    assert [row["epoch"] for row in result.curve] == list(range(1, len(result.curve) + 1))
+    assert set(result.curve[0]) == {"epoch", "train_loss", "ndcg@10", "hr@10", "mrr", "seconds"}
+    assert result.curve[-1]["train_loss"] < result.curve[0]["train_loss"]
+
+
+def test_learns_a_pattern_that_needs_more_than_the_last_item():
+    """Two interleaved chains, a, b, a+1, b+1, ...: the next item follows the one two steps back,
+    and the last item says nothing about it, so this needs attention over the history."""
+    rng = np.random.default_rng(1)
+    runs, targets = [], []
+    for a, b, n in zip(rng.integers(0, NUM_ITEMS, 400), rng.integers(0, NUM_ITEMS, 400), rng.integers(6, 15, 400)):
+        seq = [((a if t % 2 == 0 else b) + t // 2) % NUM_ITEMS + 1 for t in range(n + 1)]
+        runs.append(seq[:-1])
+        targets.append(seq[-1])
+    train = Sequences.from_lists(runs)
+    config = SASRecConfig(num_items=NUM_ITEMS, dim=32, layers=2, heads=2, max_len=10, dropout=0.1)
+    result = fit(train, config, TrainSettings(epochs=8, batch_size=32, learning_rate=5e-3, seed=3, num_threads=2))
+    nothing = Sequences.from_lists([[]] * len(train))
+    assert evaluate_ranking(result.model, train, np.array(targets), exclude=nothing)["ndcg@10"] > 0.8
+
+
+def test_same_seed_same_weights_and_a_different_seed_differs():
+    train, _ = successor_task(users=40)
+    settings = TrainSettings(epochs=2, batch_size=16, seed=11, num_threads=2)
+    a = fit(train, CONFIG, settings).model.state_dict()
+    b = fit(train, CONFIG, settings).model.state_dict()
+    c = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, seed=12, num_threads=2)).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_early_stopping_keeps_the_best_epochs_weights():
+    """Once validation NDCG stops improving, training stops after `patience` epochs and the model
+    is exactly the one a run stopped at the best epoch would give (validation consumes no randomness)."""
+    train, valid = successor_task()
+    settings = TrainSettings(epochs=30, batch_size=32, learning_rate=5e-3, patience=2, seed=3, num_threads=2)
+    result = fit(train, CONFIG, settings, valid=valid)
+    scores = [row["ndcg@10"] for row in result.curve]
+    assert result.best_epoch == 1 + int(np.argmax(scores))
+    assert len(result.curve) == result.best_epoch + 2 < 30
+    assert max(scores[result.best_epoch:]) <= scores[result.best_epoch - 1]
+    shorter = fit(train, CONFIG, TrainSettings(epochs=result.best_epoch, batch_size=32, learning_rate=5e-3,
+                                               seed=3, num_threads=2))
+    best, again = result.model.state_dict(), shorter.model.state_dict()
+    assert all(torch.equal(best[k], again[k]) for k in best)
+
+
+def test_without_validation_the_last_epoch_is_kept():
+    train, _ = successor_task(users=20)
+    result = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, num_threads=2))
+    assert result.best_epoch == 2 and result.best_metrics == {}
+    assert [set(row) for row in result.curve] == [{"epoch", "train_loss", "seconds"}] * 2
+
+
+def test_fit_leaves_the_callers_random_state_and_threads_alone():
+    train, _ = successor_task(users=20)
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    fit(train, CONFIG, TrainSettings(epochs=1, batch_size=16, num_threads=1))
+    assert torch.equal(torch.rand(3), expected)
+    assert torch.get_num_threads() == threads
+
+
+def test_fit_rejects_items_outside_the_vocabulary_and_empty_data():
+    with pytest.raises(ValueError, match=r"1\.\.40"):
+        fit(Sequences.from_lists([[1, 41]]), CONFIG, FAST)
+    with pytest.raises(ValueError, match="nothing to learn"):
+        fit(Sequences.from_lists([[1], []]), CONFIG, FAST)
