@@ -14,7 +14,7 @@ from recsys.model import sasrec as sasrec_module
 from recsys.model.base import SequenceRecommender
 from recsys.model.io import load_model, save_model
 from recsys.model.sasrec import SASRec, SASRecConfig
-from recsys.model.tensorfile import read_safetensors, write_safetensors
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_ITEMS = 40
@@ -173,7 +173,7 @@ def test_round_trip_gives_identical_user_vectors(tmp_path):
 
 def test_tied_embedding_is_stored_once(tmp_path):
     save_model(make_model(), ITEM_IDS, tmp_path)
-    tensors, _ = read_safetensors(tmp_path / "weights.safetensors")
+    tensors = load_file(str(tmp_path / "weights.safetensors"))
     tables = [name for name, t in tensors.items() if t.shape == (NUM_ITEMS + 1, 16)]
     assert tables == ["item_emb.weight"]
 
@@ -248,44 +248,6 @@ def test_save_rejects_bad_vocabulary_and_metadata(tmp_path):
         save_model(model, np.zeros(NUM_ITEMS, dtype=np.int64), tmp_path)
     with pytest.raises(ValueError, match="JSON"):
         save_model(model, ITEM_IDS, tmp_path, metadata={"when": object()})
-
-
-# --- the safetensors format -------------------------------------------------------------------
-
-def test_builtin_safetensors_round_trip_and_layout(tmp_path):
-    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5), "c": torch.randn(2, 2).to(torch.bfloat16),
-               "d": torch.tensor([True, False]), "e": torch.zeros(0, 3), "f": torch.randn(4, 6)[:, ::2]}
-    write_safetensors(tensors, tmp_path / "w.safetensors", metadata={"format": "pt"})
-    back, metadata = read_safetensors(tmp_path / "w.safetensors")
-    assert metadata == {"format": "pt"}
-    assert set(back) == set(tensors)
-    for name, t in tensors.items():
-        assert back[name].dtype == t.dtype and torch.equal(back[name], t)
-    raw = (tmp_path / "w.safetensors").read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    assert (8 + n) % 8 == 0 and header["a"] == {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}
-
-
-def test_builtin_reader_refuses_truncated_or_inconsistent_files(tmp_path):
-    path = tmp_path / "w.safetensors"
-    write_safetensors({"a": torch.randn(3, 4)}, path)
-    raw = path.read_bytes()
-    path.write_bytes(raw[:-4])
-    with pytest.raises(ValueError, match="data_offsets"):
-        read_safetensors(path)
-    path.write_bytes(b"\xff" * 8 + raw[8:])
-    with pytest.raises(ValueError, match="header length"):
-        read_safetensors(path)
-
-
-def test_builtin_format_matches_the_safetensors_package(tmp_path):
-    st = pytest.importorskip("safetensors.torch")
-    tensors = {"x": torch.randn(5, 3), "y": torch.arange(4)}
-    write_safetensors(tensors, tmp_path / "ours.safetensors")
-    st.save_file(tensors, str(tmp_path / "theirs.safetensors"))
-    assert all(torch.equal(st.load_file(str(tmp_path / "ours.safetensors"))[k], v) for k, v in tensors.items())
-    assert all(torch.equal(read_safetensors(tmp_path / "theirs.safetensors")[0][k], v) for k, v in tensors.items())
 
 
 def test_cpu_encode_blocks_do_not_change_results(monkeypatch):

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from recsys.model.registry import MODEL_TYPES, model_type_of
-from recsys.model.tensorfile import load_tensors, save_tensors
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
@@ -68,7 +67,7 @@ def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).unlink(missing_ok=True)  # an interrupted overwrite must not look complete
-    save_tensors(model.state_dict(), directory / WEIGHTS_FILE, metadata={"format": "pt"})
+    _save_weights(model, directory / WEIGHTS_FILE)
     np.save(directory / ITEM_IDS_FILE, item_ids.astype(np.int64), allow_pickle=False)
     (directory / CONFIG_FILE).write_text(config_text + "\n")
     return directory
@@ -140,7 +139,7 @@ def _read_config(path: Path) -> tuple[str, Any, dict]:
 
 
 def _load_weights(model: torch.nn.Module, path: Path, config: Any) -> None:
-    tensors = load_tensors(path)
+    tensors = _read_weights(path)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
@@ -154,3 +153,22 @@ def _load_weights(model: torch.nn.Module, path: Path, config: Any) -> None:
         if not tensor.dtype.is_floating_point:
             raise ValueError(f"{path}: {name} has dtype {tensor.dtype}, expected floating point weights")
     model.load_state_dict(tensors, strict=True)
+
+
+def _save_weights(model: torch.nn.Module, path: Path) -> None:
+    """safetensors: raw tensors behind a JSON header, so loading never runs pickle."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not a readable safetensors file ({exc}); models are loaded only from "
+                         f"safetensors weights, never from pickles - re-save the model with save_model") from None
