@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,7 +176,7 @@ class RunRecorder:
         self._call("log_params", {k: _param_value(v) for k, v in params.items()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in metrics.items() if v is not None and _is_number(v)}
+        clean = {metric_name(k): float(v) for k, v in metrics.items() if v is not None and _is_number(v)}
         self._call("log_metrics", clean, step=step)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
@@ -212,6 +213,11 @@ class RunRecorder:
             self._mlflow.end_run(status=status)
         except Exception as exc:
             self._fail(exc)
+
+
+def metric_name(name: str) -> str:
+    """MLflow allows only [A-Za-z0-9_-. :/] in metric names: ``ndcg@10`` is logged as ``ndcg_at_10``."""
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", name.replace("@", "_at_"))
 
 
 def _param_value(value: Any) -> str:

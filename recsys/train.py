@@ -131,7 +131,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     def on_epoch(row: dict[str, Any]) -> None:
         log.info("[train %s] epoch %d: %s", date, row["epoch"],
                  ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch" and isinstance(v, float)))
-        recorder.log_metrics({k: v for k, v in row.items() if k != "epoch"}, step=int(row["epoch"]))
+        recorder.log_metrics({_val_name(k) if "@" in k else k: v for k, v in row.items() if k != "epoch"},
+                             step=int(row["epoch"]))
 
     try:
         with timer.stage("fit", "train model") as c:

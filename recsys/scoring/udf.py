@@ -109,7 +109,8 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "attempt": attempt,
             "device": str(device),
             "threads": threads if device.type == "cpu" else None,
-            "model_hits": models_delta.hits,
+            # a task either reused weights already in this worker (hit) or loaded them (miss)
+            "model_hits": int(models_delta.misses == 0),
             "model_misses": models_delta.misses,
             "model_load_s": models_delta.load_seconds,
             "scorer_hits": scorers_delta.hits,

@@ -1,0 +1,172 @@
+"""The nightly job end to end on tiny data: train -> recommend -> publish -> MLflow, in one Spark session."""
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from recsys.config import load_config
+from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
+from recsys.errors import ExitCode
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+RUN_DATE = dt.date(2024, 5, 8)
+UTC = dt.timezone.utc
+N_USERS, N_ITEMS, TOP_N = 40, 30, 5
+UNKNOWN_ONLY_USER = 900        # interacts (on the last day) only with an item the model never saw
+UNAVAILABLE = {3, 7, 11}       # in the model's vocabulary, but not available in the snapshot used
+
+
+def _write_dataset(root: Path) -> None:
+    rng = np.random.default_rng(0)
+    for day in range(1, 8):  # 2024-05-01 .. 2024-05-07: all before the run date
+        rows = []
+        for user in range(1, N_USERS + 1):
+            for item in rng.choice(np.arange(1, N_ITEMS + 1), size=3, replace=False):
+                rows.append(dict(user_id=user, item_id=int(item), event_type="view",
+                                 ts=dt.datetime(2024, 5, day, int(rng.integers(0, 24)), tzinfo=UTC)))
+        if day == 7:  # data-quality cases: an unknown-only user and rows with null ids
+            rows.append(dict(user_id=UNKNOWN_ONLY_USER, item_id=5000, event_type="view", ts=dt.datetime(2024, 5, 7, tzinfo=UTC)))
+            rows.append(dict(user_id=None, item_id=1, event_type="view", ts=dt.datetime(2024, 5, 7, tzinfo=UTC)))
+            rows.append(dict(user_id=1, item_id=None, event_type="view", ts=dt.datetime(2024, 5, 7, tzinfo=UTC)))
+        write_partition(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA), root / "events", dt.date(2024, 5, day))
+    # events on the run date itself must not count
+    late = [dict(user_id=999, item_id=1, event_type="view", ts=dt.datetime(2024, 5, 8, 1, tzinfo=UTC))]
+    write_partition(pa.Table.from_pylist(late, schema=EVENTS_SCHEMA), root / "events", RUN_DATE)
+    for day, unavailable in ((1, set()), (6, UNAVAILABLE), (9, {1, 2})):  # dt=05-09 is after the run date
+        rows = [dict(item_id=i, available=i not in unavailable, title=f"Item {i}", category="c")
+                for i in range(1, N_ITEMS + 1)]
+        write_partition(pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA), root / "catalog", dt.date(2024, 5, day))
+
+
+@pytest.fixture(scope="module")
+def job(spark, tmp_path_factory):
+    from recsys.nightly import run_nightly
+    from recsys.train import run_training
+
+    root = tmp_path_factory.mktemp("job")
+    _write_dataset(root)
+    cfg = load_config(overrides=[
+        f"paths.events={root / 'events'}", f"paths.catalog={root / 'catalog'}",
+        f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
+        f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'artifacts'}",
+        "history.window_days=30", f"scoring.top_n={TOP_N}", "scoring.chunk_size=3", "scoring.partitions=6",
+        "train.epochs=2", "train.model.dim=16", "train.model.layers=1", "train.model.heads=1", "train.model.max_len=8",
+    ])
+    trained = run_training(spark, cfg, dt.date(2024, 5, 7))   # before the unknown-only user's event
+    other_date = run_nightly(spark, cfg, RUN_DATE + dt.timedelta(days=1))
+    first = run_nightly(spark, cfg, RUN_DATE)
+    result = run_nightly(spark, cfg, RUN_DATE)   # a rerun replaces the date's partition
+    return dict(cfg=cfg, root=root, trained=trained, first=first, result=result, other=other_date, spark=spark)
+
+
+def _published(job, date=RUN_DATE):
+    return pq.read_table(Path(job["cfg"].paths.output) / f"dt={date}").to_pylist()
+
+
+def _histories(job):
+    """Each user's window items, read straight from the input files (independent of the job's code)."""
+    events = pq.read_table(Path(job["cfg"].paths.events)).to_pylist()
+    seen = {}
+    for e in events:
+        if e["user_id"] is not None and e["item_id"] is not None and e["ts"] < dt.datetime(2024, 5, 8, tzinfo=UTC):
+            seen.setdefault(e["user_id"], set()).add(e["item_id"])
+    return seen
+
+
+def test_every_user_with_history_has_one_row_of_distinct_available_unseen_items_by_score(job):
+    rows = _published(job)
+    seen = _histories(job)
+    assert sorted(r["user_id"] for r in rows) == sorted(seen)        # exactly one row per user in the window
+    available = set(range(1, N_ITEMS + 1)) - UNAVAILABLE               # the snapshot of 05-06, not 05-09
+    for row in rows:
+        items = [r["item_id"] for r in row["recommendations"]]
+        scores = [r["score"] for r in row["recommendations"]]
+        assert len(items) == len(set(items))
+        assert scores == sorted(scores, reverse=True)
+        assert set(items) <= available
+        if row["source"] == "model":
+            assert not set(items) & seen[row["user_id"]]
+            expected = min(TOP_N, len(available - seen[row["user_id"]]))
+            assert len(items) == expected
+        assert row["model_version"] == job["trained"].version
+
+
+def test_users_without_known_items_get_the_marked_popularity_fallback(job):
+    rows = {r["user_id"]: r for r in _published(job)}
+    assert rows[UNKNOWN_ONLY_USER]["source"] == "popularity"
+    assert len(rows[UNKNOWN_ONLY_USER]["recommendations"]) == TOP_N
+    assert all(r["source"] == "model" for u, r in rows.items() if u != UNKNOWN_ONLY_USER)
+    m = job["result"].metrics
+    assert (m["fallback_users"], m["users_scored"]) == (1, N_USERS)
+    assert m["dropped_null_user_id"] == 1 and m["dropped_null_item_id"] == 1
+    assert m["unknown_items"] == 1
+
+
+def test_the_model_is_loaded_once_per_python_worker_not_per_batch_or_partition(job):
+    m = job["other"].metrics                            # the first run that uses this model version
+    assert m["tasks"] >= 6 > m["workers"] >= 1          # more tasks than workers, so reuse is exercised
+    assert m["model_misses"] == m["workers"]            # one load per worker ...
+    assert m["model_loads_per_worker_max"] == 1         # ... and never a second on any worker
+    assert m["model_hits"] == m["tasks"] - m["model_misses"]
+    assert m["chunks"] > m["tasks"]                     # several chunks per task, still one load
+
+
+def test_later_runs_in_the_session_reuse_the_warm_workers(job):
+    for run in (job["first"], job["result"]):
+        m = run.metrics
+        assert m["model_loads_per_worker_max"] <= 1
+        assert m["model_hits"] + m["model_misses"] == m["tasks"]
+        assert m["model_hits"] >= m["tasks"] - m["workers"]
+    # another catalog snapshot than the previous run: the candidate matrix is rebuilt, the weights are not
+    assert job["first"].metrics["scorer_misses"] >= 1
+
+
+def test_success_marker_and_manifest_tie_the_partition_to_the_mlflow_run(job):
+    from mlflow import MlflowClient
+
+    part = Path(job["cfg"].paths.output) / f"dt={RUN_DATE}"
+    assert (part / "_SUCCESS").is_file()
+    manifest = json.loads((part / "_manifest.json").read_text())
+    result = job["result"]
+    assert manifest["run_id"] == result.run_id
+    assert manifest["catalog_snapshot"] == "2024-05-06"
+    assert manifest["model"]["version"] == job["trained"].version
+    assert manifest["counts"]["rows"] == N_USERS + 1
+    run = MlflowClient(job["cfg"].mlflow.tracking_uri).get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["date"] == str(RUN_DATE)
+    assert run.data.params["model_version"] == job["trained"].version
+    assert run.data.params["catalog_snapshot"] == "2024-05-06"
+    for metric in ("users_scored", "fallback_users", "catalog_available_items", "catalog_coverage", "users_per_s",
+                   "model_load_s", "model_hits", "model_misses", "stage_score_s", "dropped_null_user_id",
+                   "unknown_items"):
+        assert metric in run.data.metrics, metric
+    artifacts = {a.path for a in MlflowClient(job["cfg"].mlflow.tracking_uri).list_artifacts(result.run_id)}
+    assert {"config.yaml", "manifest.json", "recommendations_sample.csv", "plots"} <= artifacts
+    plots = {a.path for a in MlflowClient(job["cfg"].mlflow.tracking_uri).list_artifacts(result.run_id, "plots")}
+    assert plots == {"plots/score_distribution.png", "plots/popularity_long_tail.png"}
+
+
+def test_a_rerun_replaces_its_date_and_leaves_other_dates_alone(job):
+    root = Path(job["cfg"].paths.output)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith("_")) == ["dt=2024-05-08", "dt=2024-05-09"]
+    manifest = json.loads((root / f"dt={RUN_DATE}" / "_manifest.json").read_text())
+    assert manifest["run_id"] == job["result"].run_id != job["first"].run_id
+    other = json.loads((root / "dt=2024-05-09" / "_manifest.json").read_text())
+    assert other["run_id"] == job["other"].run_id
+    assert not list((root / "_staging").glob("*/*")) if (root / "_staging").exists() else True
+
+
+def test_training_registered_a_version_and_pointed_the_alias_at_it(job):
+    from mlflow import MlflowClient
+
+    cfg = job["cfg"]
+    mv = MlflowClient(cfg.mlflow.tracking_uri).get_model_version_by_alias(cfg.mlflow.model_name, cfg.mlflow.alias)
+    assert str(mv.version) == job["trained"].version
+    assert job["trained"].promoted
+    assert job["result"].exit_code == ExitCode.OK
