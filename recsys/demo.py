@@ -79,7 +79,7 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
         if previous.get("source") == source:
             log.info("demo data already in %s (%s); reusing it", root, source["kind"])
             return dt.date.fromisoformat(previous["run_date"])
-    elif any((root / sub).glob("dt=*") for sub in ("events", "catalog")):
+    elif any(any((root / sub).glob("dt=*")) for sub in ("events", "catalog")):
         raise ConfigError(f"{root} holds a dataset the demo did not write; refusing to overwrite it. "
                           f"Run the demo with the embedded default configuration or point paths.* elsewhere")
     if source["kind"] == "movielens":

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import json
 import logging
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,17 +19,18 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from recsys import __version__, tracking
-from recsys.config import Config, local_path, is_local_path, redact_uri
+from recsys.config import Config, local_path, redact_uri
 from recsys.data import history as hist
-from recsys.data.contracts import SOURCE_MODEL, SOURCE_POPULARITY, parse_date
+from recsys.data.contracts import parse_date
 from recsys.data.readers import CatalogSnapshot, read_catalog_snapshot, read_events_window
-from recsys.errors import ExitCode, InputDataError, RecsysError, ValidationFailed
+from recsys.errors import ExitCode, InputDataError, ValidationFailed
 from recsys.progress import StageTimer
 from recsys.publish import fs as rfs
 from recsys.publish.publisher import PartitionLayout, discard_staging, publish
 from recsys.publish.validate import ValidationReport, validate_recommendations
 from recsys.scoring.core import popularity_fallback
-from recsys.scoring.udf import SCORED_DDL, STATS_COLUMN, ScoringSpec, faults_from_env, make_partition_scorer
+from recsys.scoring.stage import score_histories, worker_figures
+from recsys.scoring.udf import ScoringSpec, faults_from_env
 from recsys.sequences import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -155,17 +153,11 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
             cache_size=cfg.scoring.cache_size,
             faults=faults_from_env(),
         )
-        to_score = histories if cfg.scoring.partitions == 0 else histories.repartition(cfg.scoring.partitions)
-        obs_score = Observation("scoring")
-        scored = to_score.mapInArrow(make_partition_scorer(spec), SCORED_DDL).observe(
-            obs_score,
-            F.collect_list(STATS_COLUMN).alias("worker_stats"),
-            F.count_if(F.col("user_id").isNotNull()).alias("rows"),
-        )
+        scored, obs_score = score_histories(histories, spec, cfg.scoring.partitions)
         started = time.perf_counter()
-        scored.filter(F.col("user_id").isNotNull()).drop(STATS_COLUMN).write.mode("overwrite").parquet(staging)
+        scored.write.mode("overwrite").parquet(staging)
         score_seconds = time.perf_counter() - started
-        worker = _worker_figures([json.loads(s) for s in obs_score.get["worker_stats"]])
+        worker = worker_figures(obs_score)
         scoring_figures = {
             "users_scored": worker["model_users"],
             "fallback_users": worker["fallback_users"],
@@ -259,40 +251,6 @@ def _popularity(histories: DataFrame, cand_ids: np.ndarray, top_n: int):
     per_cand = np.zeros(len(cand_ids), dtype=np.int64)
     np.add.at(per_cand, pos[is_cand], counts[is_cand])
     return popularity_fallback(cand_ids, per_cand, top_n), per_cand
-
-
-def _worker_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-task statistics -> run totals and per-worker cache figures."""
-    per_worker: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    totals: dict[str, float] = defaultdict(float)
-    summed = ("users", "model_users", "fallback_users", "nonfinite_users", "short_lists", "chunks", "history_items",
-              "unknown_items", "encode_s", "score_s", "to_arrow_s", "model_hits", "model_misses", "model_load_s",
-              "scorer_hits", "scorer_misses", "scorer_load_s", "task_s")
-    devices = set()
-    rss = []
-    for row in rows:
-        key = (row["host"], row["pid"])
-        for name in summed:
-            totals[name] += row.get(name, 0) or 0
-            per_worker[key][name] += row.get(name, 0) or 0
-        per_worker[key]["tasks"] += 1
-        devices.add(row["device"])
-        if row.get("rss_mb") == row.get("rss_mb"):  # not NaN
-            rss.append(row["rss_mb"])
-    workers = [{"host": h, "pid": p, **dict(v)} for (h, p), v in sorted(per_worker.items())]
-    out: dict[str, Any] = {k: (int(v) if not k.endswith("_s") else float(v)) for k, v in totals.items()}
-    out.update(
-        tasks=len(rows),
-        workers=len(workers),
-        model_loads_per_worker_max=max((w["model_misses"] for w in workers), default=0),
-        model_load_s_max=max((w["model_load_s"] for w in workers), default=0.0),
-        worker_rss_mb_max=max(rss, default=float("nan")),
-        device=",".join(sorted(devices)) or "none",
-        per_worker=workers,
-    )
-    for name in summed:
-        out.setdefault(name, 0)
-    return out
 
 
 def _manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, snapshot: dt.date,

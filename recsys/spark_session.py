@@ -29,9 +29,10 @@ def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, 
         builder = builder.remote(remote)
     elif not launched_by_submit:
         builder = builder.master(spark_cfg.master)
-        # Local workers must run the interpreter that has torch, not whatever python3 is on PATH.
-        builder = builder.config("spark.pyspark.python", sys.executable)
-        builder = builder.config("spark.pyspark.driver.python", sys.executable)
+        # Local workers must run the interpreter that has torch, not whatever python3 is on PATH;
+        # pyspark takes the workers' interpreter from PYSPARK_PYTHON when the context starts.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        builder = builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         builder = builder.config("spark.ui.showConsoleProgress", "false")
         builder = builder.config("spark.sql.shuffle.partitions", os.environ.get("RECSYS_SHUFFLE_PARTITIONS", "8"))
     for key, value in spark_cfg.conf.items():

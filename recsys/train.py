@@ -88,7 +88,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     from recsys import plots
     from recsys.model.io import save_model
     from recsys.model.sasrec import SASRecConfig
-    from recsys.model.training import TrainSettings, ValidationSet, fit
+    from recsys.model.training import TrainSettings, fit
     from recsys.scoring.core import resolve_device
 
     date = parse_date(date)

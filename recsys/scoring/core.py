@@ -21,7 +21,7 @@ import torch
 
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
 from recsys.model.base import SequenceRecommender
-from recsys.sequences import Sequences, Vocabulary, pad_left
+from recsys.sequences import Sequences, Vocabulary
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
