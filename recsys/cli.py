@@ -78,6 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--synthetic", action="store_true", help="use generated sample data instead of MovieLens")
     _add_config_args(p)
     p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("bench", help="scoring throughput: bare core vs the job's Spark stage vs predict_batch_udf vs ALS")
+    p.add_argument("--users", type=int, default=200_000)
+    p.add_argument("--items", type=int, default=20_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--history", type=int, default=50, help="items per user history (= the model's max_len)")
+    p.add_argument("--top-n", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions; figures are medians")
+    p.add_argument("--cores", type=int, default=2, help="Spark local[cores] and torch threads of the bare core")
+    p.add_argument("--chunk-size", type=int, default=4096)
+    p.add_argument("--arrow-batch-size", type=int, default=10_000)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the Spark systems always run on the CPU here)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--item-tile", type=int, default=0)
+    p.add_argument("--core-only", action="store_true", help="only the bare core: no Spark, MLflow or config needed")
+    p.add_argument("--skip", default="", help="comma-separated systems to leave out: predict_batch_udf,spark_als")
+    p.add_argument("--work-dir", type=Path, help="where temporary data goes (default: the system temp dir)")
+    p.add_argument("--json", type=Path, help="also write the figures as JSON")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
@@ -174,6 +193,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     return int(run_demo(cfg, data=args.data, synthetic=args.synthetic))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from recsys.bench.run import BenchOptions, format_table, run_bench, write_json
+    from recsys.bench.shapes import BenchShape
+
+    shape = BenchShape(users=args.users, items=args.items, dim=args.dim, history=args.history, top_n=args.top_n,
+                       seed=args.seed)
+    opts = BenchOptions(shape=shape, repeats=args.repeats, chunk_size=args.chunk_size, cores=args.cores,
+                        device=args.device, dtype=args.dtype, item_tile=args.item_tile,
+                        arrow_batch_size=args.arrow_batch_size, core_only=args.core_only,
+                        skip=tuple(x.strip() for x in args.skip.split(",") if x.strip()), work_dir=args.work_dir)
+    result = run_bench(opts, log=log.info)
+    print(format_table(result), flush=True)
+    if args.json:
+        write_json(result, args.json)
+    return ExitCode.OK
 
 
 if __name__ == "__main__":  # pragma: no cover

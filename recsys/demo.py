@@ -34,20 +34,26 @@ def find_movielens() -> Path | None:
     return None
 
 
-def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False) -> ExitCode:
+def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, spark=None) -> ExitCode:
+    """``spark``: an existing session to use (and leave running); by default the demo builds its own."""
     from recsys.nightly import run_nightly
-    from recsys.spark_session import build_session
+    from recsys.spark_session import apply_runtime_settings, build_session
     from recsys.train import run_training
 
     root = _dataset_root(cfg)
     date = _prepare_data(root, data, synthetic)
     print(f"\n== recsys demo: data in {root}, producing recommendations for {date} ==\n", flush=True)
-    spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo")
+    own_session = spark is None
+    if own_session:
+        spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo")
+    else:
+        apply_runtime_settings(spark, cfg.scoring)
     try:
         trained = run_training(spark, cfg, date)
         result = run_nightly(spark, cfg, date)
     finally:
-        spark.stop()
+        if own_session:
+            spark.stop()
     _show(cfg, result, trained)
     return result.exit_code
 

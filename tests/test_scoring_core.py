@@ -14,16 +14,20 @@ NUM_ITEMS = 60
 ITEM_IDS = np.arange(1000, 1000 + NUM_ITEMS, dtype=np.int64)   # external ids; index i+1 <-> 1000+i
 
 
-def make_scorer(model, available_index, top_n=5, item_tile=0, fallback=None):
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])   # the GPU path runs where there is one
+
+
+def make_scorer(model, available_index, top_n=5, item_tile=0, fallback=None, device="cpu"):
     available_index = np.sort(np.asarray(available_index))
     fb = fallback or Fallback(SOURCE_POPULARITY, ITEM_IDS[:top_n], np.linspace(1, 0.5, top_n).astype(np.float32))
-    return Scorer(model=model, vocab=Vocabulary(ITEM_IDS),
+    return Scorer(model=model.to(device), vocab=Vocabulary(ITEM_IDS),
                   candidates=Candidates(available_index, ITEM_IDS[available_index - 1]),
-                  fallback=fb, top_n=top_n, device=torch.device("cpu"), item_tile=item_tile)
+                  fallback=fb, top_n=top_n, device=torch.device(device), item_tile=item_tile)
 
 
 def reference_topn(model, histories_idx, available_index, top_n):
     """Plain fp32 numpy: score every available item, drop seen ones, sort."""
+    model = model.cpu()
     emb = model.item_embeddings().numpy()
     out = []
     for hist in histories_idx:
@@ -44,24 +48,27 @@ def to_ids(histories_idx):
     return Sequences.from_lists([[int(ITEM_IDS[i - 1]) for i in h] for h in histories_idx])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("item_tile", [0, 7, 16])
-def test_topn_matches_the_numpy_reference_with_and_without_tiling(item_tile):
+def test_topn_matches_the_numpy_reference_with_and_without_tiling(item_tile, device):
     rng = np.random.default_rng(1)
     model = random_model(NUM_ITEMS)
     available = np.arange(1, NUM_ITEMS + 1)[rng.random(NUM_ITEMS) < 0.7]
     hists = random_histories(rng, 40)
-    batch, stats = make_scorer(model, available, top_n=5, item_tile=item_tile).score(np.arange(40), to_ids(hists))
+    batch, stats = make_scorer(model, available, top_n=5, item_tile=item_tile, device=device).score(
+        np.arange(40), to_ids(hists))
     got = [[r["item_id"] for r in row] for row in batch.column("recommendations").to_pylist()]
     assert got == reference_topn(model, hists, available, 5)
     assert stats.model_users == 40 and stats.fallback_users == 0
 
 
-def test_no_seen_or_unavailable_item_is_recommended_and_scores_descend():
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_seen_or_unavailable_item_is_recommended_and_scores_descend(device):
     rng = np.random.default_rng(2)
     model = random_model(NUM_ITEMS)
     available = np.arange(1, NUM_ITEMS + 1, 2)
     hists = random_histories(rng, 30)
-    batch, _ = make_scorer(model, available, top_n=10, item_tile=9).score(np.arange(30), to_ids(hists))
+    batch, _ = make_scorer(model, available, top_n=10, item_tile=9, device=device).score(np.arange(30), to_ids(hists))
     available_ids = set(ITEM_IDS[available - 1].tolist())
     for hist, row in zip(hists, batch.column("recommendations").to_pylist()):
         items = [r["item_id"] for r in row]

@@ -162,6 +162,18 @@ class Scorer:
         dropped and counted, and users left with no known item get the fallback, as do users whose
         vector comes out non-finite (a NaN must never rank first).
         """
+        ids, scores, use_fallback, stats = self.topn(history_ids)
+        t0 = time.perf_counter()
+        batch, counts = _to_arrow(np.asarray(user_ids, dtype=np.int64), ids, scores, use_fallback, self.fallback.name)
+        stats.short_lists = int((counts < self.top_n).sum())
+        stats.to_arrow_s = time.perf_counter() - t0
+        return batch, stats
+
+    def topn(self, history_ids: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChunkStats]:
+        """-> (item ids [U, k], scores [U, k] float32, fallback rows [U] bool, stats); k = min(N, candidates).
+
+        Slots that could not be filled (fewer unseen candidates than k) hold a -inf score.
+        """
         n_users = len(history_ids)
         k = min(self.top_n, self.num_candidates)
         stats = ChunkStats(users=n_users, chunks=1, history_items=len(history_ids.items))
@@ -172,8 +184,9 @@ class Scorer:
             seq, seen_rows, seen_cols, known_per_user, unknown = self._prepare(items, lengths, n_users)
             with self._autocast():
                 user = self.model.encode(seq)                                       # [B, D]
-            usable = torch.isfinite(user).all(dim=1) & (known_per_user > 0)         # [B]
-            nonfinite = (~torch.isfinite(user).all(dim=1)) & (known_per_user > 0)
+            finite = torch.isfinite(user).all(dim=1)                                # [B]
+            usable = finite & (known_per_user > 0)
+            nonfinite = ~finite & (known_per_user > 0)
             user = torch.where(usable[:, None], user, torch.zeros_like(user)).to(self._cand_emb.dtype)
             self._sync()
             t1 = time.perf_counter()
@@ -184,20 +197,14 @@ class Scorer:
             usable_np = usable.cpu().numpy()
             stats.unknown_items = int(unknown)
             stats.nonfinite_users = int(nonfinite.sum())
-        t2 = time.perf_counter()
-        stats.encode_s, stats.score_s = t1 - t0, t2 - t1
-
+        stats.encode_s, stats.score_s = t1 - t0, time.perf_counter() - t1
         use_fallback = ~usable_np
         if use_fallback.any():
             ids_np[use_fallback] = self._fallback_ids
             vals_np[use_fallback] = self._fallback_scores
-        batch, counts = _to_arrow(np.asarray(user_ids, dtype=np.int64), ids_np, vals_np, use_fallback,
-                                  self.fallback.name)
         stats.fallback_users = int(use_fallback.sum())
         stats.model_users = n_users - stats.fallback_users
-        stats.short_lists = int((counts < self.top_n).sum())
-        stats.to_arrow_s = time.perf_counter() - t2
-        return batch, stats
+        return ids_np, vals_np, use_fallback, stats
 
     def _prepare(self, items: torch.Tensor, lengths: torch.Tensor, n_users: int):
         """Ids -> model indices, the padded model input, and the (row, column) pairs to mask. On device.

@@ -49,8 +49,7 @@ def worker_figures(observation: Observation) -> dict[str, Any]:
             per_worker[key][name] += row.get(name, 0) or 0
         per_worker[key]["tasks"] += 1
         devices.add(row["device"])
-        if row.get("rss_mb") == row.get("rss_mb"):  # not NaN
-            rss.append(row["rss_mb"])
+        rss.append(row["peak_rss_mb"])
     workers = [{"host": h, "pid": p, **dict(v)} for (h, p), v in sorted(per_worker.items())]
     out: dict[str, Any] = {name: (float(totals[name]) if name.endswith("_s") else int(totals[name])) for name in _SUMMED}
     out.update(

@@ -117,7 +117,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "scorer_misses": scorers_delta.misses,
             "scorer_load_s": scorers_delta.load_seconds,
             "task_s": time.perf_counter() - task_start,
-            "rss_mb": _rss_mb(),
+            "peak_rss_mb": _peak_rss_mb(),
             **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
         }
         yield _stats_batch(json.dumps(payload))
@@ -202,13 +202,11 @@ def _materialise(model_dir: str) -> Path:
     return local
 
 
-def _rss_mb() -> float:
-    try:
-        import psutil
+def _peak_rss_mb() -> float:
+    """This worker process's peak resident memory so far (Linux reports ru_maxrss in KiB)."""
+    import resource
 
-        return psutil.Process().memory_info().rss / 2**20
-    except Exception:  # psutil missing on a bare worker: memory is then simply not reported
-        return float("nan")
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def faults_from_env() -> tuple[str, ...]:

@@ -1,0 +1,230 @@
+"""Orchestrates ``recsys bench``: every system on the same data, cores and threads, interleaved
+repetitions, medians, ratios, peak memory; prints a table and optionally writes JSON.
+
+With ``--core-only`` nothing but torch, numpy and pyarrow is imported (no Spark, MLflow or
+pydantic), so it runs on a bare GPU machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from recsys.bench import core_bench, shapes
+
+BARE, JOB, PBU, ALS = "bare_core", "job_stage", "predict_batch_udf", "spark_als"
+LABELS = {
+    BARE: "bare scoring core, one process (the limit)",
+    JOB: "job scoring stage (Spark, mapInArrow + cache)",
+    PBU: "predict_batch_udf wrapping the same core",
+    ALS: "Spark ALS recommendForAllUsers (rank = dim)",
+}
+
+
+@dataclass
+class BenchOptions:
+    shape: shapes.BenchShape
+    repeats: int = 3
+    chunk_size: int = 4096
+    cores: int = 2
+    device: str = "cpu"
+    dtype: str = "float32"
+    item_tile: int = 0
+    arrow_batch_size: int = 10_000
+    core_only: bool = False
+    skip: tuple[str, ...] = ()
+    work_dir: Path | None = None
+    systems: list[str] = field(default_factory=list)
+
+
+class PeakRss:
+    """Samples a process's resident memory in a background thread and keeps the peak (MB)."""
+
+    def __init__(self, pid: int, interval: float = 0.2):
+        import psutil
+
+        self._proc = psutil.Process(pid)
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.peak_mb = max(self.peak_mb, self._proc.memory_info().rss / 2**20)
+            except Exception:  # the process ended: keep what was seen
+                return
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_mb
+
+
+def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
+    shape = opts.shape
+    torch.set_num_threads(opts.cores)
+    device = torch.device(opts.device)
+    log(f"generating {shape.users:,} users x {shape.items:,} items, history {shape.history}, dim {shape.dim}")
+    user_ids, seqs = shapes.histories(shape)
+    net = shapes.model(shape)
+    scorer = shapes.scorer(shape, net, device, opts.dtype, opts.item_tile)
+    chunks = core_bench.contiguous_chunks(seqs, opts.chunk_size)
+    core_bench.score_chunks(scorer, user_ids, chunks[:1])  # warm-up: kernels, allocator, caches
+
+    systems: dict[str, Callable[[], float]] = {BARE: lambda: core_bench.score_chunks(scorer, user_ids, chunks)[0]}
+    extra: dict = {"device": str(device), "torch": torch.__version__, "threads": opts.cores}
+    if device.type == "cuda":
+        extra["gpu"] = torch.cuda.get_device_name(device)
+    session = None
+    tmp = None
+    if not opts.core_only:
+        session, tmp, spark_systems, spark_extra = _spark_systems(opts, user_ids, seqs, net)
+        systems.update(spark_systems)
+        extra.update(spark_extra)
+    try:
+        seconds = _interleaved(systems, opts.repeats, log)
+        if session is not None:
+            extra.update(_memory(session, extra))
+    finally:
+        if session is not None:
+            session["stop"]()
+        if tmp is not None:
+            tmp.cleanup()
+    extra["driver_python_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return _report(opts, seconds, extra)
+
+
+def _interleaved(systems: dict[str, Callable[[], float]], repeats: int, log: Callable[[str], None]) -> dict[str, list[float]]:
+    """Each repetition runs every system once, in a rotated order, so machine noise hits all alike."""
+    names = list(systems)
+    seconds: dict[str, list[float]] = {n: [] for n in names}
+    for rep in range(repeats):
+        order = names[rep % len(names):] + names[: rep % len(names)]
+        for name in order:
+            s = systems[name]()
+            seconds[name].append(s)
+            log(f"  repetition {rep + 1}/{repeats}: {name:18s} {s:8.2f} s")
+    return seconds
+
+
+def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
+    from recsys.bench import spark_bench
+    from recsys.config import SparkConfig
+    from recsys.model.io import save_model
+    from recsys.scoring.udf import ScoringSpec
+    from recsys.spark_session import build_session
+
+    shape = opts.shape
+    tmp = tempfile.TemporaryDirectory(prefix="recsys-bench-", dir=opts.work_dir)
+    root = Path(tmp.name)
+    ids = shapes.item_ids(shape)
+    model_dir = save_model(net.cpu(), ids, root / "model")
+    net.to(opts.device)
+    hist_path = root / "histories"
+    spark_bench.write_histories(hist_path, user_ids, seqs, files=4 * opts.cores)
+    spark_cfg = SparkConfig(master=f"local[{opts.cores}]", app_name="recsys-bench",
+                            conf={"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": str(4 * opts.cores),
+                                  "spark.sql.execution.arrow.maxRecordsPerBatch": str(opts.arrow_batch_size),
+                                  "spark.ui.enabled": "false"})
+    spark = build_session(spark_cfg)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch_size))
+    fallback = shapes.scorer(shape, net, torch.device("cpu")).fallback
+    index = np.arange(1, shape.items + 1, dtype=np.int64)
+    spec = ScoringSpec(model_dir=str(model_dir), model_version="bench", model_key=f"bench:{model_dir}",
+                       candidates_index=index, candidates_item_ids=ids, candidates_digest="bench",
+                       fallback_item_ids=fallback.item_ids, fallback_scores=fallback.scores,
+                       fallback_name=fallback.name, top_n=shape.top_n, chunk_size=opts.chunk_size,
+                       device=opts.device, dtype=opts.dtype, item_tile=opts.item_tile, cache_size=2)
+    figures: dict = {}
+
+    def job() -> float:
+        seconds, workers = spark_bench.job_stage(spark, hist_path, spec)
+        figures.setdefault("job_worker_figures", []).append(
+            {k: workers[k] for k in ("tasks", "workers", "model_misses", "worker_rss_mb_max", "encode_s", "score_s",
+                                     "to_arrow_s", "task_s")})
+        return seconds
+
+    systems: dict[str, Callable[[], float]] = {JOB: job}
+    if PBU not in opts.skip:
+        systems[PBU] = lambda: spark_bench.predict_batch(spark, hist_path, model_dir, shape, opts.chunk_size)
+    extra: dict = {"figures": figures}
+    if ALS not in opts.skip:
+        als = spark_bench.AlsBaseline(spark, hist_path, shape)
+        extra["als_fit_s_excluded"] = als.fit_seconds
+        systems[ALS] = als.recommend_all
+    jvm = PeakRss(spark.sparkContext._gateway.proc.pid)
+    return {"spark": spark, "jvm": jvm, "stop": spark.stop}, tmp, systems, extra
+
+
+def _memory(session: dict, extra: dict) -> dict:
+    runs = extra.get("figures", {}).get("job_worker_figures", [])
+    return {
+        "jvm_peak_mb": session["jvm"].stop(),
+        "python_worker_peak_mb": max((r["worker_rss_mb_max"] for r in runs), default=float("nan")),
+    }
+
+
+def _report(opts: BenchOptions, seconds: dict[str, list[float]], extra: dict) -> dict:
+    users = opts.shape.users
+    median = {n: statistics.median(s) for n, s in seconds.items()}
+    ups = {n: users / s for n, s in median.items()}
+    bare = ups[BARE]
+    ratios = {f"{n}/bare": ups[n] / bare for n in ups if n != BARE}
+    overhead_us = {n: (1 / ups[n] - 1 / bare) * 1e6 for n in ups if n in (JOB, PBU)}
+    if JOB in ups and PBU in ups and overhead_us[PBU] > 0:
+        ratios["job_overhead/pbu_overhead"] = overhead_us[JOB] / overhead_us[PBU]
+    if JOB in ups and ALS in ups:
+        ratios["job/als"] = ups[JOB] / ups[ALS]
+    return {
+        "shape": opts.shape.as_dict(),
+        "cores": opts.cores, "repeats": opts.repeats, "chunk_size": opts.chunk_size,
+        "arrow_batch_size": opts.arrow_batch_size, "dtype": opts.dtype, "item_tile": opts.item_tile,
+        "seconds": seconds, "users_per_s": ups, "ratios": ratios, "overhead_us_per_user": overhead_us,
+        **{k: v for k, v in extra.items() if k != "figures"},
+        "job_worker_figures": extra.get("figures", {}).get("job_worker_figures", []),
+    }
+
+
+def format_table(result: dict) -> str:
+    s = result["shape"]
+    lines = [
+        f"recsys bench: {s['users']:,} users x {s['items']:,} items, dim {s['dim']}, history {s['history']}, "
+        f"top {s['top_n']}; {result['cores']} cores/threads on {result['device']}"
+        + (f" ({result['gpu']})" if result.get("gpu") else "")
+        + f"; median of {result['repeats']} interleaved repetitions; chunk {result['chunk_size']}, dtype {result['dtype']}",
+        "",
+        f"{'system':50s} {'users/s':>12s} {'x bare core':>12s}",
+    ]
+    bare = result["users_per_s"][BARE]
+    for name, value in result["users_per_s"].items():
+        lines.append(f"{LABELS[name]:50s} {value:12,.0f} {value / bare:12.2f}")
+    r, o = result["ratios"], result["overhead_us_per_user"]
+    lines.append("")
+    if JOB in o:
+        lines.append(f"job overhead over the bare core:          {o[JOB]:8.1f} us/user")
+    if PBU in o:
+        lines.append(f"predict_batch_udf overhead over the core: {o[PBU]:8.1f} us/user")
+    if "job_overhead/pbu_overhead" in r:
+        lines.append(f"job overhead / predict_batch_udf overhead: {r['job_overhead/pbu_overhead']:.2f}")
+    if "job/als" in r:
+        lines.append(f"job / Spark ALS: {r['job/als']:.2f}x")
+    mem = [f"{k} {result[k]:,.0f} MB" for k in ("driver_python_peak_mb", "jvm_peak_mb", "python_worker_peak_mb")
+           if k in result and result[k] == result[k]]
+    if mem:
+        lines.append("peak memory: " + ", ".join(mem))
+    return "\n".join(lines)
+
+
+def write_json(result: dict, path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(result, indent=2, default=float) + "\n")
