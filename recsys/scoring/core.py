@@ -283,15 +283,16 @@ class _HostStaging:
         self._buffers: dict[int, torch.Tensor] = {}
 
     def to_device(self, array: np.ndarray, slot: int) -> torch.Tensor:
-        host = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
+        array = np.ascontiguousarray(array, dtype=np.int64)
         if self.device.type != "cuda":
-            return host
+            # zero-copy views of Arrow buffers are read-only, which torch does not allow for tensors
+            return torch.from_numpy(array if array.flags.writeable else array.copy())
         buf = self._buffers.get(slot)
-        if buf is None or buf.numel() < host.numel():
-            buf = torch.empty(max(host.numel(), 1 << 16), dtype=torch.long).pin_memory()
+        if buf is None or buf.numel() < array.size:
+            buf = torch.empty(max(array.size, 1 << 16), dtype=torch.long).pin_memory()
             self._buffers[slot] = buf
-        staged = buf[: host.numel()]
-        staged.copy_(host)
+        staged = buf[: array.size]
+        staged.numpy()[:] = array
         # safe to reuse the buffer next chunk: every chunk ends with a device -> host copy (a sync)
         return staged.to(self.device, non_blocking=True)
 
