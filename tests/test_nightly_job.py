@@ -170,3 +170,30 @@ def test_training_registered_a_version_and_pointed_the_alias_at_it(job):
     assert str(mv.version) == job["trained"].version
     assert job["trained"].promoted
     assert job["result"].exit_code == ExitCode.OK
+
+
+def test_the_job_runs_over_spark_connect(job, tmp_path):
+    """DataFrame API only: the same job through a Spark Connect client (a local Connect server here),
+    with the workers' figures coming back as data."""
+    import os
+    import subprocess
+    import sys
+
+    cfg, root = job["cfg"], job["root"]
+    date = "2024-05-10"
+    overrides = [
+        f"paths.events={cfg.paths.events}", f"paths.catalog={cfg.paths.catalog}", f"paths.output={cfg.paths.output}",
+        f"paths.work={root / 'work-connect'}", f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}",
+        f"mlflow.artifact_location={cfg.mlflow.artifact_location}", "history.window_days=30", f"scoring.top_n={TOP_N}",
+        "spark.remote=local[2]",
+    ]
+    args = [sys.executable, "-m", "recsys.cli", "recommend", "--date", date]
+    for item in overrides:
+        args += ["--set", item]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((Path(cfg.paths.output) / f"dt={date}" / "_manifest.json").read_text())
+    assert manifest["counts"]["rows"] == N_USERS + 2      # user 999's event of 05-08 is in this window
+    assert manifest["metrics"]["model_misses"] >= 1 and manifest["metrics"]["tasks"] >= 1
+    assert manifest["run_id"]
