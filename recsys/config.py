@@ -243,6 +243,19 @@ def local_path(path: str) -> Path:
     return Path(path).resolve()
 
 
+_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+_SECRET_QUERY_VALUE = re.compile(r"(?i)((?:token|password|secret|key|sig|signature)=)[^&\s'\"]*")
+
+
+def redact_text(text: str) -> str:
+    """Redact credentials in every URI inside free text (error messages, log lines).
+
+    Client libraries quote the URL they failed to reach in their errors, credentials included;
+    those messages reach the job's log, so they are cleaned as a whole, not parsed as one URI.
+    """
+    return _SECRET_QUERY_VALUE.sub(r"\1***", _CREDENTIALS_IN_URL.sub(r"\1***@", text))
+
+
 def redact_uri(uri: str) -> str:
     """Drop user:password@ and secret-looking query values from a URI before it is logged."""
     try:
