@@ -93,6 +93,27 @@ def test_a_second_run_while_the_first_holds_the_date_exits_4_and_leaves_its_lock
     assert jobkit.partitions(tmp_path / "recommendations") == []
 
 
+def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base, tmp_path, monkeypatch):
+    from recsys import nightly
+    from recsys.errors import LockHeld
+
+    real = nightly.validate_recommendations
+    lock = tmp_path / "recommendations" / "_locks" / f"{PART}.lock"
+
+    def validate_then_lose_the_lock(*args, **kwargs):   # e.g. the run stalled past its ttl and was replaced
+        report = real(*args, **kwargs)
+        lock.unlink()
+        lock.write_text(json.dumps({"run": "the-new-holder", "token": "t2", "host": socket.gethostname(),
+                                    "pid": os.getpid(), "ttl_s": 600}))
+        return report
+
+    monkeypatch.setattr(nightly, "validate_recommendations", validate_then_lose_the_lock)
+    with pytest.raises(LockHeld, match="lost the lock on dt=2024-05-08 .*the-new-holder.*nothing was published"):
+        nightly.run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
+    assert jobkit.partitions(tmp_path / "recommendations") == []
+    assert json.loads(lock.read_text())["run"] == "the-new-holder"      # and it left the new holder's lock alone
+
+
 def test_a_backfill_runs_dates_in_order_in_one_session_and_stops_at_the_first_failure(spark, base, tmp_path,
                                                                                       monkeypatch, caplog):
     import recsys.spark_session

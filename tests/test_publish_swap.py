@@ -69,6 +69,22 @@ def test_publish_swaps_the_partition_in_one_step_and_leaves_nothing_behind(tmp_p
     assert _leftovers(out) == []                                # no staging, no trash, no old copy
 
 
+@needs_exchange
+def test_the_exchange_publish_replaces_a_partition_with_one_swap_and_no_intermediate_state(tmp_path, monkeypatch):
+    out, _ = _published_with_old(tmp_path)
+    layout, _ = _new_staged(out)
+    seen, real = [], swap.exchange
+
+    def spy(a, b):   # both complete directories exist up to the instant of the one call that swaps them
+        seen.append((Path(a).name, Path(b).name, (Path(a) / "_manifest.json").is_file(), (Path(b) / "_SUCCESS").is_file()))
+        real(a, b)
+
+    assert publisher.publish_method(layout) == "exchange"      # what the job picks on this filesystem
+    monkeypatch.setattr(swap, "exchange", spy)
+    publish(layout, {"run_id": "new-run"}, "exchange")
+    assert seen == [("new-run", f"dt={DATE}", True, True)]
+
+
 @pytest.mark.parametrize("method", ["rename", "copy"])
 def test_the_other_publish_methods_give_the_same_result(tmp_path, method):
     out, _ = _published_with_old(tmp_path)
