@@ -57,11 +57,14 @@ fi
 
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
 trap 'rm -rf "$workdir"' EXIT
+# Directory entries are written too: zipimport finds a package without __init__.py (a namespace
+# package, e.g. recsys/scoring) only through its directory entry; without it the import falls
+# through to whatever recsys is installed on the machine, or fails on a cluster.
 (cd "$here" && "$python" - "$workdir/recsys.zip" <<'PY'
 import pathlib, sys, zipfile
 with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
-    for path in sorted(pathlib.Path("recsys").rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
+    for path in [pathlib.Path("recsys"), *sorted(pathlib.Path("recsys").rglob("*"))]:
+        if "__pycache__" not in path.parts and (path.is_file() or path.is_dir()):
             z.write(path)
 PY
 )

@@ -115,7 +115,9 @@ def test_spark_submit_passes_every_argument_through_verbatim(tmp_path):
     (fake_home / "bin").mkdir(parents=True)
     received = tmp_path / "argv"
     fake = fake_home / "bin" / "spark-submit"
-    fake.write_text(f"#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {received}\nexit 3\n")   # exits like a failed validation
+    fake.write_text(  # records its arguments, keeps the shipped zip, exits like a failed validation
+        f"#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {received}\n"
+        f"while [[ $# -gt 0 ]]; do [[ $1 == --py-files ]] && cp \"$2\" {tmp_path}/shipped.zip; shift; done\nexit 3\n")
     fake.chmod(0o755)
     tricky = ["--date", "2024-05-01", "--set", "paths.output=/data/with space/$(touch pwned)/`id`",
               "--set", "mlflow.experiment=*", "--set", "x='quoted' \"double\";rm -rf ~", ""]
@@ -133,3 +135,13 @@ def test_spark_submit_passes_every_argument_through_verbatim(tmp_path):
     assert argv[argv.index("spark.executor.memory=1g") - 1] == "--conf"
     assert any(a.endswith("recsys.zip") for a in argv)
     assert not (tmp_path / "pwned").exists()
+    # every module of the package imports from the shipped zip alone (no site-packages: as on an
+    # executor without recsys installed), including packages without __init__.py (recsys.scoring)
+    modules = sorted(".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "recsys").rglob("*.py")
+                     if p.name != "__init__.py")
+    probe = ("import sys, importlib.util; sys.path.insert(0, sys.argv[1]); "
+             "print([m for m in sys.argv[2:] if importlib.util.find_spec(m) is None "
+             "or 'shipped.zip' not in (importlib.util.find_spec(m).origin or '')])")
+    found = subprocess.run([sys.executable, "-S", "-c", probe, str(tmp_path / "shipped.zip"), *modules],
+                           capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
