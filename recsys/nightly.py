@@ -196,8 +196,7 @@ def _observed(observation: Observation, recompute) -> dict[str, Any]:
     except Exception as exc:
         if "toPyRow" not in str(exc):
             raise
-        log.info("observed metrics %r were dropped by Spark's adaptive execution; recomputing them",
-                 observation._name if hasattr(observation, "_name") else "?")
+        log.info("Spark's adaptive execution dropped observed metrics of an empty query; recomputing them")
         return recompute()
 
 

@@ -14,7 +14,6 @@ import pytest
 
 import jobkit
 from jobkit import RUN_DATE
-from recsys.data.contracts import write_partition
 from recsys.errors import ExitCode
 
 pytestmark = [pytest.mark.spark]
