@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_a_second_run_for_the_same_date_gets_lock_held_with_the_holder_named(tmp
 
 def test_the_lock_file_appears_complete_with_holder_details(tmp_path):
     with DateLock(str(tmp_path), DATE, "run-a") as lock:
-        data = json.loads(open(lock.path).read())
+        data = json.loads(Path(lock.path).read_text())
     assert data["run"] == "run-a" and data["pid"] == os.getpid() and data["host"] == socket.gethostname()
     assert {"token", "started_at", "ttl_s", "pid_started"} <= set(data)
     assert not os.path.exists(lock.path)
@@ -112,7 +113,7 @@ def _contend(output: str, i: int, start, judged, done, results) -> None:
     try:
         start.wait()
         lock.acquire()
-        results.put(("won", i, json.loads(open(lock.path).read())["token"] == lock.token))
+        results.put(("won", i, json.loads(Path(lock.path).read_text())["token"] == lock.token))
     except LockHeld:
         results.put(("lost", i, False))
     except BaseException as exc:   # report instead of leaving the parent waiting
@@ -157,4 +158,4 @@ def test_a_run_whose_lock_was_taken_over_cannot_publish(tmp_path):
     with pytest.raises(LockHeld, match="lost the lock"):
         lock.verify()
     lock.release()                                          # must not delete the other run's lock
-    assert json.loads(open(lock.path).read())["token"] == "someone-else"
+    assert json.loads(Path(lock.path).read_text())["token"] == "someone-else"
