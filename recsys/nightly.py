@@ -441,13 +441,23 @@ def _record(recorder: tracking.RunRecorder, cfg: Config, manifest: dict[str, Any
     fig = plots.score_distribution(sample_scores.column("score").to_numpy(), sample_scores.column("rank").to_numpy(),
                                    cfg.scoring.top_n)
     recorder.log_figure(fig, "plots/score_distribution.png")
+    _close(fig)
     cand_ids, pop_counts = pop
     rec_ids, rec_times = report.item_counts
     times = np.zeros(len(cand_ids), dtype=np.int64)
     pos = np.searchsorted(cand_ids, rec_ids)
     ok = (pos < len(cand_ids)) & (cand_ids[np.minimum(pos, len(cand_ids) - 1)] == rec_ids)
     times[pos[ok]] = rec_times[ok]
-    recorder.log_figure(plots.popularity_long_tail(times, pop_counts), "plots/popularity_long_tail.png")
+    fig = plots.popularity_long_tail(times, pop_counts)
+    recorder.log_figure(fig, "plots/popularity_long_tail.png")
+    _close(fig)
+
+
+def _close(fig: Any) -> None:
+    """pyplot keeps every figure until closed: a backfill of many dates in one process would pile them up."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users: int = 20) -> str:

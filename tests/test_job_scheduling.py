@@ -118,8 +118,10 @@ def test_a_backfill_runs_dates_in_order_in_one_session_and_stops_at_the_first_fa
                                                                                       monkeypatch, caplog):
     import recsys.spark_session
 
+    import matplotlib.pyplot as plt
+
     sessions = []
-    code = None
+    figures_before = set(plt.get_fignums())
     with caplog.at_level("INFO"):
         monkeypatch.setattr(spark, "stop", lambda: None)
         monkeypatch.setattr(recsys.spark_session, "build_session", lambda *a, **k: sessions.append(1) or spark)
@@ -141,6 +143,7 @@ def test_a_backfill_runs_dates_in_order_in_one_session_and_stops_at_the_first_fa
     # the model cache stayed warm: some worker of the second date had the model loaded already
     assert second["model_misses"] < second["workers"]
     assert second["model_hits"] >= 1
+    assert set(plt.get_fignums()) == figures_before                     # run plots are closed, not piled up
 
 
 def test_the_exit_code_of_a_completed_backfill_is_its_worst_date():
