@@ -7,7 +7,8 @@
 #   ./spark-submit.sh --master spark://10.0.0.5:7077 --conf spark.executor.memory=8g \
 #       jobs/nightly_recommendations.py --date 2024-05-01 --conf conf/production.yaml
 #
-# - master: --master if given, else $SPARK_MASTER, else local[*];
+# - master: --master if given, else $SPARK_MASTER, else local[*,4] (all cores; a failed task is
+#   retried up to 4 times: plain local[*] never retries);
 # - Spark settings: conf/spark-defaults.conf (override any with --conf key=value);
 # - the recsys package is zipped and shipped to the executors with --py-files; native
 #   dependencies (torch, pyarrow, numpy) must already be on the executors or travel as a packed
@@ -35,7 +36,7 @@ else
   submit="$spark_home/bin/spark-submit"
 fi
 
-master="${SPARK_MASTER:-local[*]}"
+master="${SPARK_MASTER:-local[*,4]}"
 passthrough=()
 # spark-submit options come before the job file; everything from the job file on is the job's
 while [[ $# -gt 0 && "$1" == -* ]]; do
@@ -56,11 +57,14 @@ fi
 
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
 trap 'rm -rf "$workdir"' EXIT
+# Directory entries are written too: zipimport finds a package without __init__.py (a namespace
+# package, e.g. recsys/scoring) only through its directory entry; without it the import falls
+# through to whatever recsys is installed on the machine, or fails on a cluster.
 (cd "$here" && "$python" - "$workdir/recsys.zip" <<'PY'
 import pathlib, sys, zipfile
 with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
-    for path in sorted(pathlib.Path("recsys").rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts:
+    for path in [pathlib.Path("recsys"), *sorted(pathlib.Path("recsys").rglob("*"))]:
+        if "__pycache__" not in path.parts and (path.is_file() or path.is_dir()):
             z.write(path)
 PY
 )

@@ -67,8 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("recommend", help="run the nightly job for one date (same as jobs/nightly_recommendations.py)")
+    p = sub.add_parser("recommend", help="run the nightly job for one date or a backfill range "
+                                         "(same as jobs/nightly_recommendations.py)")
     p.add_argument("--date", type=_date, default=None, help="the partition to produce (default: today, UTC)")
+    p.add_argument("--start-date", type=_date, default=None,
+                   help="backfill from this date (inclusive, with --end-date): dates in order, one Spark session")
+    p.add_argument("--end-date", type=_date, default=None, help="backfill up to this date (inclusive)")
+    p.add_argument("--force", action="store_true",
+                   help="recompute dates already published with the same model version and configuration")
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
@@ -174,18 +180,42 @@ def cmd_train(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+MAX_BACKFILL_DAYS = 3660
+
+
+def recommend_dates(args: argparse.Namespace) -> list[dt.date]:
+    """--date D, or --start-date A --end-date B (inclusive, in order); never both."""
+    if args.start_date is None and args.end_date is None:
+        return [args.date or _today()]
+    if args.date is not None:
+        raise ConfigError("give either --date or --start-date/--end-date, not both")
+    if args.start_date is None or args.end_date is None:
+        raise ConfigError("a backfill needs both --start-date and --end-date (inclusive)")
+    if args.end_date < args.start_date:
+        raise ConfigError(f"--end-date {args.end_date} is before --start-date {args.start_date}")
+    days = (args.end_date - args.start_date).days + 1
+    if days > MAX_BACKFILL_DAYS:
+        raise ConfigError(f"a backfill of {days} days is longer than {MAX_BACKFILL_DAYS}; split it")
+    return [args.start_date + dt.timedelta(days=i) for i in range(days)]
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from recsys.nightly import run_nightly
+    from recsys.nightly import overall_exit_code, run_dates
     from recsys.spark_session import build_session
 
+    dates = recommend_dates(args)
     cfg = _config(args)
     spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-nightly")
     try:
-        result = run_nightly(spark, cfg, args.date or _today())
+        results = run_dates(spark, cfg, dates, force=args.force)
     finally:
         spark.stop()
-    print(f"published {result.output_dir} (run {result.run_id or 'untracked'})")
-    return int(result.exit_code)
+    for result in results:
+        if result.status == "skipped":
+            print(f"skipped {result.output_dir}: {result.reason} (pass --force to recompute)")
+        else:
+            print(f"published {result.output_dir} (run {result.run_id or 'untracked'})")
+    return int(overall_exit_code(results))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

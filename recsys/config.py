@@ -131,6 +131,9 @@ class Config(_Section):
         """The config as logged and stored: credentials in URIs removed."""
         data = self.to_dict()
         data["mlflow"]["tracking_uri"] = redact_uri(data["mlflow"]["tracking_uri"])
+        if data["mlflow"]["artifact_location"]:
+            data["mlflow"]["artifact_location"] = redact_uri(data["mlflow"]["artifact_location"])
+        data["paths"] = {key: redact_uri(value) for key, value in data["paths"].items()}
         if data["spark"]["remote"]:
             data["spark"]["remote"] = redact_uri(data["spark"]["remote"])
         return data
@@ -243,6 +246,19 @@ def local_path(path: str) -> Path:
     return Path(path).resolve()
 
 
+_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
+_SECRET_QUERY_VALUE = re.compile(r"(?i)((?:token|password|secret|key|sig|signature)=)[^&;\s'\"]*")
+
+
+def redact_text(text: str) -> str:
+    """Redact credentials in every URI inside free text (error messages, log lines).
+
+    Client libraries quote the URL they failed to reach in their errors, credentials included;
+    those messages reach the job's log, so they are cleaned as a whole, not parsed as one URI.
+    """
+    return _SECRET_QUERY_VALUE.sub(r"\1***", _CREDENTIALS_IN_URL.sub(r"\1***@", text))
+
+
 def redact_uri(uri: str) -> str:
     """Drop user:password@ and secret-looking query values from a URI before it is logged."""
     try:
@@ -252,5 +268,5 @@ def redact_uri(uri: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = re.sub(r"(?i)((?:token|password|secret|key|sig|signature)=)[^&]*", r"\1***", parts.query)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # secrets also hide in path parameters, e.g. Spark Connect's sc://host:15002/;token=...
+    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))

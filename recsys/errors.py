@@ -45,7 +45,19 @@ class ValidationFailed(RecsysError):
 
 
 class LockHeld(RecsysError):
+    """Another live run holds the date's lock (or took it over from this one): retry later."""
+
     exit_code = ExitCode.LOCK_HELD
+
+
+class TrackingUnavailable(RecsysError):
+    """The MLflow store cannot be reached and no earlier resolution of the model alias is remembered.
+
+    An infrastructure fault, not bad input: a later retry can succeed, hence UNEXPECTED_ERROR (1),
+    but the cause is known, so it is reported in one line.
+    """
+
+    exit_code = ExitCode.UNEXPECTED_ERROR
 
 
 class TrackingFailed(RecsysError):

@@ -16,14 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from recsys.config import MlflowConfig, is_local_path, local_path, redact_uri
-from recsys.errors import ModelNotFoundError
+from recsys.config import MlflowConfig, is_local_path, local_path, redact_text, redact_uri
+from recsys.errors import ModelNotFoundError, TrackingUnavailable
 
 log = logging.getLogger(__name__)
 
 # An unreachable tracking server should cost seconds, not MLflow's default minutes of retries.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+
+# MLflow error codes that mean "the store answered: no such model or alias" (anything else: not reachable)
+_NOT_FOUND_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"})
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,7 @@ def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
     """Point MLflow at the configured store and return the experiment id (created if missing)."""
     import mlflow
 
-    uri = cfg.tracking_uri
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    point_at(cfg)
     name = experiment or cfg.experiment
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
@@ -62,26 +62,53 @@ def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
     return mlflow.create_experiment(name, artifact_location=location)
 
 
+def point_at(cfg: MlflowConfig) -> None:
+    """Use the configured store for tracking and the registry (no network call)."""
+    import mlflow
+
+    uri = cfg.tracking_uri
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+
+
 def resolve_model(cfg: MlflowConfig, download_root: Path) -> ResolvedModel:
-    """The model version behind ``models:/<model_name>@<alias>``, with its files available locally."""
+    """The model version behind ``models:/<model_name>@<alias>``, with its files available locally.
+
+    Two failures are told apart because a scheduler must treat them differently: the store
+    answered that there is no such model or alias (ModelNotFoundError, exit 2: fix the config or
+    train), or the store could not be asked (TrackingUnavailable: the caller may fall back to the
+    last resolution it remembers, see :mod:`recsys.last_model`).
+    """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient()
+    where = f"models:/{cfg.model_name}@{cfg.alias} in {redact_uri(cfg.tracking_uri)}"
     try:
-        mv = client.get_model_version_by_alias(cfg.model_name, cfg.alias)
+        point_at(cfg)
+        mv = MlflowClient().get_model_version_by_alias(cfg.model_name, cfg.alias)
     except MlflowException as exc:
-        raise ModelNotFoundError(
-            f"no model at models:/{cfg.model_name}@{cfg.alias} in {redact_uri(cfg.tracking_uri)} "
-            f"({_first_line(exc)}); run `recsys train` first, or set mlflow.model_name / mlflow.alias"
-        ) from None
+        if exc.error_code in _NOT_FOUND_CODES:
+            raise ModelNotFoundError(
+                f"no model at {where} ({_first_line(exc)}); run `recsys train` first, or set mlflow.model_name / "
+                f"mlflow.alias"
+            ) from None
+        raise TrackingUnavailable(f"cannot resolve {where}: {_first_line(exc)}") from None
+    except Exception as exc:  # connection errors that MLflow did not wrap
+        raise TrackingUnavailable(f"cannot resolve {where}: {type(exc).__name__}: {_first_line(exc)}") from None
+    try:
+        local_dir = _local_model_dir(mv.source, download_root / cfg.model_name / str(mv.version))
+    except Exception as exc:
+        raise TrackingUnavailable(f"cannot download the files of {where} version {mv.version}: "
+                                  f"{type(exc).__name__}: {_first_line(exc)}") from None
     return ResolvedModel(
         name=cfg.model_name,
         alias=cfg.alias,
         version=str(mv.version),
         run_id=mv.run_id,
         source=mv.source,
-        local_dir=_local_model_dir(mv.source, download_root / cfg.model_name / str(mv.version)),
+        local_dir=local_dir,
     )
 
 
@@ -140,11 +167,15 @@ class RunRecorder:
     ``failed`` tells the caller to exit with TRACKING_FAILED after publishing.
     """
 
-    def __init__(self, cfg: MlflowConfig, run_name: str, *, experiment: str | None = None,
-                 tags: Mapping[str, str] | None = None):
+    def __init__(self, cfg: MlflowConfig | None, run_name: str, *, experiment: str | None = None,
+                 tags: Mapping[str, str] | None = None, unavailable: str | None = None):
         self.run_id: str | None = None
         self.error: str | None = None
         self._mlflow = None
+        if unavailable is not None or cfg is None:   # already known to be down: do not wait for it again
+            self.error = unavailable or "tracking disabled"
+            log.warning("MLflow tracking failed, continuing without it: %s", self.error)
+            return
         try:
             import mlflow
 
@@ -235,4 +266,4 @@ def _is_number(value: Any) -> bool:
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return redact_uri(text[0]) if text else type(exc).__name__
+    return redact_text(text[0]) if text else type(exc).__name__

@@ -17,7 +17,7 @@ def spark(tmp_path_factory):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,4]")  # ",4": retry failed tasks, as on a cluster
         .appName("recsys-tests")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.shuffle.partitions", "4")

@@ -60,7 +60,7 @@ def job(spark, tmp_path_factory):
     trained = run_training(spark, cfg, dt.date(2024, 5, 7))   # before the unknown-only user's event
     other_date = run_nightly(spark, cfg, RUN_DATE + dt.timedelta(days=1))
     first = run_nightly(spark, cfg, RUN_DATE)
-    result = run_nightly(spark, cfg, RUN_DATE)   # a rerun replaces the date's partition
+    result = run_nightly(spark, cfg, RUN_DATE, force=True)   # a forced rerun replaces the date's partition
     return dict(cfg=cfg, root=root, trained=trained, first=first, result=result, other=other_date, spark=spark)
 
 

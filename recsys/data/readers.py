@@ -1,22 +1,36 @@
 """Reading the inputs (events, the latest catalog snapshot) and checking them against the contract.
 
 Transforms take DataFrames and plain values and return DataFrames, so they test on tiny fixtures;
-the only I/O is ``spark.read`` at the edge. DataFrame API only: this runs over Spark Connect too.
-Failures the user can fix (missing path, schema drift, no snapshot) raise InputDataError with the
-path, the column and what to do.
+the only I/O is at the edge. DataFrame API only: this runs over Spark Connect too.
+
+Before Spark reads anything, the driver lists the partitions the run needs (the events window,
+the one catalog snapshot) and reads every file's Parquet footer (microseconds each, a few
+hundred milliseconds for thousands of files): a file that is not Parquet, or whose columns
+drifted from the contract, is then reported by name. Left to Spark, a drifted file would be
+read with another file's schema (a renamed column silently becomes nulls) and a corrupt one would
+surface as a stack trace in the middle of a stage. Failures the user can fix raise
+InputDataError with the path, the column and what to do.
 """
 from __future__ import annotations
 
 import datetime as dt
 import re
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from recsys.data.contracts import PARTITION_COLUMN, partition_name
 from recsys.errors import InputDataError
+from recsys.publish import fs as rfs
 
 # column -> accepted Spark types (the first is the contract's; the others are cast losslessly)
 EVENTS_COLUMNS: dict[str, tuple[type[T.DataType], ...]] = {
@@ -29,7 +43,26 @@ CATALOG_COLUMNS: dict[str, tuple[type[T.DataType], ...]] = {
     "item_id": (T.LongType, T.IntegerType),
     "available": (T.BooleanType,),
 }
-_DT_IN_PATH = re.compile(rf"(?:^|/){PARTITION_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})(?:/|$)")
+_DT_DIR = re.compile(rf"^{PARTITION_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})$")
+
+# The same contract in Arrow terms, for the footer check: column -> (accepted?, contract type name)
+_ArrowCheck = tuple[Callable[[pa.DataType], bool], str]
+_ID: _ArrowCheck = (lambda t: pa.types.is_int64(t) or pa.types.is_int32(t), "bigint")
+EVENTS_FILE_COLUMNS: dict[str, _ArrowCheck] = {
+    "user_id": _ID,
+    "item_id": _ID,
+    "event_type": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
+    "ts": (pa.types.is_timestamp, "timestamp"),
+}
+CATALOG_FILE_COLUMNS: dict[str, _ArrowCheck] = {
+    "item_id": _ID,
+    "available": (pa.types.is_boolean, "boolean"),
+}
+# Spark error texts that mean "this input file cannot be read", not "the job has a bug"
+_READ_FAILURE_MARKERS = ("FAILED_READ_FILE", "CANNOT_READ_FILE_FOOTER", "is not a Parquet file",
+                         "Could not read footer", "PARQUET_COLUMN_DATA_TYPE_MISMATCH",
+                         "Parquet column cannot be converted")
+_FILE_IN_MESSAGE = re.compile(r"(?:file|File) (\S+\.parquet)")
 
 
 @dataclass(frozen=True)
@@ -38,19 +71,97 @@ class CatalogSnapshot:
     frame: DataFrame   # the contract's columns (+ descriptive ones), for that one date
 
 
-def read_dataset(spark: SparkSession, root: str, name: str) -> DataFrame:
-    """Read a dt-partitioned Parquet dataset, turning 'path does not exist' into a clear error."""
-    try:
-        return spark.read.parquet(root)
-    except Exception as exc:  # AnalysisException classic / Connect differ in class; match the message
-        text = str(exc)
-        if "PATH_NOT_FOUND" in text or "does not exist" in text.lower():
+@dataclass(frozen=True)
+class Partition:
+    date: dt.date
+    path: str          # the partition directory, spelled like the configured root (what Spark reads)
+    files: list[str]   # its data files, as paths of the filesystem that listed them
+
+
+def list_partitions(root: str, name: str) -> tuple[pafs.FileSystem, list[Partition]]:
+    """The ``dt=YYYY-MM-DD`` partitions under ``root``, oldest first, without their files (listed lazily)."""
+    fs, base = rfs.resolve(root)
+    info = fs.get_file_info(base)
+    if info.type == pafs.FileType.NotFound:
+        raise InputDataError(f"{name} path {root!r} does not exist; check paths.{name} in the configuration")
+    if info.type != pafs.FileType.Directory:
+        raise InputDataError(f"{name} path {root!r} is not a directory; expected {name}/dt=YYYY-MM-DD/*.parquet")
+    parts = []
+    for entry in fs.get_file_info(pafs.FileSelector(base)):
+        match = _DT_DIR.match(entry.base_name)
+        if entry.type == pafs.FileType.Directory and match:
+            try:
+                date = dt.date.fromisoformat(match.group(1))
+            except ValueError:
+                raise InputDataError(f"{name} partition {entry.path!r} is not a valid date; rename or remove it") from None
+            parts.append(Partition(date, rfs.join(root, entry.base_name), []))
+    return fs, sorted(parts, key=lambda p: p.date)
+
+
+def with_files(fs: pafs.FileSystem, part: Partition) -> Partition:
+    """The partition with its data files (names starting with ``_`` or ``.`` are markers, not data)."""
+    _, base = rfs.resolve(part.path)
+    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+    files = sorted(i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, base))
+    return Partition(part.date, part.path, files)
+
+
+def _hidden(path: str, base: str) -> bool:
+    return any(p.startswith(("_", ".")) for p in path[len(base):].split("/") if p)
+
+
+def check_files(fs: pafs.FileSystem, files: list[str], expected: dict[str, _ArrowCheck], name: str) -> None:
+    """Read every file's footer: each must be Parquet and hold the contract's columns in accepted types."""
+    def footer(path: str) -> tuple[str, pa.Schema | Exception]:
+        try:
+            return path, pq.read_schema(path, filesystem=fs)
+        except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+            return path, exc
+
+    with ThreadPoolExecutor(max_workers=8) as pool:   # latency-bound on object stores
+        schemas = list(pool.map(footer, files))
+    for path, schema in schemas:
+        if isinstance(schema, Exception):
+            reason = str(schema).strip().splitlines()[0] if str(schema).strip() else type(schema).__name__
             raise InputDataError(
-                f"{name} path {root!r} does not exist; check paths.{name} in the configuration"
-            ) from None
-        if "UNABLE_TO_INFER_SCHEMA" in text:
-            raise InputDataError(f"{name} path {root!r} holds no Parquet files; expected {name}/dt=YYYY-MM-DD/*.parquet") from None
+                f"{name} file {path} is not a readable Parquet file ({reason}); "
+                f"rewrite or remove it (an interrupted upload?) and rerun"
+            )
+        found = {f.name: f.type for f in schema}
+        missing = [c for c in expected if c not in found]
+        if missing:
+            raise InputDataError(
+                f"{name} file {path} lacks column(s) {missing}; it has {sorted(found)}. "
+                f"The contract needs {list(expected)} (README: data contracts)"
+            )
+        for col, (accepted, contract_type) in expected.items():
+            if not accepted(found[col]):
+                raise InputDataError(
+                    f"{name} column {col!r} in file {path} has type {found[col]}, expected {contract_type} "
+                    f"(README: data contracts)"
+                )
+
+
+@contextmanager
+def read_errors_as_input_errors(name: str, root: str) -> Iterator[None]:
+    """Turn Spark's "cannot read this file" failures (a page corrupt behind a valid footer) into InputDataError."""
+    try:
+        yield
+    except InputDataError:
         raise
+    except Exception as exc:  # classic and Connect raise different classes: match the message
+        text = str(exc)
+        if not any(marker in text for marker in _READ_FAILURE_MARKERS):
+            raise
+        found = _FILE_IN_MESSAGE.search(text)
+        where = found.group(1) if found else f"a file under {root!r}"
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        causes = [line.removeprefix("Caused by:").strip() for line in lines if line.startswith("Caused by:")]
+        marked = [line for line in lines if any(m in line for m in _READ_FAILURE_MARKERS)]
+        reason = (causes or marked or [type(exc).__name__])[-1 if causes else 0]
+        raise InputDataError(
+            f"{name}: Spark cannot read {where} ({reason[:300]}); rewrite or remove the file and rerun"
+        ) from None
 
 
 def check_columns(df: DataFrame, expected: dict[str, tuple[type[T.DataType], ...]], name: str, root: str) -> DataFrame:
@@ -72,23 +183,24 @@ def check_columns(df: DataFrame, expected: dict[str, tuple[type[T.DataType], ...
     return df.withColumns(casts) if casts else df
 
 
-def partition_dates(df: DataFrame) -> list[dt.date]:
-    """Dates of the dt= partitions that hold files, from the file listing alone (no data read)."""
-    dates = set()
-    for path in df.inputFiles():
-        match = _DT_IN_PATH.search(path)
-        if match:
-            dates.add(dt.date.fromisoformat(match.group(1)))
-    return sorted(dates)
-
-
 def read_events_window(
     spark: SparkSession, root: str, date: dt.date, window_days: int, event_types: tuple[str, ...] = ()
 ) -> DataFrame:
-    """Events of the ``window_days`` days strictly before ``date`` (by partition and by timestamp)."""
-    events = read_dataset(spark, root, "events")
-    if PARTITION_COLUMN not in events.columns:
-        raise InputDataError(f"events at {root!r} are not partitioned by {PARTITION_COLUMN}=YYYY-MM-DD")
+    """Events of the ``window_days`` days strictly before ``date`` (by partition and by timestamp).
+
+    Only the window's partitions are listed, checked and read.
+    """
+    start = date - dt.timedelta(days=window_days)
+    fs, parts = list_partitions(root, "events")
+    window = [with_files(fs, p) for p in parts if start <= p.date < date]
+    window = [p for p in window if p.files]
+    if not window:
+        raise InputDataError(
+            f"no events between {start} and {date} (exclusive) under {root!r}: no dt= partition in that range holds "
+            f"files; check paths.events and history.window_days, or that the upstream export ran"
+        )
+    check_files(fs, [f for p in window for f in p.files], EVENTS_FILE_COLUMNS, "events")
+    events = spark.read.option("basePath", root).parquet(*[p.path for p in window])
     events = check_columns(events, EVENTS_COLUMNS, "events", root)
     return events_window(events, date, window_days, event_types)
 
@@ -106,19 +218,59 @@ def events_window(events: DataFrame, date: dt.date, window_days: int, event_type
 
 def read_catalog_snapshot(spark: SparkSession, root: str, date: dt.date, max_age_days: int = 0) -> CatalogSnapshot:
     """The newest catalog partition on or before ``date``: the catalog as the business saw it then."""
-    catalog = read_dataset(spark, root, "catalog")
-    dates = [d for d in partition_dates(catalog) if d <= date]
-    if not dates:
+    fs, parts = list_partitions(root, "catalog")
+    snapshot = None
+    for part in reversed([p for p in parts if p.date <= date]):
+        part = with_files(fs, part)
+        if part.files:
+            snapshot = part
+            break
+    if snapshot is None:
         raise InputDataError(
             f"no catalog snapshot on or before {date} under {root!r}; "
             f"write catalog/{partition_name(date)}/ or run for a later date"
         )
-    snapshot = dates[-1]
-    if max_age_days and (date - snapshot).days > max_age_days:
+    if max_age_days and (date - snapshot.date).days > max_age_days:
         raise InputDataError(
-            f"the newest catalog snapshot on or before {date} is {snapshot}, {(date - snapshot).days} days old, "
-            f"older than catalog.max_age_days={max_age_days}; publish a fresh snapshot or raise the limit"
+            f"the newest catalog snapshot on or before {date} is {snapshot.date}, {(date - snapshot.date).days} days "
+            f"old, older than catalog.max_age_days={max_age_days}; publish a fresh snapshot or raise the limit"
         )
-    frame = spark.read.option("basePath", root).parquet(f"{root.rstrip('/')}/{partition_name(snapshot)}")
+    check_files(fs, snapshot.files, CATALOG_FILE_COLUMNS, "catalog")
+    frame = spark.read.parquet(snapshot.path)
     frame = check_columns(frame.drop(PARTITION_COLUMN), CATALOG_COLUMNS, "catalog", root)
-    return CatalogSnapshot(snapshot, frame)
+    return CatalogSnapshot(snapshot.date, frame)
+
+
+def catalog_figures(catalog: CatalogSnapshot, root: str) -> tuple[dict[str, int], np.ndarray]:
+    """Counts of the snapshot, and its available item ids (sorted); refuses a snapshot that cannot be trusted.
+
+    A null or repeated ``item_id`` means the export is broken (which row says whether the item is
+    available?), an empty snapshot or one without available items would publish nothing useful:
+    each stops the run with the snapshot named.
+    """
+    frame = catalog.frame
+    with read_errors_as_input_errors("catalog", root):
+        counts = frame.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count_if(F.col("item_id").isNull()).alias("null_item_ids"),
+            F.count_distinct("item_id").alias("distinct_items"),
+            F.count_distinct(F.when(F.col("available"), F.col("item_id"))).alias("available_items"),
+        ).first().asDict()
+    figures = {k: int(v or 0) for k, v in counts.items()}
+    where = f"catalog snapshot {catalog.date} under {root!r}"
+    if figures["rows"] == 0:
+        raise InputDataError(f"{where} is empty; nothing can be recommended - fix the catalog export")
+    if figures["null_item_ids"]:
+        raise InputDataError(f"{where} has {figures['null_item_ids']} row(s) with a null item_id; "
+                             f"every catalog row needs an id - fix the catalog export")
+    duplicated = figures["rows"] - figures["distinct_items"]
+    if duplicated:
+        examples = [r["item_id"] for r in frame.groupBy("item_id").count().filter(F.col("count") > 1)
+                    .orderBy("item_id").limit(5).collect()]
+        raise InputDataError(f"{where} has {duplicated} duplicate row(s) (item_id {', '.join(map(str, examples))} "
+                             f"among them); each item must appear once per snapshot - fix the catalog export")
+    if figures["available_items"] == 0:
+        raise InputDataError(f"{where} has {figures['rows']} items but none is available; nothing can be recommended")
+    with read_errors_as_input_errors("catalog", root):
+        available = frame.filter(F.col("available")).select("item_id").distinct().toArrow()
+    return figures, np.sort(available.column("item_id").to_numpy().astype(np.int64))

@@ -1,14 +1,21 @@
-"""Staged, all-or-nothing publishing of one date's partition, with its manifest.
+"""Staged, all-or-nothing publishing of one date's partition, with its manifest, and recovery after a kill.
 
 Layout under ``paths.output``::
 
-    dt=YYYY-MM-DD/               the published partition: part-*.parquet, _SUCCESS, _manifest.json
-    _staging/dt=YYYY-MM-DD/<run> where Spark writes a run's output before validation
-    _trash/                      the partition a republish replaced, until the swap completes
+    dt=YYYY-MM-DD/                 the published partition: part-*.parquet, _SUCCESS, _manifest.json
+    _staging/dt=YYYY-MM-DD/<run>/  where Spark writes a run's output before validation
+    _trash/dt=YYYY-MM-DD.<run>/    the replaced partition, during a two-rename publish only
+    _locks/                        per-date locks (recsys.publish.lock)
 
 Spark and Hive skip directories whose names start with ``_``, so readers of the dataset never
-list staging or trash. The partition directory is complete (data, ``_SUCCESS`` and manifest)
-before it is renamed into place; on a local or HDFS filesystem the rename is atomic.
+list staging, trash or locks. The partition directory is complete (data, ``_SUCCESS`` and
+manifest) before it replaces the published one; how it replaces it depends on the store
+(:mod:`recsys.publish.swap`): in one step on a local filesystem, in two renames on HDFS, by copy
+with ``_SUCCESS`` last on object stores.
+
+Every function here that changes a date's directories must run under that date's lock
+(:class:`recsys.publish.lock.DateLock`): that is what makes "whatever is in ``_staging/dt=D`` belongs
+to a dead run" true in :func:`recover`.
 """
 from __future__ import annotations
 
@@ -18,8 +25,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.fs as pafs
+
+from recsys.config import PathsConfig, is_local_path, local_path
 from recsys.data.contracts import MANIFEST_NAME, SUCCESS_MARKER, partition_name
+from recsys.errors import ConfigError
+from recsys.pause import pause_point
 from recsys.publish import fs as rfs
+from recsys.publish import swap
 
 log = logging.getLogger(__name__)
 
@@ -31,66 +44,186 @@ TRASH_DIR = "_trash"
 class PartitionLayout:
     output_root: str
     date: dt.date
-    run_key: str   # unique per attempt: the MLflow run id, or a generated id without tracking
+    run_key: str   # unique per attempt, minted by the job before anything is written
 
     @property
     def final_dir(self) -> str:
         return rfs.join(self.output_root, partition_name(self.date))
 
     @property
+    def staging_root(self) -> str:
+        """Every run's staging directory for this date lives under here."""
+        return rfs.join(self.output_root, STAGING_DIR, partition_name(self.date))
+
+    @property
     def staging_dir(self) -> str:
-        return rfs.join(self.output_root, STAGING_DIR, partition_name(self.date), self.run_key)
+        return rfs.join(self.staging_root, self.run_key)
 
     @property
     def trash_dir(self) -> str:
         return rfs.join(self.output_root, TRASH_DIR, f"{partition_name(self.date)}.{self.run_key}")
 
 
-def read_manifest(output_root: str, date: dt.date) -> dict[str, Any] | None:
-    """The manifest of the published partition for ``date``, or None if nothing is published."""
-    fs, root = rfs.resolve(output_root)
-    path = rfs.join(root, partition_name(date), MANIFEST_NAME)
-    if not rfs.exists(fs, path):
-        return None
-    return json.loads(rfs.read_text(fs, path))
+def check_output_location(paths: PathsConfig) -> None:
+    """Refuse an output root that overlaps the inputs or the work directory.
 
-
-def publish(layout: PartitionLayout, manifest: dict[str, Any]) -> str:
-    """Move the validated staging directory into place as the date's partition; returns its path.
-
-    The manifest is written into the staging directory first, so the partition appears with it.
-    A previously published partition for the date is moved to trash before the swap and deleted
-    after it.
+    Publishing replaces and deletes directories under ``paths.output``; pointed at (or into, or
+    above) an input dataset, it would destroy it.
     """
+    out = _normalised(paths.output)
+    for key in ("events", "catalog", "work"):
+        other = _normalised(getattr(paths, key))
+        if out == other or out.startswith(other + "/") or other.startswith(out + "/"):
+            raise ConfigError(
+                f"paths.output={paths.output!r} overlaps paths.{key}={getattr(paths, key)!r}; publishing replaces "
+                f"directories under paths.output, so it must be a directory of its own"
+            )
+
+
+def _normalised(path: str) -> str:
+    return str(local_path(path)) if is_local_path(path) else path.rstrip("/")
+
+
+def read_manifest(output_root: str, date: dt.date) -> dict[str, Any] | None:
+    """The manifest of the published partition for ``date``, or None if nothing complete is published.
+
+    A partition without ``_SUCCESS`` (only possible on object stores, after a kill mid-copy) counts
+    as not published.
+    """
+    fs, root = rfs.resolve(output_root)
+    part = rfs.join(root, partition_name(date))
+    if not rfs.exists(fs, rfs.join(part, SUCCESS_MARKER)) or not rfs.exists(fs, rfs.join(part, MANIFEST_NAME)):
+        return None
+    try:
+        return json.loads(rfs.read_text(fs, rfs.join(part, MANIFEST_NAME)))
+    except ValueError:
+        log.warning("the manifest of %s is not valid JSON; treating the date as not published", part)
+        return None
+
+
+def publish_method(layout: PartitionLayout) -> swap.Method:
+    """How this layout's partition will be replaced; local filesystems are probed for the swap."""
+    method = swap.method_for(layout.output_root)
+    if method == "exchange":
+        root = local_path(layout.output_root)
+        root.mkdir(parents=True, exist_ok=True)
+        if not swap.exchange_supported(str(root)):
+            log.warning("the filesystem of %s does not support renameat2(RENAME_EXCHANGE); publishing with two "
+                        "renames (a moment without a partition; recovered after a kill)", root)
+            return "rename"
+    return method
+
+
+def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Method | None = None) -> str:
+    """Put the validated staging directory in place as the date's partition; returns its path.
+
+    The manifest goes into the staging directory first, so the partition appears with it. On
+    return the replaced partition is gone and nothing of this run is left in staging.
+    """
+    method = method or publish_method(layout)
     fs, staging = rfs.resolve(layout.staging_dir)
     _, final = rfs.resolve(layout.final_dir)
-    _, trash = rfs.resolve(layout.trash_dir)
     if not rfs.exists(fs, rfs.join(staging, SUCCESS_MARKER)):
         raise RuntimeError(f"staging directory {layout.staging_dir} has no {SUCCESS_MARKER}; refusing to publish")
-    rfs.write_text_atomic(fs, rfs.join(staging, MANIFEST_NAME), json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
+    if method == "copy":
+        _publish_by_copy(fs, staging, final, text)
+    else:
+        rfs.write_text_atomic(fs, rfs.join(staging, MANIFEST_NAME), text)
+        pause_point("before_swap")
+        if method == "exchange":
+            _publish_by_exchange(staging, final)
+        else:
+            _publish_by_renames(fs, staging, final, rfs.resolve(layout.trash_dir)[1])
+    _remove_if_empty(fs, rfs.resolve(layout.staging_root)[1])
+    return layout.final_dir
+
+
+def _publish_by_exchange(staging: str, final: str) -> None:
+    try:
+        swap.exchange(staging, final)      # staging now holds the old partition
+    except FileNotFoundError:
+        swap.rename_noreplace(staging, final)   # first publish of this date
+        return
+    pause_point("after_swap")
+    rfs.delete_dir_if_exists(pafs.LocalFileSystem(), staging)
+
+
+def _publish_by_renames(fs: pafs.FileSystem, staging: str, final: str, trash: str) -> None:
     if rfs.exists(fs, final):
         fs.create_dir(trash.rsplit("/", 1)[0], recursive=True)
         fs.move(final, trash)
+        pause_point("between_renames")
     fs.move(staging, final)
+    pause_point("after_swap")
     rfs.delete_dir_if_exists(fs, trash)
-    _remove_empty_parents(fs, staging)
-    return layout.final_dir
+
+
+def _publish_by_copy(fs: pafs.FileSystem, staging: str, final: str, manifest_text: str) -> None:
+    """Object stores: remove the old partition, copy the data, then manifest and ``_SUCCESS`` last."""
+    rfs.delete_dir_if_exists(fs, final)
+    fs.create_dir(final, recursive=True)
+    infos = fs.get_file_info(pafs.FileSelector(staging, recursive=True))
+    for info in infos:
+        if info.type == pafs.FileType.File and not info.base_name.startswith(("_", ".")):
+            fs.copy_file(info.path, rfs.join(final, info.path[len(staging):]))
+    with fs.open_output_stream(rfs.join(final, MANIFEST_NAME)) as f:
+        f.write(manifest_text.encode())
+    pause_point("after_swap")
+    with fs.open_output_stream(rfs.join(final, SUCCESS_MARKER)) as f:
+        f.write(b"")
+    rfs.delete_dir_if_exists(fs, staging)
+
+
+def recover(layout: PartitionLayout) -> list[str]:
+    """Undo what a killed run of this date left behind; returns what was done, for the log.
+
+    Run under the date's lock, before anything else: a partition moved to ``_trash/`` by a run
+    killed between two renames is put back (the date then has its old partition again), other
+    trash is deleted, and every staging directory of the date is removed (the lock guarantees
+    their runs are dead).
+    """
+    fs, final = rfs.resolve(layout.final_dir)
+    _, trash_root = rfs.resolve(rfs.join(layout.output_root, TRASH_DIR))
+    notes = []
+    prefix = f"{partition_name(layout.date)}."
+    trashed = sorted((i for i in _list(fs, trash_root) if i.base_name.startswith(prefix)),
+                     key=lambda i: i.mtime_ns or 0)
+    if trashed and not rfs.exists(fs, final):
+        newest = trashed.pop()
+        fs.move(newest.path, final)
+        notes.append(f"restored {layout.final_dir} from {newest.path}: a run was killed while replacing it")
+    for info in trashed:
+        fs.delete_dir(info.path)
+        notes.append(f"removed {info.path}, left by a killed run")
+    _, staging_root = rfs.resolve(layout.staging_root)
+    for info in _list(fs, staging_root):
+        if info.type == pafs.FileType.Directory:
+            fs.delete_dir(info.path)
+            notes.append(f"removed staging directory {info.path}, left by a killed run")
+    _remove_if_empty(fs, staging_root)
+    if rfs.is_dir(fs, final) and not rfs.exists(fs, rfs.join(final, SUCCESS_MARKER)):
+        notes.append(f"{layout.final_dir} has no {SUCCESS_MARKER} (a copy interrupted on an object store); "
+                     f"this run replaces it")
+    return notes
 
 
 def discard_staging(layout: PartitionLayout) -> None:
     fs, staging = rfs.resolve(layout.staging_dir)
     rfs.delete_dir_if_exists(fs, staging)
-    _remove_empty_parents(fs, staging)
+    _remove_if_empty(fs, rfs.resolve(layout.staging_root)[1])
 
 
-def _remove_empty_parents(fs, path: str) -> None:
+def _list(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    if not rfs.is_dir(fs, path):
+        return []
+    return fs.get_file_info(pafs.FileSelector(path))
+
+
+def _remove_if_empty(fs: pafs.FileSystem, path: str) -> None:
     """Tidy ``_staging/dt=.../`` once its last run directory is gone (best effort)."""
-    parent = path.rsplit("/", 1)[0]
     try:
-        if rfs.is_dir(fs, parent) and not rfs.list_dirs(fs, parent):
-            from pyarrow.fs import FileSelector
-
-            if not fs.get_file_info(FileSelector(parent)):
-                fs.delete_dir(parent)
+        if rfs.is_dir(fs, path) and not fs.get_file_info(pafs.FileSelector(path)):
+            fs.delete_dir(path)
     except OSError:
         pass

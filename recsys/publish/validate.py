@@ -32,6 +32,7 @@ CHECKS = {
     "unordered_scores": "rows whose scores are not in descending order",
     "unknown_source": "rows whose source is neither the model nor the named fallback",
     "wrong_model_version": "rows stamped with another model version",
+    "row_count_mismatch": "difference between the output rows and the users counted while the histories were built",
 }
 
 
@@ -62,8 +63,14 @@ def validate_recommendations(
     fallback_name: str,
     fallback_len: int,
     model_version: str,
+    users_in_window: int | None = None,
 ) -> ValidationReport:
-    """Check the staged output against the histories it was computed for and the candidate set."""
+    """Check the staged output against the histories it was computed for and the candidate set.
+
+    ``users_in_window`` is the user count observed while the histories were written from the
+    events: a second, independent source for "one row per user read" (the join checks compare
+    with the histories as re-read from disk).
+    """
     n_candidates = len(candidate_ids)
     ids = F.transform("recommendations", lambda x: x["item_id"])
     scores = F.transform("recommendations", lambda x: x["score"])
@@ -105,6 +112,7 @@ def validate_recommendations(
     violations = {name: int(row.get(name) or 0) for name in CHECKS if name in row}
     rows = int(row["rows"] or 0)
     violations["duplicate_rows"] = rows - violations["null_user_ids"] - int(row["distinct_users"] or 0)
+    violations["row_count_mismatch"] = abs(rows - users_in_window) if users_in_window is not None else 0
 
     counted = recs.select(F.explode(ids).alias("item_id")).groupBy("item_id").count().toArrow()
     item_ids = counted.column("item_id").to_numpy()

@@ -1,0 +1,131 @@
+"""Building blocks for end-to-end job tests: tiny inputs, a registered model without training, the CLI in-process.
+
+A test module builds one model store (``make_store``) and one dataset (``write_dataset``), copies
+the dataset per test when it needs to spoil it, and runs the job through ``run_nightly`` or the
+real CLI (``cli``), always on the one shared Spark session.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from recsys.config import Config, load_config
+from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
+
+RUN_DATE = dt.date(2024, 5, 8)
+CATALOG_DATE = dt.date(2024, 5, 1)
+UTC = dt.timezone.utc
+N_USERS, N_ITEMS, TOP_N = 24, 30, 5
+
+
+@dataclass(frozen=True)
+class Store:
+    root: Path
+    tracking_uri: str
+    model_name: str
+    version: str
+    model_dir: Path
+
+
+def make_store(root: Path, model_name: str = "recsys-test") -> Store:
+    """A sqlite MLflow store with one registered version of a small random SASRec under ``@champion``.
+
+    Scoring needs a model, not a good one: no training, so a store costs about a second.
+    """
+    import torch
+    from mlflow import MlflowClient
+
+    from recsys import tracking
+    from recsys.model.io import save_model
+    from recsys.model.sasrec import SASRec, SASRecConfig
+
+    torch.manual_seed(0)
+    model_dir = save_model(SASRec(SASRecConfig(num_items=N_ITEMS, dim=8, layers=1, heads=1, max_len=8, dropout=0.0)),
+                           np.arange(1, N_ITEMS + 1), root / "model")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    cfg = load_config(overrides=[f"mlflow.tracking_uri={uri}", f"mlflow.model_name={model_name}"])
+    tracking.point_at(cfg.mlflow)
+    client = MlflowClient()
+    client.create_registered_model(model_name)
+    version = client.create_model_version(model_name, source=str(model_dir)).version
+    client.set_registered_model_alias(model_name, "champion", version)
+    return Store(root, uri, model_name, str(version), model_dir)
+
+
+def events_table(day: int, users: range = range(1, N_USERS + 1), seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed + day)
+    rows = [dict(user_id=u, item_id=int(i), event_type="view", ts=dt.datetime(2024, 5, day, int(rng.integers(0, 24)), tzinfo=UTC))
+            for u in users for i in rng.choice(np.arange(1, N_ITEMS + 1), size=2, replace=False)]
+    return pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
+
+
+def catalog_table(items=range(1, N_ITEMS + 1), unavailable=()) -> pa.Table:
+    rows = [dict(item_id=i, available=i not in unavailable, title=f"Item {i}", category="c") for i in items]
+    return pa.Table.from_pylist(rows, schema=CATALOG_SCHEMA)
+
+
+def write_dataset(root: Path) -> Path:
+    """Events on 2024-05-01..07 (every user, two items a day), one catalog snapshot on 2024-05-01."""
+    for day in range(1, 8):
+        write_partition(events_table(day), root / "events", dt.date(2024, 5, day))
+    write_partition(catalog_table(), root / "catalog", CATALOG_DATE)
+    return root
+
+
+def copy_dataset(source: Path, target: Path) -> Path:
+    for name in ("events", "catalog"):
+        shutil.copytree(source / name, target / name)
+    return target
+
+
+def overrides(root: Path, store: Store, *extra: str, inputs: Path | None = None) -> list[str]:
+    """Config overrides putting output and work under ``root``, inputs under ``inputs`` (default: ``root``)."""
+    inputs = inputs or root
+    return [
+        f"paths.events={inputs / 'events'}", f"paths.catalog={inputs / 'catalog'}",
+        f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
+        f"mlflow.tracking_uri={store.tracking_uri}", f"mlflow.artifact_location={store.root / 'artifacts'}",
+        f"mlflow.model_name={store.model_name}",
+        "history.window_days=30", f"scoring.top_n={TOP_N}", "scoring.chunk_size=4", "scoring.partitions=4",
+        *extra,
+    ]
+
+
+def config(root: Path, store: Store, *extra: str, inputs: Path | None = None) -> Config:
+    return load_config(overrides=overrides(root, store, *extra, inputs=inputs))
+
+
+def cli(monkeypatch, spark, argv: list[str]) -> int:
+    """``recsys <argv>`` in this process, on the shared session (which it must not stop)."""
+    import recsys.spark_session
+    from recsys import cli as recsys_cli
+
+    monkeypatch.setattr(recsys.spark_session, "build_session", lambda *a, **k: spark)
+    monkeypatch.setattr(spark, "stop", lambda: None)
+    return recsys_cli.main(argv)
+
+
+def recommend_args(root: Path, store: Store, *extra: str, inputs: Path | None = None) -> list[str]:
+    args = []
+    for item in overrides(root, store, *extra, inputs=inputs):
+        args += ["--set", item]
+    return args
+
+
+def errors_logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("recsys")]
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under ``directory`` with its bytes: two snapshots are equal only if nothing changed."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def partitions(output: Path) -> list[str]:
+    return sorted(p.name for p in output.glob("dt=*")) if output.exists() else []

@@ -1,0 +1,161 @@
+"""The per-date lock: exclusive, stale locks detected and taken over by exactly one run. No Spark."""
+import datetime as dt
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recsys.errors import ExitCode, LockHeld
+from recsys.publish.lock import DateLock, lock_path
+
+DATE = dt.date(2024, 5, 8)
+
+
+def _plant_lock(output, *, host=None, pid=None, heartbeat_age_s=0.0, token="planted", ttl_s=600):
+    """A lock file as another run would have left it."""
+    path = lock_path(str(output), DATE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"run": "other-run", "token": token, "host": host or socket.gethostname(), "pid": pid or os.getpid(),
+                   "pid_started": None, "started_at": "2024-05-08T02:15:00+00:00", "ttl_s": ttl_s}, f)
+    old = time.time() - heartbeat_age_s
+    os.utime(path, (old, old))
+    return path
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_second_run_for_the_same_date_gets_lock_held_with_the_holder_named(tmp_path):
+    with DateLock(str(tmp_path), DATE, "first-run"):
+        with pytest.raises(LockHeld, match=r"dt=2024-05-08 is locked by run first-run \(pid \d+ on ") as err:
+            DateLock(str(tmp_path), DATE, "second-run").acquire()
+        assert err.value.exit_code == ExitCode.LOCK_HELD == 4
+        DateLock(str(tmp_path), DATE + dt.timedelta(days=1), "other-date").acquire().release()  # other dates are free
+    DateLock(str(tmp_path), DATE, "third-run").acquire().release()   # released on exit
+
+
+def test_the_lock_file_appears_complete_with_holder_details(tmp_path):
+    with DateLock(str(tmp_path), DATE, "run-a") as lock:
+        data = json.loads(Path(lock.path).read_text())
+    assert data["run"] == "run-a" and data["pid"] == os.getpid() and data["host"] == socket.gethostname()
+    assert {"token", "started_at", "ttl_s", "pid_started"} <= set(data)
+    assert not os.path.exists(lock.path)
+
+
+def test_a_lock_whose_process_is_gone_on_this_host_is_taken_over(tmp_path, caplog):
+    _plant_lock(tmp_path, pid=_dead_pid())
+    with caplog.at_level("WARNING"):
+        lock = DateLock(str(tmp_path), DATE, "rerun").acquire()
+    try:
+        assert lock.took_over is not None and lock.took_over.run == "other-run"
+        assert "is gone" in caplog.text and "taking over the lock" in caplog.text
+        lock.verify()
+    finally:
+        lock.release()
+
+
+def test_a_live_process_on_this_host_keeps_its_lock_however_old_the_heartbeat(tmp_path):
+    _plant_lock(tmp_path, pid=os.getpid(), heartbeat_age_s=10_000)   # e.g. a stopped process
+    with pytest.raises(LockHeld, match="locked by run other-run"):
+        DateLock(str(tmp_path), DATE, "rerun").acquire()
+
+
+def test_a_lock_from_another_host_is_stale_only_after_its_heartbeat_ttl(tmp_path):
+    _plant_lock(tmp_path, host="node-that-died", pid=12345, heartbeat_age_s=30, ttl_s=600)
+    with pytest.raises(LockHeld, match="last heartbeat 30s ago"):
+        DateLock(str(tmp_path), DATE, "rerun").acquire()
+    _plant_lock(tmp_path, host="node-that-died", pid=12345, heartbeat_age_s=900, ttl_s=600)
+    with DateLock(str(tmp_path), DATE, "rerun") as lock:
+        assert lock.took_over.host == "node-that-died"
+
+
+def test_the_holder_refreshes_its_heartbeat_until_the_lock_is_no_longer_its_own(tmp_path):
+    with DateLock(str(tmp_path), DATE, "run-a") as lock:
+        assert lock._thread is not None and lock._thread.is_alive()    # beats every ttl/10 in the background
+        old = time.time() - 1000
+        os.utime(lock.path, (old, old))
+        assert lock.beat() is True                                      # what the thread does each interval
+        assert os.stat(lock.path).st_mtime > time.time() - 60
+        os.unlink(lock.path)
+        _plant_lock(tmp_path, pid=os.getpid(), token="someone-else", heartbeat_age_s=1000)
+        assert lock.beat() is False                                     # stops, and leaves the other lock alone
+        assert os.stat(lock.path).st_mtime < time.time() - 900
+
+
+def _contend(output: str, i: int, start, judged, done, results) -> None:
+    """One would-be run in its own process: try to take the lock, report, hold it until all have tried.
+
+    Every contender first judges the planted lock stale, and only then may any of them act: the
+    worst interleaving for a takeover, forced by a barrier rather than left to chance.
+    """
+    from recsys.publish import lock as lock_module
+
+    judge, first = lock_module.stale_reason, [True]
+
+    def judge_then_wait(holder, **kw):
+        reason = judge(holder, **kw)
+        if first[0]:
+            first[0] = False
+            judged.wait()
+        return reason
+
+    lock_module.stale_reason = judge_then_wait
+    lock = DateLock(output, DATE, f"contender-{i}")
+    try:
+        start.wait()
+        lock.acquire()
+        results.put(("won", i, json.loads(Path(lock.path).read_text())["token"] == lock.token))
+    except LockHeld:
+        results.put(("lost", i, False))
+    except BaseException as exc:   # report instead of leaving the parent waiting
+        results.put(("error", i, repr(exc)))
+    try:
+        done.wait()
+    finally:
+        lock.release()
+
+
+def test_only_one_of_many_processes_takes_over_the_same_stale_lock(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    n = 6
+    for round_ in range(4):
+        out = str(tmp_path / f"round{round_}")
+        _plant_lock(out, pid=_dead_pid(), token=f"stale{round_}")
+        start, judged, done = (ctx.Barrier(n, timeout=30) for _ in range(3))
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_contend, args=(out, i, start, judged, done, results), daemon=True)
+                 for i in range(n)]
+        try:
+            for p in procs:
+                p.start()
+            outcomes = [results.get(timeout=60) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(timeout=35)
+                if p.is_alive():
+                    p.kill()
+        winners = [o for o in outcomes if o[0] == "won"]
+        assert len(winners) == 1, (round_, outcomes)
+        assert winners[0][2] is True            # and the lock file is the winner's
+
+
+def test_a_run_whose_lock_was_taken_over_cannot_publish(tmp_path):
+    lock = DateLock(str(tmp_path), DATE, "slow-run").acquire()
+    lock._stop_heartbeat()
+    os.unlink(lock.path)                                    # as if another run had replaced it
+    _plant_lock(tmp_path, pid=os.getpid(), token="someone-else")
+    with pytest.raises(LockHeld, match="lost the lock"):
+        lock.verify()
+    lock.release()                                          # must not delete the other run's lock
+    assert json.loads(Path(lock.path).read_text())["token"] == "someone-else"

@@ -1,0 +1,202 @@
+"""Faults during a run: failed and crashed tasks, a SIGKILL mid-write, an unreachable MLflow, bad output.
+
+One published run of the module's dataset is the "previous partition" that each test copies into
+its own output root; inputs are shared read-only. Everything runs on the shared Spark session
+except the SIGKILL test, which needs a process of its own to kill.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+import jobkit
+from jobkit import N_USERS, RUN_DATE
+from recsys.errors import ExitCode
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+REPO = Path(__file__).resolve().parent.parent
+PART = f"dt={RUN_DATE}"
+
+
+@pytest.fixture(scope="module")
+def base(spark, tmp_path_factory):
+    from recsys.nightly import run_nightly
+
+    store = jobkit.make_store(tmp_path_factory.mktemp("store"))
+    data = jobkit.write_dataset(tmp_path_factory.mktemp("data"))
+    result = run_nightly(spark, jobkit.config(data, store), RUN_DATE)
+    return SimpleNamespace(store=store, data=data, result=result, partition=data / "recommendations" / PART)
+
+
+def _with_old_partition(base, root: Path) -> dict[str, bytes]:
+    """Copy the module's published partition into ``root``'s output; returns its snapshot."""
+    shutil.copytree(base.partition, root / "recommendations" / PART)
+    return jobkit.snapshot(root / "recommendations" / PART)
+
+
+def _users(partition: Path) -> list[int]:
+    return sorted(pq.read_table(partition, columns=["user_id"]).column("user_id").to_pylist())
+
+
+@pytest.mark.parametrize("fault", ["fail_first_attempt", "kill_worker_first_attempt"])
+def test_a_task_that_fails_or_loses_its_python_worker_is_retried_and_the_output_is_complete(
+        spark, base, tmp_path, monkeypatch, fault):
+    from recsys.nightly import run_nightly
+
+    monkeypatch.setenv("RECSYS_FAULT_INJECTION", fault)
+    result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
+    assert result.exit_code == ExitCode.OK
+    assert _users(tmp_path / "recommendations" / PART) == list(range(1, N_USERS + 1))   # every user once
+    m = result.metrics
+    assert m["task_retries"] == m["tasks"] >= 4       # each task failed once, then succeeded
+    # the failed attempt took its Python worker down with it, so the retry loaded the model again,
+    # although this session's workers had it cached from the module's first run
+    assert m["model_misses"] >= 1
+    assert m["model_hits"] + m["model_misses"] == m["tasks"]
+    assert result.manifest["metrics"]["task_retries"] == m["tasks"]
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeeds(spark, base, tmp_path, caplog):
+    from recsys.nightly import run_nightly
+
+    before = _with_old_partition(base, tmp_path)
+    out = tmp_path / "recommendations"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300",
+           "RECSYS_SHUFFLE_PARTITIONS": "4", "PYSPARK_PYTHON": sys.executable}
+    env.pop("RECSYS_FAULT_INJECTION", None)
+    argv = [sys.executable, "-m", "recsys.cli", "recommend", "--date", str(RUN_DATE),
+            *jobkit.recommend_args(tmp_path, base.store, "spark.master=local[2,4]", "spark.conf.spark.ui.enabled=false",
+                                   inputs=base.data)]
+    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    tree: list[psutil.Process] = []
+    try:
+        for line in proc.stderr:       # the JVM relays the workers' stderr; EOF if the job dies first
+            if "recsys-pause: writing" in line:
+                tree = _descendants(proc.pid)          # JVM, Python daemon and workers
+                os.kill(proc.pid, signal.SIGKILL)      # the job process, mid-write
+                break
+        else:
+            pytest.fail("the job ended without reaching the pause point")
+    finally:
+        for p in [psutil.Process(proc.pid)] + tree if proc.poll() is None else tree:
+            try:
+                p.kill()                               # what is left of the job goes with its container
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(tree, timeout=30)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+    # what a reader sees now: the old partition, byte for byte, and nothing else
+    assert jobkit.partitions(out) == [PART]
+    assert jobkit.snapshot(out / PART) == before
+    assert spark.read.parquet(str(out)).count() == N_USERS
+    assert list((out / "_staging" / PART).iterdir())           # the killed run's partial output, out of sight
+    assert (out / "_locks" / f"{PART}.lock").is_file()         # and its lock, whose process is gone
+
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
+    assert "taking over the lock" in caplog.text and "is gone" in caplog.text
+    assert "removed staging directory" in caplog.text
+    assert result.exit_code == ExitCode.OK
+    assert jobkit.snapshot(out / PART) != before
+    assert json.loads((out / PART / "_manifest.json").read_text())["job_run"] == result.manifest["job_run"]
+    assert _users(out / PART) == list(range(1, N_USERS + 1))
+    assert not (out / "_staging" / PART).exists() and not (out / "_locks" / f"{PART}.lock").exists()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
+        spark, base, tmp_path, monkeypatch, caplog, capsys):
+    memo = next((base.data / "work" / "models").rglob("last-resolved@champion.json"))
+    target = tmp_path / "work" / memo.relative_to(base.data / "work")
+    target.parent.mkdir(parents=True)
+    shutil.copy(memo, target)                      # what the previous night left in paths.work
+    uri = f"http://bob:s3cret@127.0.0.1:{_closed_port()}/"
+    started = time.monotonic()
+    code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
+                                           *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
+                                                                  inputs=base.data)])
+    elapsed = time.monotonic() - started
+    assert code == ExitCode.TRACKING_FAILED == 5
+    assert elapsed < 90, f"an unreachable store must cost seconds, took {elapsed:.0f}s"
+    manifest_text = (tmp_path / "recommendations" / PART / "_manifest.json").read_text()
+    manifest = json.loads(manifest_text)
+    assert manifest["run_id"] is None and manifest["tracking"]["error"]
+    assert manifest["model"]["version"] == base.store.version
+    assert manifest["model"]["resolution"].startswith("remembered")
+    assert manifest["metrics"]["users_scored"] == N_USERS and "stage_score_s" in manifest["timings"]
+    assert _users(tmp_path / "recommendations" / PART) == list(range(1, N_USERS + 1))
+    assert "MLflow is unreachable" in caplog.text and "could not be recorded" in caplog.text
+    logged = caplog.text + capsys.readouterr().err
+    assert "s3cret" not in logged and "s3cret" not in manifest_text and "bob:" not in manifest_text
+
+
+def test_an_unreachable_mlflow_without_a_remembered_model_fails_in_one_line(spark, base, tmp_path, monkeypatch,
+                                                                           caplog):
+    uri = f"http://127.0.0.1:{_closed_port()}/"
+    code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
+                                           *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
+                                                                  inputs=base.data)])
+    errors = jobkit.errors_logged(caplog)
+    assert code == ExitCode.UNEXPECTED_ERROR and len(errors) == 1
+    assert "no earlier resolution" in errors[0] and "Retry when the tracking store is back" in errors[0]
+    assert "Traceback" not in caplog.text and jobkit.partitions(tmp_path / "recommendations") == []
+
+
+def test_output_failing_validation_is_not_published_and_the_mlflow_run_is_failed_with_the_report(
+        spark, base, tmp_path, monkeypatch, caplog):
+    from mlflow import MlflowClient
+    from pyspark.sql import functions as F
+
+    from recsys import nightly
+
+    real = nightly.score_histories
+
+    def reversed_lists(histories, spec, partitions=0):   # a scoring bug: worst items first
+        scored, observation = real(histories, spec, partitions)
+        return scored.withColumn("recommendations", F.reverse("recommendations")), observation
+
+    monkeypatch.setattr(nightly, "score_histories", reversed_lists)
+    before = _with_old_partition(base, tmp_path)
+    code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
+                                           *jobkit.recommend_args(tmp_path, base.store, inputs=base.data)])
+    errors = jobkit.errors_logged(caplog)
+    assert code == ExitCode.VALIDATION_FAILED == 3
+    assert len(errors) == 1 and "validation failed for 2024-05-08, nothing published: unordered_scores=" in errors[0]
+    out = tmp_path / "recommendations"
+    assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before
+    assert not list(out.glob("_staging/*/*")) and not list(out.glob("_locks/*.lock"))
+
+    client = MlflowClient(base.store.tracking_uri)
+    experiment = client.get_experiment_by_name("recsys")
+    run = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)[0]
+    assert run.info.status == "FAILED" and "unordered_scores" in run.data.tags["recsys.error"]
+    report_path = client.download_artifacts(run.info.run_id, "validation_report.json", str(tmp_path))
+    report = json.loads(Path(report_path).read_text())
+    assert report["passed"] is False and report["violations"]["unordered_scores"] > 0
