@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -34,7 +35,12 @@ class PathsConfig(_Section):
     @field_validator("events", "catalog", "output", "work")
     @classmethod
     def _path_is_sane(cls, value: str) -> str:
-        return validate_path(value)
+        # Relative paths are made absolute against the working directory of the process that reads
+        # the config: the JVM (and executors) may run elsewhere, and must see the same paths.
+        value = validate_path(value)
+        if is_local_path(value) and not value.startswith("file://"):
+            return os.path.abspath(value)
+        return value
 
 
 class MlflowConfig(_Section):
