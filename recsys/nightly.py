@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import json
 import logging
 import time
 import uuid
@@ -293,12 +292,11 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         scored.write.mode("overwrite").parquet(staging)
         score_seconds = time.perf_counter() - started
         worker = worker_figures(obs_score)
-        retried = sum(1 for s in obs_score.get["worker_stats"] if json.loads(s).get("attempt", 0) > 0)
+        retried = worker["task_retries"]
         scoring_figures = {
             "users_scored": worker["model_users"],
             "fallback_users": worker["fallback_users"],
             "users_per_s": worker["users"] / score_seconds if score_seconds > 0 else 0.0,
-            "task_retries": retried,
             **{k: v for k, v in worker.items() if not isinstance(v, (list, dict, str))},
         }
         c.update(users=worker["users"], model_users=worker["model_users"], fallback=worker["fallback_users"],

@@ -1,6 +1,5 @@
 """The demo path end to end: MovieLens import -> train -> nightly job -> the printed summary."""
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest

@@ -54,6 +54,7 @@ def worker_figures(observation: Observation) -> dict[str, Any]:
     out: dict[str, Any] = {name: (float(totals[name]) if name.endswith("_s") else int(totals[name])) for name in _SUMMED}
     out.update(
         tasks=len(rows),
+        task_retries=sum(1 for row in rows if row.get("attempt", 0) > 0),  # successful attempts after a failure
         workers=len(workers),
         model_loads_per_worker_max=max((w["model_misses"] for w in workers), default=0),
         model_load_s_max=max((w["model_load_s"] for w in workers), default=0.0),
