@@ -24,6 +24,7 @@ def contiguous_chunks(seqs: Sequences, chunk_size: int) -> list[tuple[int, int, 
 
 
 def score_chunks(scorer: Scorer, user_ids: np.ndarray, chunks: list[tuple[int, int, Sequences]]) -> tuple[float, int]:
+    """One thread scores every chunk (torch may use several threads inside each operation)."""
     rows = 0
     start = time.perf_counter()
     for lo, hi, chunk in chunks:
@@ -32,3 +33,22 @@ def score_chunks(scorer: Scorer, user_ids: np.ndarray, chunks: list[tuple[int, i
     if scorer.device.type == "cuda":
         torch.cuda.synchronize(scorer.device)
     return time.perf_counter() - start, rows
+
+
+def score_chunks_parallel(scorer: Scorer, user_ids: np.ndarray, chunks: list[tuple[int, int, Sequences]],
+                          workers: int) -> tuple[float, int]:
+    """``workers`` threads with one torch thread each, chunks dealt round-robin: the same split of
+    the work as Spark's ``workers`` single-threaded tasks, without Spark. torch releases the GIL
+    inside its kernels, so the threads run in parallel; there is no cross-thread barrier inside an
+    operation (which costs multi-threaded torch dearly when another process takes a core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(lambda w: score_chunks(scorer, user_ids, chunks[w::workers])[1], range(workers)))
+        return time.perf_counter() - start, sum(parts)
+    finally:
+        torch.set_num_threads(previous)
