@@ -17,7 +17,7 @@ import numpy as np
 from pyspark.sql import SparkSession
 
 from recsys import __version__, tracking
-from recsys.config import Config, redact_uri
+from recsys.config import Config, ModelConfig, TrainConfig, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
@@ -75,6 +75,22 @@ def build_vocabulary(train: Sequences, min_count: int) -> Vocabulary:
     return Vocabulary(ids[counts >= min_count])
 
 
+def model_config(model: ModelConfig, num_items: int, model_type: str | None = None):
+    """The config dataclass of ``model_type`` (default: the selected one) from its config section."""
+    from recsys.model.registry import MODEL_TYPES
+
+    model_type = model_type or model.type
+    config_cls, _ = MODEL_TYPES[model_type]
+    return config_cls(num_items=num_items, **model.section(model_type).model_dump())
+
+
+def train_settings(train: TrainConfig):
+    from recsys.model.training import TrainSettings
+
+    return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
+                         weight_decay=train.weight_decay, patience=train.patience, seed=train.seed)
+
+
 def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
     events = read_events_window(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
     histories = hist.build_histories(hist.drop_null_ids(events), max_items=cfg.history.max_items,
@@ -87,8 +103,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
 
     from recsys import plots
     from recsys.model.io import save_model
-    from recsys.model.sasrec import SASRecConfig
-    from recsys.model.training import TrainSettings, fit
+    from recsys.model.training import fit
     from recsys.scoring.core import resolve_device
 
     date = parse_date(date)
@@ -111,10 +126,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
         raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
                              f"train.min_item_count")
 
-    model_cfg = SASRecConfig(num_items=len(vocab), **cfg.train.model.model_dump(exclude={"type"}))
-    settings = TrainSettings(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-                             learning_rate=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay,
-                             patience=cfg.train.patience, seed=cfg.train.seed)
+    model_cfg = model_config(cfg.train.model, len(vocab))
+    settings = train_settings(cfg.train)
     device = resolve_device(cfg.train.device)
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=f"{cfg.mlflow.experiment}-training",
