@@ -21,7 +21,7 @@ from recsys.config import Config, ModelConfig, TrainConfig, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
-from recsys.errors import InputDataError, TrackingFailed
+from recsys.errors import GateError, InputDataError, TrackingFailed
 from recsys.progress import StageTimer
 from recsys.sequences import Sequences, Vocabulary
 
@@ -198,7 +198,9 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
     """Move the alias unless the holder scores better on *this* validation set by more than the tolerance.
 
     Comparing on the same validation users is what makes the decision fair: the holder's own
-    training-time figure was measured on older data.
+    training-time figure was measured on older data. A holder that cannot be scored (its files gone,
+    a format this version cannot read) stops the gate with a message naming it, and ``--force``
+    still moves the alias: a broken holder is exactly when an operator reaches for it.
     """
     name, alias = cfg.mlflow.model_name, cfg.mlflow.alias
     holder = tracking.alias_holder(name, alias)
@@ -206,8 +208,16 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
         tracking.set_alias(name, alias, version)
         return True, f"promoted version {version} to @{alias}: no version held the alias"
     holder_version, _ = holder
-    holder_score = _score_version(cfg, holder_version, split, device)
     tolerance = cfg.train.gate_tolerance
+    try:
+        holder_score = _score_version(cfg, holder_version, split, device)
+    except Exception as exc:
+        problem = f"the holder version {holder_version} could not be scored ({type(exc).__name__}: {_first_line(exc)})"
+        if force:
+            tracking.set_alias(name, alias, version)
+            return True, f"promoted version {version} to @{alias} because of --force; {problem}"
+        raise GateError(f"kept @{alias} on version {holder_version}: {problem}; fix or remove that version, "
+                        f"or move the alias to version {version} with --force") from exc
     detail = (f"new {VALIDATION_METRIC}={new_score:.4f} vs holder version {holder_version} "
               f"{holder_score:.4f} on the same validation users (tolerance {tolerance})")
     if force:
@@ -219,6 +229,11 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
         tracking.set_alias(name, alias, version)
         return True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}"
     return False, f"kept @{alias} on version {holder_version}: the new version validates worse; {detail}; use --force to override"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
