@@ -119,6 +119,49 @@ class TrainConfig(_Section):
     gate_tolerance: float = Field(ge=0)
 
 
+class ALSGridConfig(_Section):
+    ranks: tuple[int, ...] = Field(min_length=1)
+    reg_params: tuple[float, ...] = Field(min_length=1)
+    alphas: tuple[float, ...] = Field(min_length=1)
+    max_iter: int = Field(ge=1, le=100)
+    seed: int = 42
+
+    @field_validator("ranks", "reg_params", "alphas")
+    @classmethod
+    def _positive(cls, values: tuple) -> tuple:
+        if any(v <= 0 for v in values):
+            raise ValueError(f"every value must be positive, got {list(values)}")
+        return values
+
+
+EVALUATION_MODELS = ("popularity", "als", "sasrec", "gru4rec")
+
+
+class EvaluationConfig(_Section):
+    ks: tuple[int, ...] = Field(min_length=1)
+    models: tuple[str, ...] = Field(min_length=1)
+    bootstrap_resamples: int = Field(ge=0, le=100_000)
+    bootstrap_seed: int = 0
+    als: ALSGridConfig
+
+    @field_validator("ks")
+    @classmethod
+    def _ks_positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(k < 1 for k in values):
+            raise ValueError(f"every k must be at least 1, got {list(values)}")
+        return tuple(sorted(set(values)))
+
+    @field_validator("models")
+    @classmethod
+    def _models_known(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [m for m in values if m not in EVALUATION_MODELS]
+        if unknown:
+            raise ValueError(f"unknown model(s) {unknown}; choose from {list(EVALUATION_MODELS)}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"models are listed twice in {list(values)}")
+        return values
+
+
 class SparkConfig(_Section):
     master: str = "local[*]"
     remote: str | None = None
@@ -140,6 +183,7 @@ class Config(_Section):
     catalog: CatalogConfig
     scoring: ScoringConfig
     train: TrainConfig
+    evaluation: EvaluationConfig
     spark: SparkConfig
 
     def to_dict(self) -> dict[str, Any]:
