@@ -78,6 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
+    p = sub.add_parser("evaluate", help="compare the models and baselines (popularity, Spark ALS) on a protocol; "
+                                        "print the table, log it to MLflow")
+    p.add_argument("--data", type=Path, required=True,
+                   help="dataset root in the input layout (events/ and catalog/), e.g. from import-movielens --out")
+    p.add_argument("--protocol", choices=("loo", "temporal"), default="loo",
+                   help="loo: leave the last item out per user (the second-to-last validates); temporal: train "
+                        "before --split-date, test on the following --test-days (default: loo)")
+    p.add_argument("--k", type=int, action="append", default=None, metavar="K",
+                   help="metric cut-off, repeatable (default: evaluation.ks, i.e. 10)")
+    p.add_argument("--tie-seed", type=int, default=None,
+                   help="seed of the hash that orders equal timestamps (default: history.tie_break_seed, i.e. 7)")
+    p.add_argument("--split-date", type=_date, default=None,
+                   help="temporal: first test day (default: the data's last --test-days days are the test window)")
+    p.add_argument("--test-days", type=int, default=30,
+                   help="temporal: days in the test window, and in the validation window before it (default: 30)")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table's figures as JSON")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_evaluate)
+
     p = sub.add_parser("demo", help="data -> train -> recommend on the bundled MovieLens sample, then show the results")
     p.add_argument("--data", type=Path, help="a MovieLens directory (ratings.csv + movies.csv); default: "
                                              "../shared/data/ml-latest-small, else the bundled copy")
@@ -216,6 +235,25 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         else:
             print(f"published {result.output_dir} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from recsys.evaluation.evaluate import check_dataset_root, run_evaluation
+    from recsys.spark_session import build_session
+
+    cfg = _config(args)
+    check_dataset_root(args.data)
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate")
+    try:
+        result = run_evaluation(spark, cfg, args.data, protocol=args.protocol, ks=tuple(args.k) if args.k else None,
+                                tie_break_seed=args.tie_seed, split_date=args.split_date, test_days=args.test_days,
+                                json_path=args.json)
+    finally:
+        spark.stop()
+    print(result.table)
+    if result.run_id:
+        print(f"\nlogged to MLflow run {result.run_id} (experiment {cfg.mlflow.experiment}-evaluation)")
+    return ExitCode.OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

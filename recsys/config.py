@@ -80,13 +80,36 @@ class ScoringConfig(_Section):
         return value
 
 
-class ModelConfig(_Section):
-    type: Literal["sasrec"] = "sasrec"
+class SASRecSection(_Section):
     dim: int = Field(ge=4, le=4096)
     layers: int = Field(ge=1, le=24)
     heads: int = Field(ge=1, le=64)
     max_len: int = Field(ge=1, le=4096)
     dropout: float = Field(ge=0.0, lt=1.0)
+
+
+class GRU4RecSection(_Section):
+    dim: int = Field(ge=4, le=4096)
+    layers: int = Field(ge=1, le=8)
+    max_len: int = Field(ge=1, le=4096)
+    dropout: float = Field(ge=0.0, lt=1.0)
+
+
+ModelType = Literal["sasrec", "gru4rec"]
+
+
+class ModelConfig(_Section):
+    """``type`` picks the model ``recsys train`` trains; each type keeps its own typed section, so
+    switching types is one key (``--set train.model.type=gru4rec``) and every section stays validated.
+    ``recsys evaluate`` trains the types listed in ``evaluation.models`` from their sections."""
+
+    type: ModelType = "sasrec"
+    sasrec: SASRecSection
+    gru4rec: GRU4RecSection
+
+    def section(self, model_type: str | None = None) -> _Section:
+        """The settings of ``model_type`` (default: the selected type)."""
+        return getattr(self, model_type or self.type)
 
 
 class TrainConfig(_Section):
@@ -100,6 +123,49 @@ class TrainConfig(_Section):
     min_item_count: int = Field(ge=1)
     device: str = "auto"
     gate_tolerance: float = Field(ge=0)
+
+
+class ALSGridConfig(_Section):
+    ranks: tuple[int, ...] = Field(min_length=1)
+    reg_params: tuple[float, ...] = Field(min_length=1)
+    alphas: tuple[float, ...] = Field(min_length=1)
+    max_iter: int = Field(ge=1, le=100)
+    seed: int = 42
+
+    @field_validator("ranks", "reg_params", "alphas")
+    @classmethod
+    def _positive(cls, values: tuple) -> tuple:
+        if any(v <= 0 for v in values):
+            raise ValueError(f"every value must be positive, got {list(values)}")
+        return values
+
+
+EVALUATION_MODELS = ("popularity", "als", "sasrec", "gru4rec")
+
+
+class EvaluationConfig(_Section):
+    ks: tuple[int, ...] = Field(min_length=1)
+    models: tuple[str, ...] = Field(min_length=1)
+    bootstrap_resamples: int = Field(ge=0, le=100_000)
+    bootstrap_seed: int = 0
+    als: ALSGridConfig
+
+    @field_validator("ks")
+    @classmethod
+    def _ks_positive(cls, values: tuple[int, ...]) -> tuple[int, ...]:
+        if any(k < 1 for k in values):
+            raise ValueError(f"every k must be at least 1, got {list(values)}")
+        return tuple(sorted(set(values)))
+
+    @field_validator("models")
+    @classmethod
+    def _models_known(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [m for m in values if m not in EVALUATION_MODELS]
+        if unknown:
+            raise ValueError(f"unknown model(s) {unknown}; choose from {list(EVALUATION_MODELS)}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"models are listed twice in {list(values)}")
+        return values
 
 
 class SparkConfig(_Section):
@@ -123,6 +189,7 @@ class Config(_Section):
     catalog: CatalogConfig
     scoring: ScoringConfig
     train: TrainConfig
+    evaluation: EvaluationConfig
     spark: SparkConfig
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,12 +242,23 @@ def load_config(conf_file: str | Path | None = None, overrides: Sequence[str] = 
         raise ConfigError(_describe_validation_error(exc, data)) from None
 
 
+# Keys that moved, with where they live now: named in the error instead of a bare "unknown key".
+MOVED_KEYS = {f"train.model.{key}": f"train.model.<type>.{key}, e.g. train.model.sasrec.{key}"
+              for key in ("dim", "layers", "heads", "max_len", "dropout")}
+
+
+def _unknown_key(key: str, context: str) -> ConfigError:
+    if key in MOVED_KEYS:
+        return ConfigError(f"config key {key!r}{context} has moved to {MOVED_KEYS[key]} (README: configuration keys)")
+    return ConfigError(f"unknown config key {key!r}{context}; see the README's configuration keys")
+
+
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     merged = copy.deepcopy(base)
     for key, value in over.items():
         dotted = f"{prefix}{key}"
         if key not in merged:
-            raise ConfigError(f"unknown config key {dotted!r}; see the README's configuration keys")
+            raise _unknown_key(dotted, "")
         if isinstance(merged[key], dict) and isinstance(value, Mapping) and dotted != "spark.conf":
             merged[key] = _deep_merge(merged[key], value, prefix=f"{dotted}.")
         else:
@@ -205,13 +283,13 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         if not isinstance(node, dict) or part not in node:
-            raise ConfigError(f"unknown config key {'.'.join(parts[: i + 1])!r} in --set {key}=...")
+            raise _unknown_key(".".join(parts[: i + 1]), f" in --set {key}=...")
         node = node[part]
         if ".".join(parts[: i + 1]) == "spark.conf":  # free-form Spark settings
             node[".".join(parts[i + 1 :])] = value
             return
     if not isinstance(node, dict) or parts[-1] not in node:
-        raise ConfigError(f"unknown config key {key!r} in --set {key}=...; see the README's configuration keys")
+        raise _unknown_key(key, f" in --set {key}=...")
     node[parts[-1]] = value
 
 

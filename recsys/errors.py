@@ -36,6 +36,12 @@ class ModelNotFoundError(RecsysError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class GateError(RecsysError):
+    """The training gate could not compare with the alias holder; the new version is registered, the alias did not move."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
 class ValidationFailed(RecsysError):
     exit_code = ExitCode.VALIDATION_FAILED
 

@@ -17,11 +17,11 @@ import numpy as np
 from pyspark.sql import SparkSession
 
 from recsys import __version__, tracking
-from recsys.config import Config, redact_uri
+from recsys.config import Config, ModelConfig, TrainConfig, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
-from recsys.errors import InputDataError, TrackingFailed
+from recsys.errors import GateError, InputDataError, TrackingFailed
 from recsys.progress import StageTimer
 from recsys.sequences import Sequences, Vocabulary
 
@@ -75,6 +75,22 @@ def build_vocabulary(train: Sequences, min_count: int) -> Vocabulary:
     return Vocabulary(ids[counts >= min_count])
 
 
+def model_config(model: ModelConfig, num_items: int, model_type: str | None = None):
+    """The config dataclass of ``model_type`` (default: the selected one) from its config section."""
+    from recsys.model.registry import MODEL_TYPES
+
+    model_type = model_type or model.type
+    config_cls, _ = MODEL_TYPES[model_type]
+    return config_cls(num_items=num_items, **model.section(model_type).model_dump())
+
+
+def train_settings(train: TrainConfig):
+    from recsys.model.training import TrainSettings
+
+    return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
+                         weight_decay=train.weight_decay, patience=train.patience, seed=train.seed)
+
+
 def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
     events = read_events_window(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
     histories = hist.build_histories(hist.drop_null_ids(events), max_items=cfg.history.max_items,
@@ -87,8 +103,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
 
     from recsys import plots
     from recsys.model.io import save_model
-    from recsys.model.sasrec import SASRecConfig
-    from recsys.model.training import TrainSettings, fit
+    from recsys.model.training import fit
     from recsys.scoring.core import resolve_device
 
     date = parse_date(date)
@@ -111,10 +126,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
         raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
                              f"train.min_item_count")
 
-    model_cfg = SASRecConfig(num_items=len(vocab), **cfg.train.model.model_dump(exclude={"type"}))
-    settings = TrainSettings(epochs=cfg.train.epochs, batch_size=cfg.train.batch_size,
-                             learning_rate=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay,
-                             patience=cfg.train.patience, seed=cfg.train.seed)
+    model_cfg = model_config(cfg.train.model, len(vocab))
+    settings = train_settings(cfg.train)
     device = resolve_device(cfg.train.device)
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=f"{cfg.mlflow.experiment}-training",
@@ -185,7 +198,9 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
     """Move the alias unless the holder scores better on *this* validation set by more than the tolerance.
 
     Comparing on the same validation users is what makes the decision fair: the holder's own
-    training-time figure was measured on older data.
+    training-time figure was measured on older data. A holder that cannot be scored (its files gone,
+    a format this version cannot read) stops the gate with a message naming it, and ``--force``
+    still moves the alias: a broken holder is exactly when an operator reaches for it.
     """
     name, alias = cfg.mlflow.model_name, cfg.mlflow.alias
     holder = tracking.alias_holder(name, alias)
@@ -193,8 +208,16 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
         tracking.set_alias(name, alias, version)
         return True, f"promoted version {version} to @{alias}: no version held the alias"
     holder_version, _ = holder
-    holder_score = _score_version(cfg, holder_version, split, device)
     tolerance = cfg.train.gate_tolerance
+    try:
+        holder_score = _score_version(cfg, holder_version, split, device)
+    except Exception as exc:
+        problem = f"the holder version {holder_version} could not be scored ({type(exc).__name__}: {_first_line(exc)})"
+        if force:
+            tracking.set_alias(name, alias, version)
+            return True, f"promoted version {version} to @{alias} because of --force; {problem}"
+        raise GateError(f"kept @{alias} on version {holder_version}: {problem}; fix or remove that version, "
+                        f"or move the alias to version {version} with --force") from exc
     detail = (f"new {VALIDATION_METRIC}={new_score:.4f} vs holder version {holder_version} "
               f"{holder_score:.4f} on the same validation users (tolerance {tolerance})")
     if force:
@@ -206,6 +229,11 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
         tracking.set_alias(name, alias, version)
         return True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}"
     return False, f"kept @{alias} on version {holder_version}: the new version validates worse; {detail}; use --force to override"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else ""
 
 
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:

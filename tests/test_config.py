@@ -59,3 +59,27 @@ def test_credentials_are_redacted_from_uris():
         "https://***@mlflow.example.com/path?token=***&x=1"
     cfg = load_config(overrides=["mlflow.tracking_uri=https://bob:s3cret@mlflow.example.com"])
     assert "s3cret" not in str(cfg.redacted_dict())
+
+
+def test_each_model_type_has_its_own_typed_section_and_the_type_picks_one():
+    from recsys.model.registry import MODEL_TYPES
+    from recsys.train import model_config
+
+    cfg = load_config(overrides=["train.model.type=gru4rec", "train.model.gru4rec.dim=32"])
+    assert set(MODEL_TYPES) == set(type(cfg.train.model).model_fields) - {"type"}   # one section per type
+    built = model_config(cfg.train.model, num_items=5)
+    assert type(built).__name__ == "GRU4RecConfig" and built.dim == 32
+    assert type(model_config(cfg.train.model, 5, "sasrec")).__name__ == "SASRecConfig"
+    with pytest.raises(ConfigError, match="train.model.type"):
+        load_config(overrides=["train.model.type=bert4rec"])
+    with pytest.raises(ConfigError, match="train.model.gru4rec.heads"):
+        load_config(overrides=["train.model.gru4rec.heads=2"])   # no heads in a GRU
+
+
+def test_a_moved_model_key_says_where_it_lives_now(tmp_path):
+    with pytest.raises(ConfigError, match=r"'train.model.dim'.*moved to train.model.<type>.dim"):
+        load_config(overrides=["train.model.dim=32"])
+    conf = tmp_path / "old.yaml"
+    conf.write_text("train:\n  model:\n    heads: 4\n")
+    with pytest.raises(ConfigError, match="moved to train.model.<type>.heads"):
+        load_config(conf)

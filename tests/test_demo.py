@@ -13,8 +13,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 def test_demo_imports_trains_recommends_and_tells_the_user_where_to_look(spark, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)        # the embedded default's relative paths land in tmp_path/.recsys
-    cfg = load_config(overrides=["train.epochs=1", "train.model.dim=16", "train.model.layers=1",
-                                 "train.model.heads=1", "scoring.top_n=5"])
+    cfg = load_config(overrides=["train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
+                                 "train.model.sasrec.heads=1", "scoring.top_n=5"])
     code = run_demo(cfg, data=REPO_ROOT / "data" / "ml-latest-small", spark=spark)
     out = capsys.readouterr().out
 

@@ -210,7 +210,8 @@ def _tamper(directory: Path, **changes) -> None:
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(model_type="gru4rec"), "model_type 'gru4rec'"),
+    (dict(model_type="bert4rec"), "model_type 'bert4rec'"),
+    (dict(model_type="gru4rec"), "unknown gru4rec config fields \\['heads'\\]"),
     (dict(format_version=2), "format_version 2"),
     (dict(dim=32), "shape"),
     (dict(num_items=NUM_ITEMS + 1), "shape"),

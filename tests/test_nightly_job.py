@@ -55,7 +55,7 @@ def job(spark, tmp_path_factory):
         f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
         f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'artifacts'}",
         "history.window_days=30", f"scoring.top_n={TOP_N}", "scoring.chunk_size=3", "scoring.partitions=6",
-        "train.epochs=2", "train.model.dim=16", "train.model.layers=1", "train.model.heads=1", "train.model.max_len=8",
+        "train.epochs=2", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8",
     ])
     trained = run_training(spark, cfg, dt.date(2024, 5, 7))   # before the unknown-only user's event
     other_date = run_nightly(spark, cfg, RUN_DATE + dt.timedelta(days=1))

@@ -12,7 +12,9 @@ the items it competes with. Conventions, chosen so that a broken model can never
 - **Excluded items do not compete** (already-seen items, as the nightly job masks them), column 0
   (padding) never competes, and a target that is itself excluded is a miss.
 
-One target per user, so recall@k equals hit rate@k.
+With one target per user (leave-one-out) recall@k equals hit rate@k. Protocols with several
+targets per user (a temporal split: everything a user did in the test days) go through
+:func:`user_metrics`, which turns the rank of each (user, target) pair into per-user values.
 """
 from __future__ import annotations
 
@@ -79,6 +81,42 @@ def mrr(ranks: torch.Tensor, k: int | None = None) -> float:
     if k is not None:
         rr = torch.where(ranks < k, rr, torch.zeros_like(rr))
     return float(rr.mean())
+
+
+def user_metrics(ranks: torch.Tensor | np.ndarray, offsets: np.ndarray, ks: Sequence[int]) -> dict[str, np.ndarray]:
+    """Per-user ``ndcg@k``, ``hr@k``, ``recall@k`` and ``mrr@k`` from the ranks of every user's targets.
+
+    ``ranks`` [T] holds, user after user, the 0-based position of each target in that user's ranked
+    list (:func:`target_ranks`, so other targets of the same user compete too, and +inf is a miss);
+    user ``u`` owns ``ranks[offsets[u]:offsets[u + 1]]`` and must own at least one. Per-user values
+    (not means) so that callers can bootstrap over users. For one target per user the means equal
+    :func:`ndcg_at_k`, :func:`hit_rate_at_k` and :func:`mrr` with ``k``.
+
+    - NDCG@k: DCG of the hits over the ideal DCG of min(k, targets) hits;
+    - HR@k: 1 if any target is in the top k; recall@k: the share of the user's targets in the top k;
+    - MRR@k: 1 / (rank + 1) of the best-ranked target, 0 when it is at or beyond k.
+    """
+    r = torch.as_tensor(ranks, dtype=torch.float64).cpu().numpy()
+    offsets = np.asarray(offsets, dtype=np.int64)
+    counts = np.diff(offsets)
+    if len(counts) == 0:
+        raise ValueError("no ranks to average: evaluate at least one user")
+    if np.any(counts < 1) or offsets[0] != 0 or offsets[-1] != len(r):
+        raise ValueError(f"offsets must start at 0, end at len(ranks)={len(r)} and give every user at least one "
+                         f"target; got {counts.min()} targets for some user")
+    user = np.repeat(np.arange(len(counts)), counts)
+    best = np.minimum.reduceat(r, offsets[:-1])                                     # [U]
+    out: dict[str, np.ndarray] = {}
+    for k in ks:
+        hit = r < k                                                                  # [T]
+        gain = np.where(hit, 1.0 / np.log2(np.where(hit, r, 0.0) + 2.0), 0.0)       # [T]
+        ideal = np.cumsum(1.0 / np.log2(np.arange(k) + 2.0))[np.minimum(counts, k) - 1]  # [U]
+        hits = np.bincount(user, weights=hit, minlength=len(counts))                 # [U]
+        out[f"ndcg@{k}"] = np.bincount(user, weights=gain, minlength=len(counts)) / ideal
+        out[f"hr@{k}"] = (hits > 0).astype(np.float64)
+        out[f"recall@{k}"] = hits / counts
+        out[f"mrr@{k}"] = np.where(best < k, 1.0 / (np.where(best < k, best, 0.0) + 1.0), 0.0)
+    return out
 
 
 @torch.no_grad()

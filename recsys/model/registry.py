@@ -5,11 +5,22 @@ A model type is a frozen config dataclass and an ``nn.Module`` built from it alo
 """
 from __future__ import annotations
 
+from recsys.model.gru4rec import GRU4Rec, GRU4RecConfig
 from recsys.model.sasrec import SASRec, SASRecConfig
 
 MODEL_TYPES: dict[str, tuple[type, type]] = {
     "sasrec": (SASRecConfig, SASRec),
+    "gru4rec": (GRU4RecConfig, GRU4Rec),
 }
+
+
+def build_model(config: object):
+    """A fresh model of the type whose config dataclass ``config`` is (exact class)."""
+    for _, (config_cls, model_cls) in MODEL_TYPES.items():
+        if type(config) is config_cls:
+            return model_cls(config)
+    raise ValueError(f"{type(config).__name__} is not the config of a registered model type "
+                     f"(known: {', '.join(sorted(MODEL_TYPES))}): add it to recsys.model.registry.MODEL_TYPES")
 
 
 def model_type_of(model: object) -> str:

@@ -1,4 +1,4 @@
-"""Training SASRec on users' item sequences: next-item prediction with a full softmax.
+"""Training sequence models (SASRec, GRU4Rec) on users' item sequences: next-item prediction, full softmax.
 
 Every position of a sequence is a training example (the model reads items up to t and is scored on
 item t + 1), against all items at once: full-softmax cross-entropy is markedly better for SASRec than
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from recsys.evaluation.metrics import evaluate_ranking
-from recsys.model.sasrec import SASRec, SASRecConfig
+from recsys.model.registry import build_model
 from recsys.sequences import Sequences, pad_left
 
 VALIDATION_METRIC = "ndcg@10"
@@ -71,7 +71,7 @@ class ValidationSet:
 
 @dataclass
 class FitResult:
-    model: SASRec                 # the best epoch's weights (the last epoch's without validation)
+    model: torch.nn.Module        # the best epoch's weights (the last epoch's without validation)
     curve: list[dict]             # per epoch: epoch, train_loss, [ndcg@10, hr@10, mrr], seconds
     best_epoch: int
     best_metrics: dict = field(default_factory=dict)  # validation metrics of best_epoch; {} without validation
@@ -98,15 +98,23 @@ def training_windows(train: Sequences, max_len: int) -> np.ndarray:
     return pad_left(Sequences(offsets, train.items[idx]), max_len + 1)
 
 
-def fit(train: Sequences, model_config: SASRecConfig, settings: TrainSettings, *,
+def fit(train: Sequences, model_config, settings: TrainSettings, *,
         valid: ValidationSet | None = None, device: str | torch.device = "cpu",
-        progress: Callable[[dict], None] | None = None) -> FitResult:
-    """Train a SASRec from scratch; with ``valid``, keep the epoch with the best validation NDCG@10.
+        progress: Callable[[dict], None] | None = None,
+        validate: Callable[[torch.nn.Module], dict[str, float]] | None = None) -> FitResult:
+    """Train a model from scratch; with ``valid``, keep the epoch with the best validation NDCG@10.
+
+    ``model_config`` is the config dataclass of a registered model type (``recsys.model.registry``);
+    the model must return a hidden state per position (``model(seq)`` [B, L, D]).
 
     Reproducible: the same data, config and settings give the same weights on CPU (on CUDA, up to
     the nondeterminism of its kernels). The caller's global torch RNG state is left untouched.
-    ``progress`` receives each epoch's curve row as soon as the epoch ends.
+    ``progress`` receives each epoch's curve row as soon as the epoch ends. ``validate``, instead of
+    ``valid``, measures the model (in eval mode) by any protocol, e.g. several targets per user or a
+    ranking restricted to a catalog; it must return ``ndcg@10`` among its metrics.
     """
+    if valid is not None and validate is not None:
+        raise ValueError("pass valid or validate, not both")
     device = torch.device(device)
     _check_items(train.items, model_config.num_items, "train")
     if valid is not None:
@@ -125,14 +133,18 @@ def fit(train: Sequences, model_config: SASRecConfig, settings: TrainSettings, *
         cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(settings.seed)
-            return _fit(inputs, labels, model_config, settings, valid, device, progress)
+            if valid is not None:
+                def validate(model: torch.nn.Module) -> dict[str, float]:
+                    return evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
+            return _fit(inputs, labels, model_config, settings, validate, device, progress)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config: SASRecConfig, settings: TrainSettings,
-         valid: ValidationSet | None, device: torch.device, progress: Callable[[dict], None] | None) -> FitResult:
-    model = SASRec(model_config).to(device)
+def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config, settings: TrainSettings,
+         validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
+         progress: Callable[[dict], None] | None) -> FitResult:
+    model = build_model(model_config).to(device)
     optimizer = _optimizer(model, settings)
     order_rng = torch.Generator().manual_seed(settings.seed)
     curve: list[dict] = []
@@ -158,8 +170,11 @@ def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config: SASRecConfig,
         row: dict = {"epoch": epoch, "train_loss": float(loss_sum) / targets_seen}
 
         stop = False
-        if valid is not None and (epoch % settings.eval_every == 0 or epoch == settings.epochs):
-            metrics = evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
+        if validate is not None and (epoch % settings.eval_every == 0 or epoch == settings.epochs):
+            model.eval()
+            with torch.no_grad():
+                metrics = dict(validate(model))
+            model.train()
             row.update(metrics)
             if metrics[VALIDATION_METRIC] > best_score:
                 best_score, best_epoch, best_metrics = metrics[VALIDATION_METRIC], epoch, metrics

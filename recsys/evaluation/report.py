@@ -1,0 +1,213 @@
+"""The comparison table: per-model means with 95% bootstrap intervals over users, and the paired
+difference of every model to a reference (Spark ALS), as text, as JSON and as MLflow figures.
+
+Why intervals: with a few hundred test users a ratio of two NDCGs moves by tens of percent from
+one sample of users to another. Resampling *users* (with replacement, seeded) and recomputing each
+mean gives the interval; resampling the same users for two models gives the interval of their
+*paired* difference, which is much tighter than comparing two separate intervals because both
+models face the same hard and easy users.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from recsys.evaluation.ranking import PhaseResult, coverage
+
+MEAN_METRICS = ("ndcg", "hr", "recall", "mrr", "pop_pct")     # per-user values, averaged: bootstrapped
+# Catalog coverage is a property of all users' lists together (the size of their union), not a mean:
+# a resample with replacement holds only ~63% distinct users, so its coverage is biased low and the
+# percentile interval would not even contain the estimate. Coverage is reported without an interval.
+LIST_METRICS = ("coverage",)
+
+
+def metric_names(ks: Sequence[int]) -> list[str]:
+    """Column order of the table: for each k, NDCG, HR, recall, MRR, coverage, popularity percentile."""
+    return [f"{m}@{k}" for k in ks for m in ("ndcg", "hr", "recall", "mrr", "coverage", "pop_pct")]
+
+
+@dataclass
+class Comparison:
+    """Everything the table shows. ``models`` keeps insertion order (the table's row order)."""
+
+    protocol: str
+    ks: list[int]
+    users: int
+    models: dict[str, dict[str, float]] = field(default_factory=dict)              # model -> metric -> mean
+    intervals: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    reference: str | None = None
+    differences: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)  # (diff, lo, hi)
+    ratios: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)       # ndcg@k ratio
+    default_model: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)                              # model -> short remark
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document: ``{"protocol", "k", "models": {name: {metric: value}}}`` (+ the default's name)."""
+        return {"protocol": self.protocol, "k": list(self.ks),
+                "models": {name: {m: _plain(v) for m, v in values.items()} for name, values in self.models.items()},
+                "default_model": self.default_model}
+
+    def to_full_json(self) -> dict[str, Any]:
+        """Everything, for the MLflow artifact: intervals, differences and ratios too."""
+        doc = self.to_json()
+        doc.update({
+            "users": self.users, "reference": self.reference, "notes": self.notes,
+            "intervals": {n: {m: [_plain(a), _plain(b)] for m, (a, b) in v.items()} for n, v in self.intervals.items()},
+            "differences_to_reference": {n: {m: [_plain(x) for x in t] for m, t in v.items()}
+                                         for n, v in self.differences.items()},
+            "ratios_to_reference": {n: {m: [_plain(x) for x in t] for m, t in v.items()} for n, v in self.ratios.items()},
+        })
+        return doc
+
+
+def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int], candidates: int,
+            reference: str | None, resamples: int, seed: int, default_model: str | None = None) -> Comparison:
+    """Means, bootstrap intervals and paired differences to ``reference`` for models ranked on one phase."""
+    if not results:
+        raise ValueError("no model results to compare")
+    ks = sorted(set(int(k) for k in ks))
+    users = {len(r.top) for r in results.values()}
+    if len(users) != 1:
+        raise ValueError(f"models were ranked on different numbers of users {sorted(users)}: compare one phase only")
+    n_users = users.pop()
+    if reference is not None and reference not in results:
+        reference = None
+    out = Comparison(protocol=protocol, ks=ks, users=n_users, reference=reference, default_model=default_model)
+    for name, result in results.items():
+        out.models[name] = {}
+        for metric in metric_names(ks):
+            out.models[name][metric] = _point(result, metric, candidates)
+
+    if resamples > 0:
+        draws = _Draws(n_users, resamples, seed)
+        for name, result in results.items():
+            out.intervals[name] = {m: _interval(draws.means(_values(result, m, candidates)))
+                                   for m in metric_names(ks) if _has_interval(m, n_users, resamples)}
+        if reference is not None:
+            ref = results[reference]
+            for name, result in results.items():
+                if name == reference:
+                    continue
+                out.differences[name], out.ratios[name] = {}, {}
+                for m in metric_names(ks):
+                    if not _has_interval(m, n_users, resamples):
+                        diff = out.models[name][m] - out.models[reference][m]
+                        out.differences[name][m] = (diff, math.nan, math.nan)
+                        continue
+                    a = draws.means(_values(result, m, candidates))
+                    b = draws.means(_values(ref, m, candidates))
+                    diff = out.models[name][m] - out.models[reference][m]
+                    out.differences[name][m] = (diff, *_interval(a - b))
+                    if m.startswith("ndcg@"):
+                        with np.errstate(divide="ignore", invalid="ignore"):
+                            ratio = out.models[name][m] / out.models[reference][m] if out.models[reference][m] else math.nan
+                            out.ratios[name][m] = (ratio, *_interval(a / b))
+    return out
+
+
+class _Draws:
+    """Seeded resamples of user indices, drawn once and shared by every model (paired differences)."""
+
+    def __init__(self, users: int, resamples: int, seed: int):
+        self.users, self.resamples = users, resamples
+        self.index = np.random.default_rng(seed).integers(0, users, size=(resamples, users), dtype=np.int64) \
+            if resamples * users <= 50_000_000 else None
+        self.seed = seed
+
+    def _chunks(self):
+        if self.index is not None:
+            yield self.index
+            return
+        rng = np.random.default_rng(self.seed)
+        step = max(1, 50_000_000 // self.users)
+        for start in range(0, self.resamples, step):
+            yield rng.integers(0, self.users, size=(min(step, self.resamples - start), self.users), dtype=np.int64)
+
+    def means(self, values: np.ndarray) -> np.ndarray:
+        """[resamples] the mean of the per-user ``values`` on each resample."""
+        return np.concatenate([np.nanmean(values[chunk], axis=1) for chunk in self._chunks()])
+
+
+def _point(result: PhaseResult, metric: str, candidates: int) -> float:
+    name, k = metric.split("@")
+    if name == "coverage":
+        return coverage(result.top, int(k), candidates)
+    values = result.per_user[metric]
+    return float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
+
+
+def _values(result: PhaseResult, metric: str, candidates: int) -> np.ndarray:
+    return result.per_user[metric]
+
+
+def _has_interval(metric: str, users: int, resamples: int) -> bool:
+    return metric.split("@")[0] in MEAN_METRICS
+
+
+def _interval(samples: np.ndarray) -> tuple[float, float]:
+    finite = samples[np.isfinite(samples)]
+    if len(finite) == 0:
+        return math.nan, math.nan
+    lo, hi = np.percentile(finite, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _plain(value: float) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(float(value), 6)
+
+
+# --------------------------------------------------------------------------------------------
+# Text
+
+
+def format_table(comparison: Comparison, *, digits: int = 4) -> str:
+    """A Markdown table (readable in a terminal, pasteable into the README): models x metrics, each
+    ``mean [2.5%, 97.5%]``; then the paired differences to the reference and the NDCG ratios."""
+    metrics = metric_names(comparison.ks)
+    lines = [f"protocol {comparison.protocol}, {comparison.users:,} test users; [95% bootstrap interval over users] "
+             "(coverage has none: it is not a mean over users)",
+             "", "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for name, values in comparison.models.items():
+        label = name + (" (default)" if name == comparison.default_model else "")
+        cells = [_cell(values[m], comparison.intervals.get(name, {}).get(m), digits, m) for m in metrics]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if comparison.differences:
+        ref = comparison.reference
+        lines += ["", f"Paired difference to {ref} (model - {ref}), 95% bootstrap interval over the same users:", "",
+                  "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
+        for name, diffs in comparison.differences.items():
+            cells = [_cell(d[0], (d[1], d[2]), digits, m, signed=True) if (d := diffs.get(m)) else "n/a"
+                     for m in metrics]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        ratio_lines = []
+        for name, ratios in comparison.ratios.items():
+            parts = [f"{m} {r:.2f}x [{lo:.2f}, {hi:.2f}]" for m, (r, lo, hi) in ratios.items() if math.isfinite(r)]
+            if parts:
+                ratio_lines.append(f"- {name} / {ref}: " + ", ".join(parts))
+        if ratio_lines:
+            lines += ["", f"NDCG ratio to {ref} (95% bootstrap interval):", *ratio_lines]
+    if comparison.notes:
+        lines += ["", *[f"- {name}: {note}" for name, note in comparison.notes.items()]]
+    return "\n".join(lines)
+
+
+def _cell(value: float, interval: tuple[float, float] | None, digits: int, metric: str, signed: bool = False) -> str:
+    d = 1 if metric.startswith("pop_pct") else digits
+    fmt = f"{{:{'+' if signed else ''}.{d}f}}"
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    text = fmt.format(value)
+    if interval is not None and all(math.isfinite(x) for x in interval):
+        text += f" [{interval[0]:.{d}f}, {interval[1]:.{d}f}]"
+    return text
+
+
+def write_json(comparison: Comparison, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(comparison.to_json(), indent=2) + "\n")

@@ -1,0 +1,164 @@
+"""The training gate on real registered versions in a throw-away sqlite MLflow store.
+
+Two real models are registered: one trained on a plain pattern (good) and one untrained (bad). The
+gate scores the alias holder itself from its registered files, on the same validation users as
+the new version, so the decisions below come from real scores, not from numbers the test made up.
+"""
+from __future__ import annotations
+
+import math
+
+import mlflow
+import numpy as np
+import pytest
+
+from recsys import tracking
+from recsys.config import load_config
+from recsys.model.io import save_model
+from recsys.model.sasrec import SASRec, SASRecConfig
+from recsys.model.training import TrainSettings, fit
+from recsys.sequences import Sequences, Vocabulary
+from recsys.train import _gate, score_on_split, split_last_item
+
+NUM_ITEMS = 30
+ITEM_IDS = np.arange(1, NUM_ITEMS + 1) * 10           # external ids differ from model indices on purpose
+CONFIG = SASRecConfig(num_items=NUM_ITEMS, dim=16, layers=1, heads=1, max_len=8, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A split, a good and a bad model, and a store; versions are registered per test."""
+    root = tmp_path_factory.mktemp("gate")
+    rng = np.random.default_rng(0)
+    runs = [((s + np.arange(n)) % NUM_ITEMS) for s, n in zip(rng.integers(0, NUM_ITEMS, 120), rng.integers(5, 12, 120))]
+    split = split_last_item(Sequences.from_lists([ITEM_IDS[r] for r in runs]))
+    vocab = Vocabulary(ITEM_IDS)
+    train, _ = vocab.map_sequences(split.train)
+    good = fit(train, CONFIG, TrainSettings(epochs=8, batch_size=16, learning_rate=5e-3, seed=1, num_threads=1)).model
+    bad = SASRec(CONFIG).eval()
+    scores = {"good": score_on_split(good, ITEM_IDS, split, "cpu"), "bad": score_on_split(bad, ITEM_IDS, split, "cpu")}
+    assert scores["good"] > scores["bad"] + 0.2          # the premise of the tests below
+    return dict(root=root, split=split, models={"good": good, "bad": bad}, scores=scores)
+
+
+@pytest.fixture
+def store(world, request, tmp_path):
+    """A registered model of its own per test, in the module's store (creating a sqlite store costs
+    seconds): (config factory, register(which) -> version)."""
+    root = world["root"]
+    model_name = f"gate-{request.node.name[5:40]}"
+
+    def config(tolerance: float = 0.0):
+        return load_config(overrides=[
+            f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'art'}",
+            f"paths.work={tmp_path / 'work'}", f"mlflow.model_name={model_name}", f"train.gate_tolerance={tolerance}",
+        ])
+
+    cfg = config()
+    experiment = tracking.setup(cfg.mlflow, "gate-test")
+
+    def register(which: str) -> str:
+        model_dir = save_model(world["models"][which], ITEM_IDS, tmp_path / f"model-{which}")
+        with mlflow.start_run(experiment_id=experiment) as run:
+            mlflow.log_artifacts(str(model_dir), "model")
+            uri = mlflow.get_artifact_uri("model")
+        return tracking.register_version(cfg.mlflow.model_name, run.info.run_id, uri)
+
+    return config, register
+
+
+def _holder(cfg) -> str | None:
+    holder = tracking.alias_holder(cfg.mlflow.model_name, cfg.mlflow.alias)
+    return holder[0] if holder else None
+
+
+def test_the_first_version_takes_the_free_alias(world, store):
+    config, register = store
+    cfg = config()
+    version = register("bad")
+    promoted, decision = _gate(cfg, version, world["scores"]["bad"], world["split"], False, "cpu")
+    assert promoted and _holder(cfg) == version
+    assert "no version held the alias" in decision
+
+
+def test_a_better_version_takes_the_alias_and_a_worse_one_does_not(world, store):
+    config, register = store
+    cfg = config()
+    bad = register("bad")
+    _gate(cfg, bad, world["scores"]["bad"], world["split"], False, "cpu")
+    good = register("good")
+    promoted, decision = _gate(cfg, good, world["scores"]["good"], world["split"], False, "cpu")
+    assert promoted and _holder(cfg) == good
+    assert f"holder version {bad} {world['scores']['bad']:.4f}" in decision     # the holder was scored for real
+
+    worse = register("bad")
+    promoted, decision = _gate(cfg, worse, world["scores"]["bad"], world["split"], False, "cpu")
+    assert not promoted and _holder(cfg) == good
+    assert decision.startswith(f"kept @{cfg.mlflow.alias} on version {good}") and "--force" in decision
+    assert f"{world['scores']['good']:.4f}" in decision and f"{world['scores']['bad']:.4f}" in decision
+
+
+def test_an_equally_good_version_takes_the_alias(world, store):
+    config, register = store
+    cfg = config()
+    first = register("good")
+    _gate(cfg, first, world["scores"]["good"], world["split"], False, "cpu")
+    again = register("good")
+    promoted, _ = _gate(cfg, again, world["scores"]["good"], world["split"], False, "cpu")
+    assert promoted and _holder(cfg) == again
+
+
+def test_a_worse_version_within_the_tolerance_takes_the_alias(world, store):
+    config, register = store
+    gap = world["scores"]["good"] - world["scores"]["bad"]
+    good = register("good")
+    _gate(config(), good, world["scores"]["good"], world["split"], False, "cpu")
+    worse = register("bad")
+    promoted, _ = _gate(config(tolerance=gap / 2), worse, world["scores"]["bad"], world["split"], False, "cpu")
+    assert not promoted and _holder(config()) == good
+    promoted, decision = _gate(config(tolerance=gap + 0.01), worse, world["scores"]["bad"], world["split"], False, "cpu")
+    assert promoted and _holder(config()) == worse
+    assert "not worse than the holder" in decision
+
+
+def test_force_moves_the_alias_to_a_worse_version_and_says_so(world, store):
+    config, register = store
+    cfg = config()
+    good = register("good")
+    _gate(cfg, good, world["scores"]["good"], world["split"], False, "cpu")
+    worse = register("bad")
+    promoted, decision = _gate(cfg, worse, world["scores"]["bad"], world["split"], True, "cpu")
+    assert promoted and _holder(cfg) == worse
+    assert "--force" in decision
+
+
+def test_a_version_without_a_validation_score_never_takes_a_held_alias(world, store):
+    config, register = store
+    cfg = config()
+    good = register("good")
+    _gate(cfg, good, world["scores"]["good"], world["split"], False, "cpu")
+    promoted, decision = _gate(cfg, register("good"), math.nan, world["split"], False, "cpu")
+    assert not promoted and _holder(cfg) == good
+    assert "no validation score" in decision
+
+
+def test_force_works_even_when_the_holder_cannot_be_scored(world, store):
+    """A broken holder (its files gone) is exactly when an operator reaches for --force."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    config, register = store
+    cfg = config()
+    good = register("good")
+    _gate(cfg, good, world["scores"]["good"], world["split"], False, "cpu")
+    run_id = MlflowClient().get_model_version(cfg.mlflow.model_name, good).run_id
+    shutil.rmtree(world["root"] / "art" / run_id)      # the holder's registered files are gone
+    new = register("bad")
+    from recsys.errors import RecsysError
+
+    with pytest.raises(RecsysError, match=f"version {good}.*--force"):
+        _gate(cfg, new, world["scores"]["bad"], world["split"], False, "cpu")
+    assert _holder(cfg) == good
+    promoted, decision = _gate(cfg, new, world["scores"]["bad"], world["split"], True, "cpu")
+    assert promoted and _holder(cfg) == new and "could not be scored" in decision
