@@ -191,18 +191,25 @@ def read_events_window(
     Only the window's partitions are listed, checked and read.
     """
     start = date - dt.timedelta(days=window_days)
-    fs, parts = list_partitions(root, "events")
-    window = [with_files(fs, p) for p in parts if start <= p.date < date]
-    window = [p for p in window if p.files]
-    if not window:
+    events = read_events(spark, root, lambda d: start <= d < date)
+    if events is None:
         raise InputDataError(
             f"no events between {start} and {date} (exclusive) under {root!r}: no dt= partition in that range holds "
             f"files; check paths.events and history.window_days, or that the upstream export ran"
         )
-    check_files(fs, [f for p in window for f in p.files], EVENTS_FILE_COLUMNS, "events")
-    events = spark.read.option("basePath", root).parquet(*[p.path for p in window])
-    events = check_columns(events, EVENTS_COLUMNS, "events", root)
     return events_window(events, date, window_days, event_types)
+
+
+def read_events(spark: SparkSession, root: str, keep: Callable[[dt.date], bool] = lambda d: True) -> DataFrame | None:
+    """Events of the partitions whose date ``keep`` accepts, every file's footer checked first; None if
+    none of them holds a file. The nightly job reads a window; ``recsys evaluate`` reads everything."""
+    fs, parts = list_partitions(root, "events")
+    chosen = [p for p in (with_files(fs, p) for p in parts if keep(p.date)) if p.files]
+    if not chosen:
+        return None
+    check_files(fs, [f for p in chosen for f in p.files], EVENTS_FILE_COLUMNS, "events")
+    events = spark.read.option("basePath", root).parquet(*[p.path for p in chosen])
+    return check_columns(events, EVENTS_COLUMNS, "events", root)
 
 
 def events_window(events: DataFrame, date: dt.date, window_days: int, event_types: tuple[str, ...] = ()) -> DataFrame:

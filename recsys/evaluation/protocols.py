@@ -164,10 +164,12 @@ def read_events(spark, data_root: str, event_types: tuple[str, ...] = ()):
     from pyspark.sql import functions as F
 
     from recsys.data import history as hist
-    from recsys.data.readers import EVENTS_COLUMNS, check_columns, read_dataset
+    from recsys.data import readers
 
     root = f"{data_root.rstrip('/')}/events"
-    events = check_columns(read_dataset(spark, root, "events"), EVENTS_COLUMNS, "events", root)
+    events = readers.read_events(spark, root)
+    if events is None:
+        raise InputDataError(f"no events under {root}: no dt= partition holds files; nothing to evaluate")
     if event_types:
         events = events.filter(F.col("event_type").isin(list(event_types)))
     return hist.drop_null_ids(events.select("user_id", "item_id", "event_type", "ts"))
