@@ -121,6 +121,7 @@ class TrainConfig(_Section):
     patience: int = Field(ge=1)
     seed: int = 42
     min_item_count: int = Field(ge=1)
+    history_items: int = Field(ge=2, le=1_000_000)
     device: str = "auto"
     gate_tolerance: float = Field(ge=0)
 

@@ -92,8 +92,11 @@ def train_settings(train: TrainConfig):
 
 
 def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
+    """Each user's history before ``date``, built by the nightly job's own code, but up to
+    ``train.history_items`` long: scoring needs only the recent items (``history.max_items``),
+    while training learns from every transition it is given."""
     events = read_events_window(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
-    histories = hist.build_histories(hist.drop_null_ids(events), max_items=cfg.history.max_items,
+    histories = hist.build_histories(hist.drop_null_ids(events), max_items=cfg.train.history_items,
                                      tie_break_seed=cfg.history.tie_break_seed)
     return hist.histories_to_sequences(histories.toArrow())
 
@@ -137,7 +140,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     recorder.log_params({
         "date": str(date), "model_type": cfg.train.model.type, **{f"model_{k}": v for k, v in model_cfg.__dict__.items()},
         **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(device),
-        "window_days": cfg.history.window_days, "max_history_items": cfg.history.max_items,
+        "window_days": cfg.history.window_days, "max_history_items": cfg.train.history_items,
         "users": len(user_ids), "validation_users": len(valid.targets), "config_digest": cfg.digest(),
     })
 

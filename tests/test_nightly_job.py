@@ -197,3 +197,16 @@ def test_the_job_runs_over_spark_connect(job, tmp_path):
     assert manifest["counts"]["rows"] == N_USERS + 2      # user 999's event of 05-08 is in this window
     assert manifest["metrics"]["model_misses"] >= 1 and manifest["metrics"]["tasks"] >= 1
     assert manifest["run_id"]
+
+
+def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
+    """Scoring needs the recent items only; training learns from the longer history it is given."""
+    from recsys.train import load_training_data
+
+    events = f"paths.events={job['cfg'].paths.events}"
+    longer = load_config(overrides=[events, "history.window_days=30", "history.max_items=2", "train.history_items=50"])
+    capped = load_config(overrides=[events, "history.window_days=30", "history.max_items=50", "train.history_items=2"])
+    _, long_seqs = load_training_data(job["spark"], longer, RUN_DATE)
+    _, short_seqs = load_training_data(job["spark"], capped, RUN_DATE)
+    assert long_seqs.lengths.max() > 2
+    assert short_seqs.lengths.max() == 2
