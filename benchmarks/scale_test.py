@@ -117,7 +117,7 @@ def main() -> int:
     parser.add_argument("--users", type=int, nargs="+", default=[250_000, 1_000_000])
     parser.add_argument("--items", type=int, default=50_000)
     parser.add_argument("--top-n", type=int, default=100)
-    parser.add_argument("--driver-memory", default="4g")
+    parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory, the JVM heap cap (the same for every run)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
