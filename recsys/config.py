@@ -71,6 +71,7 @@ class ScoringConfig(_Section):
     partitions: int = Field(ge=0)
     cache_size: int = Field(ge=1, le=64)
     item_tile: int = Field(ge=0)
+    max_tile_mb: float = Field(ge=0)
 
     @field_validator("device")
     @classmethod

@@ -282,6 +282,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
             device=cfg.scoring.device,
             dtype=cfg.scoring.dtype,
             item_tile=cfg.scoring.item_tile,
+            max_tile_mb=cfg.scoring.max_tile_mb,
             cache_size=cfg.scoring.cache_size,
             faults=faults,
         )
@@ -353,6 +354,7 @@ def _params(cfg: Config, date: dt.date, model: tracking.ResolvedModel) -> dict[s
         "device": cfg.scoring.device,
         "dtype": cfg.scoring.dtype,
         "item_tile": cfg.scoring.item_tile,
+        "max_tile_mb": cfg.scoring.max_tile_mb,
         "arrow_batch_size": cfg.scoring.arrow_batch_size,
         "window_days": cfg.history.window_days,
         "max_history_items": cfg.history.max_items,

@@ -160,3 +160,20 @@ def test_only_the_newest_max_len_known_items_feed_the_model_but_all_are_masked()
     common = set(short_scores) & set(full_scores)
     assert len(common) >= 8
     assert all(short_scores[i] == pytest.approx(full_scores[i]) for i in common)
+
+
+def test_a_score_matrix_budget_tiles_the_catalog_and_keeps_the_top_n():
+    """max_tile_mb bounds the [chunk, tile] score matrix (GPU memory) without changing the result."""
+    rng = np.random.default_rng(4)
+    model = random_model(NUM_ITEMS)
+    available = np.arange(1, NUM_ITEMS + 1)
+    hists = random_histories(rng, 40)
+    scorer = make_scorer(model, available, top_n=5)
+    scorer.max_tile_mb = 40 * 4 * 9 / 2**20              # room for 9 fp32 columns of 40 users
+    assert scorer.tile_size(40, 4) == 9 < scorer.num_candidates
+    assert scorer.tile_size(40, 2) == 18                  # half-precision scores: twice the items
+    batch, _ = scorer.score(np.arange(40), to_ids(hists))
+    got = [[r["item_id"] for r in row] for row in batch.column("recommendations").to_pylist()]
+    assert got == reference_topn(model, hists, available, 5)
+    scorer.max_tile_mb = 0
+    assert scorer.tile_size(40, 4) == scorer.num_candidates

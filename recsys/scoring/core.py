@@ -111,6 +111,7 @@ class Scorer:
     device: torch.device
     dtype: str = "float32"
     item_tile: int = 0
+    max_tile_mb: float = 0.0     # with item_tile 0: largest [chunk, tile] score matrix, in MiB (0: no limit)
     _cand_emb: torch.Tensor = field(init=False, repr=False)
     _cand_of_item: torch.Tensor = field(init=False, repr=False)
     _cand_ids: torch.Tensor = field(init=False, repr=False)
@@ -234,6 +235,18 @@ class Scorer:
         seen = known & (cols >= 0)
         return seq, rows[seen], cols[seen], total_known, int((~known).sum())
 
+    def tile_size(self, rows: int, element_bytes: int) -> int:
+        """Items per tile: ``item_tile`` when set; else as many as keep one ``[rows, tile]`` score
+        matrix within ``max_tile_mb``, so a large catalog cannot exhaust a GPU's (or a worker's)
+        memory whatever the chunk size; else the whole candidate set."""
+        num_c = self.num_candidates
+        if 0 < self.item_tile < num_c:
+            return self.item_tile
+        if self.max_tile_mb > 0 and rows > 0:
+            fit = int(self.max_tile_mb * 2**20) // (rows * element_bytes)
+            return max(1, min(fit, num_c))
+        return num_c
+
     def _topk_tiled(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
         """Top-k over all candidates, one item tile at a time, merging a running top-k.
 
@@ -241,7 +254,7 @@ class Scorer:
         one tile. Seen items are set to -inf inside the tile they fall in, before its top-k.
         """
         num_c = self.num_candidates
-        tile = self.item_tile if 0 < self.item_tile < num_c else num_c
+        tile = self.tile_size(len(user), user.element_size())
         neg_inf = torch.tensor(float("-inf"), dtype=user.dtype, device=user.device)
         best_val: torch.Tensor | None = None
         best_idx: torch.Tensor | None = None

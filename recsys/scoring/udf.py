@@ -62,6 +62,7 @@ class ScoringSpec:
     item_tile: int
     cache_size: int
     faults: tuple[str, ...] = ()
+    max_tile_mb: float = 0.0
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -149,9 +150,10 @@ def _get_scorer(spec: ScoringSpec, device):
             device=device,
             dtype=spec.dtype,
             item_tile=spec.item_tile,
+            max_tile_mb=spec.max_tile_mb,
         )
 
-    scorer_key = model_key + (spec.candidates_digest, spec.dtype, spec.item_tile, spec.top_n)
+    scorer_key = model_key + (spec.candidates_digest, spec.dtype, spec.item_tile, spec.max_tile_mb, spec.top_n)
     scorer, _ = cache.SCORERS.get_or_load(scorer_key, prepare)
     return scorer
 
