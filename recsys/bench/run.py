@@ -12,7 +12,7 @@ import resource
 import statistics
 import tempfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -44,7 +44,6 @@ class BenchOptions:
     core_only: bool = False
     skip: tuple[str, ...] = ()
     work_dir: Path | None = None
-    systems: list[str] = field(default_factory=list)
 
 
 class PeakRss:
