@@ -50,6 +50,7 @@ class ALSSearch:
     """The grid, each point's validation score, the chosen point, and the refitted test scorer."""
 
     chosen: ALSParams
+    chosen_score: float          # its validation NDCG@10
     scorer: FactorScorer
     grid: list[dict[str, Any]] = field(default_factory=list)   # params + validation metric + seconds
 
@@ -96,7 +97,7 @@ def search_als(spark, valid: Phase, test: Phase, grid: list[ALSParams],
         if score > best_score:
             best, best_score = params, score
     assert best is not None
-    return ALSSearch(chosen=best, scorer=fit_als_scorer(spark, test, best), grid=rows)
+    return ALSSearch(chosen=best, chosen_score=best_score, scorer=fit_als_scorer(spark, test, best), grid=rows)
 
 
 def _factors(table, n: int, rank: int) -> np.ndarray:

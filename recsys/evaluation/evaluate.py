@@ -84,6 +84,7 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
     results: dict[str, PhaseResult] = {}
     details: dict[str, Any] = {}
     curves: dict[str, list[dict]] = {}
+    vocab = train_seqs = None
     for name in ev.models:
         t0 = time.perf_counter()
         if name == "popularity":
@@ -97,16 +98,15 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
             grid = als_grid(list(ev.als.ranks), list(ev.als.reg_params), list(ev.als.alphas), ev.als.max_iter,
                             ev.als.seed)
             search = search_als(spark, split.valid, split.test, grid, validation_ndcg)
-            chosen = next(g for g in search.grid if (g["rank"], g["reg_param"], g["alpha"]) ==
-                          (search.chosen.rank, search.chosen.reg_param, search.chosen.alpha))
-            details[name] = {"chosen": search.chosen.label(), "valid_ndcg@10": chosen["valid_ndcg@10"],
+            details[name] = {"chosen": search.chosen.label(), "valid_ndcg@10": search.chosen_score,
                              "grid": search.grid}
             scorer = search.scorer
         elif name in MODEL_TYPES:
-            vocab = build_vocabulary(split.valid.history, cfg.train.min_item_count)
-            if len(vocab) < 2:
-                raise InputDataError(f"only {len(vocab)} item(s) in the validation histories; too little data")
-            train_seqs, _ = vocab.map_sequences(split.valid.history)
+            if vocab is None:   # every sequence model trains on the same vocabulary and sequences
+                vocab = build_vocabulary(split.valid.history, cfg.train.min_item_count)
+                if len(vocab) < 2:
+                    raise InputDataError(f"only {len(vocab)} item(s) in the validation histories; too little data")
+                train_seqs, _ = vocab.map_sequences(split.valid.history)
             model_cfg = model_config(cfg.train.model, len(vocab), name)
             settings = train_settings(cfg.train)
 

@@ -176,17 +176,13 @@ def read_events(spark, data_root: str, event_types: tuple[str, ...] = ()):
 
 
 def available_items(spark, data_root: str, date: dt.date) -> tuple[dt.date, np.ndarray]:
-    """The available items of the newest catalog snapshot on or before ``date``, sorted."""
-    from pyspark.sql import functions as F
+    """The available items of the newest catalog snapshot on or before ``date``, sorted; the snapshot
+    is checked as the nightly job checks it (empty, null or repeated ids, nothing available)."""
+    from recsys.data.readers import catalog_figures, read_catalog_snapshot
 
-    from recsys.data.readers import read_catalog_snapshot
-
-    snapshot = read_catalog_snapshot(spark, f"{data_root.rstrip('/')}/catalog", date)
-    table = snapshot.frame.filter(F.col("available")).select("item_id").distinct().toArrow()
-    items = np.unique(table.column("item_id").to_numpy())
-    if len(items) == 0:
-        raise InputDataError(f"the catalog snapshot of {snapshot.date} under {data_root}/catalog has no available "
-                             "items; there is nothing to rank")
+    root = f"{data_root.rstrip('/')}/catalog"
+    snapshot = read_catalog_snapshot(spark, root, date)
+    _, items = catalog_figures(snapshot, root)
     return snapshot.date, items
 
 
