@@ -140,7 +140,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     recorder.log_params({
         "date": str(date), "model_type": cfg.train.model.type, **{f"model_{k}": v for k, v in model_cfg.__dict__.items()},
         **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(device),
-        "window_days": cfg.history.window_days, "max_history_items": cfg.train.history_items,
+        "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
         "users": len(user_ids), "validation_users": len(valid.targets), "config_digest": cfg.digest(),
     })
 
