@@ -251,8 +251,8 @@ MOVED_KEYS = {f"train.model.{key}": f"train.model.<type>.{key}, e.g. train.model
 
 def _unknown_key(key: str, context: str) -> ConfigError:
     if key in MOVED_KEYS:
-        return ConfigError(f"config key {key!r}{context} has moved to {MOVED_KEYS[key]} (README: configuration keys)")
-    return ConfigError(f"unknown config key {key!r}{context}; see the README's configuration keys")
+        return ConfigError(f"config key {key!r}{context} has moved to {MOVED_KEYS[key]} (docs/configuration.md)")
+    return ConfigError(f"unknown config key {key!r}{context}; see docs/configuration.md")
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> dict[str, Any]:

@@ -132,13 +132,13 @@ def check_files(fs: pafs.FileSystem, files: list[str], expected: dict[str, _Arro
         if missing:
             raise InputDataError(
                 f"{name} file {path} lacks column(s) {missing}; it has {sorted(found)}. "
-                f"The contract needs {list(expected)} (README: data contracts)"
+                f"The contract needs {list(expected)} (docs/data-contracts.md)"
             )
         for col, (accepted, contract_type) in expected.items():
             if not accepted(found[col]):
                 raise InputDataError(
                     f"{name} column {col!r} in file {path} has type {found[col]}, expected {contract_type} "
-                    f"(README: data contracts)"
+                    f"(docs/data-contracts.md)"
                 )
 
 
@@ -171,13 +171,13 @@ def check_columns(df: DataFrame, expected: dict[str, tuple[type[T.DataType], ...
     if missing:
         raise InputDataError(
             f"{name} at {root!r} lacks column(s) {missing}; found {sorted(fields)}. "
-            f"The contract needs {list(expected)} (README: data contracts)"
+            f"The contract needs {list(expected)} (docs/data-contracts.md)"
         )
     for col, accepted in expected.items():
         if not isinstance(fields[col], accepted):
             raise InputDataError(
                 f"{name} column {col!r} at {root!r} has type {fields[col].simpleString()}, "
-                f"expected {accepted[0]().simpleString()} (README: data contracts)"
+                f"expected {accepted[0]().simpleString()} (docs/data-contracts.md)"
             )
     casts = {c: F.col(c).cast(accepted[0]()) for c, accepted in expected.items() if not isinstance(fields[c], accepted[0])}
     return df.withColumns(casts) if casts else df

@@ -31,7 +31,7 @@ STATS_COLUMN = "_stats"
 SCORED_DDL = OUTPUT_SPARK_DDL + f", {STATS_COLUMN} STRING"
 HISTORY_COLUMN = "history"   # array<bigint> of external item ids, oldest first (recsys.data.history)
 
-# Fault injection for tests and game days (documented in the README): a comma-separated list.
+# Fault injection for tests and game days (documented in docs/faults.md): a comma-separated list.
 # "fail_first_attempt" makes every scoring task fail on its first attempt, so Spark retries it.
 # "kill_worker_first_attempt" makes the Python worker exit abruptly on a task's first attempt.
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
