@@ -298,8 +298,12 @@ def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog:
              metrics: Mapping[str, float], timings: Mapping[str, float], report: ValidationReport, *,
              run_id: str | None, tracking_error: str | None, job_run: str, method: str,
              config_digest: str, model_resolution_error: str | None) -> dict[str, Any]:
-    """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged."""
-    return {
+    """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged.
+
+    Every string in it is redacted here (not only the URIs known to hold credentials), so the copy
+    next to the data and the one in MLflow are the same document and neither holds a secret.
+    """
+    return tracking.redact_values({
         "format_version": 1,
         "date": str(date),
         "run_id": run_id,
@@ -325,7 +329,7 @@ def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog:
         "timings": dict(timings),
         "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
                      "error": tracking_error},
-    }
+    })
 
 
 # ------------------------------------------------------------------------------------------------
