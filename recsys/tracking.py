@@ -125,11 +125,13 @@ def model_version_dir(model_name: str, version: str, download_root: Path) -> Pat
 
 def local_model_dir(source: str, target: Path) -> Path:
     """A local directory with the files at ``source``: the source itself when local, else a download to ``target``."""
+    from recsys.model.io import CONFIG_FILE   # here: model.io imports torch, which recording a run does not need
+
     if source.startswith("file://") or "://" not in source:
         path = local_path(source)
         if path.is_dir():
             return path
-    if target.is_dir() and (target / "config.json").is_file():
+    if target.is_dir() and (target / CONFIG_FILE).is_file():
         return target  # model versions are immutable: a previous download is still valid
     import mlflow
 
