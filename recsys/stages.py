@@ -216,13 +216,34 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
           hooks: Hooks = NO_HOOKS) -> ScoreStage:
     """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten)."""
     scored, observation = score_users(histories, spec, partitions)
-    holder = hooks.writing_pause()
-    if holder is not None:
-        scored = scored.mapInArrow(holder, OUTPUT_SPARK_DDL)
+    if hooks.holds_while_writing():
+        scored = scored.mapInArrow(_hold_first_task_while_writing(hooks.pause_max_s), OUTPUT_SPARK_DDL)
     started = time.perf_counter()
     scored.write.mode("overwrite").parquet(output_dir)
     seconds = time.perf_counter() - started
     return ScoreStage(output_dir, worker_figures(observation), seconds)
+
+
+def _hold_first_task_while_writing(max_s: float):
+    """A ``mapInArrow`` pass-through holding partition 0's first attempt after its first batch (the
+    ``writing`` pause point, :mod:`recsys.hooks`); in the plan only when that pause is asked for."""
+
+    def passthrough(batches):
+        from pyspark import TaskContext
+
+        from recsys.hooks import hold
+
+        ctx = TaskContext.get()
+        holding = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+        for batch in batches:
+            yield batch
+            if holding:
+                hold("writing", max_s)
+                holding = False
+        if holding:   # an empty partition: hold anyway, the other tasks are writing
+            hold("writing", max_s)
+
+    return passthrough
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from recsys.data.readers import read_events_window
 from recsys.errors import GateError, InputDataError, TrackingFailed
 from recsys.progress import StageTimer
 from recsys.sequences import Sequences, Vocabulary
+from recsys.spark_session import job_description
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     from recsys.scoring.core import resolve_device
 
     date = parse_date(date)
-    timer = StageTimer(spark, job=f"train {date}")
+    timer = StageTimer(partial(job_description, spark), job=f"train {date}")
     with timer.stage("read", "read events and build histories") as c:
         user_ids, id_seqs = load_training_data(spark, cfg, date)
         c.update(users=len(user_ids), interactions=len(id_seqs.items))

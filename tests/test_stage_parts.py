@@ -50,7 +50,7 @@ def test_hooks_are_off_unless_the_environment_asks_and_unknown_names_are_refused
     hooks = Hooks.from_environ({"RECSYS_PAUSE_AT": "staged", "RECSYS_PAUSE_MAX_S": "5",
                                 "RECSYS_FAULT_INJECTION": "fail_first_attempt, kill_worker_first_attempt"})
     assert hooks == Hooks("staged", 5.0, ("fail_first_attempt", "kill_worker_first_attempt"))
-    assert NO_HOOKS.writing_pause() is None and Hooks(pause_at="writing").writing_pause() is not None
+    assert not NO_HOOKS.holds_while_writing() and Hooks(pause_at="writing").holds_while_writing()
     with pytest.raises(ConfigError, match="RECSYS_FAULT_INJECTION holds unknown faults"):
         Hooks.from_environ({"RECSYS_FAULT_INJECTION": "fail_everything"})
     with pytest.raises(ConfigError, match="is not a pause point"):
