@@ -244,7 +244,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
         spark.stop()
-    from recsys.config import redact_uri
+    from recsys.uris import redact_uri
 
     for result in results:
         if result.status == "skipped":

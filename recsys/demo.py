@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from recsys.config import Config, LaunchSettings, local_path, redact_uri
+from recsys.config import Config, LaunchSettings
+from recsys.uris import local_path, redact_uri
 from recsys.errors import ConfigError, ExitCode
 
 log = logging.getLogger(__name__)

@@ -24,13 +24,14 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 
 from recsys import __version__, stages, tracking
-from recsys.config import Config, redact_text
+from recsys.config import Config
+from recsys.uris import redact_text
 from recsys.data.contracts import parse_date, partition_name
 from recsys.errors import ExitCode, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.last_model import resolve_or_remembered
 from recsys.progress import StageTimer
-from recsys.publish import fs as rfs
+from recsys import fs as rfs
 from recsys.publish.lock import DateLock
 from recsys.spark_session import job_description
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,

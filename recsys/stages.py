@@ -25,7 +25,8 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from recsys import __version__, tracking
-from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig, redact_uri
+from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
+from recsys.uris import redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
