@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from recsys.config import Config, LaunchSettings
-from recsys.uris import local_path, redact_uri
+from recsys.uris import local_path, redact_text
 from recsys.errors import ConfigError, ExitCode
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def _show(cfg: Config, result, trained) -> None:
         print(f"\n   user {row['user_id']} ({row['source']}):")
         for rank, rec in enumerate(row["recommendations"][:5], 1):
             print(f"     {rank}. {titles.get(rec['item_id'], '?')}  (item {rec['item_id']}, score {rec['score']:.3f})")
-    uri = redact_uri(cfg.mlflow.tracking_uri)
+    uri = redact_text(cfg.mlflow.tracking_uri)   # not redact_uri: it rewrites sqlite:///x as sqlite:/x
     print("\n== next ==")
     print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open http://127.0.0.1:5000)")
     print(f"   rerun the job:  .venv/bin/recsys recommend --date {result.date}")

@@ -97,6 +97,10 @@ def test_the_demo_summary_prints_neither_credentials_nor_missing_titles(tmp_path
     assert "--backend-store-uri https://***@mlflow.example.com/?token=***" in printed
     assert "1. Heat (1995)  (item 2" in printed and "2. Toy Story (1995)  (item 1" in printed
 
+    # a URI without credentials is printed as it is, so the command can be pasted
+    _show(load_config(overrides=[f"paths.catalog={tmp_path / 'catalog'}"]), result, SimpleNamespace(summary=lambda: "t"))
+    assert "--backend-store-uri sqlite:///.recsys/mlflow.db --port" in capsys.readouterr().out
+
     # a catalog whose titles cannot be read is an error, not a silent list of "?"
     (catalog / "part-0.parquet").write_bytes(b"not parquet")
     with pytest.raises(Exception):
