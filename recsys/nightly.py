@@ -41,9 +41,11 @@ from recsys.publish.publisher import (PartitionLayout, check_output_location, di
                                       read_manifest, recover)
 from recsys.publish.validate import ValidationReport, validate_recommendations
 from recsys.scoring.core import popularity_fallback
+from recsys.scoring.shipping import ship_model
 from recsys.scoring.stage import score_histories, worker_figures
 from recsys.scoring.udf import ScoringSpec, faults_from_env
 from recsys.sequences import Vocabulary
+from recsys.workdir import check_executors_can_write
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             log.warning("recommend %s: %s", date, note)
         _remove_stale_work_dirs(cfg, date, run_key)
         with timer.stage("resolve_model", "resolve model") as c:
-            model, unreachable = resolve_or_remembered(cfg.mlflow, cfg.paths.work)
+            model, unreachable = resolve_or_remembered(cfg.mlflow, cfg.paths.driver_dir)
             c.update(model=model.uri, version=model.version, resolution="remembered" if unreachable else "registry")
 
         published = read_manifest(cfg.paths.output, date)
@@ -146,6 +148,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         )
         work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
         try:
+            check_executors_can_write(spark, work_dir)
             result = _run(spark, cfg, date, timer, recorder, layout, work_dir,
                           model=model, unreachable=unreachable, lock=lock, faults=faults, pause_at=pause_at)
         except BaseException as exc:
@@ -269,9 +272,9 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     staging = layout.staging_dir
     with timer.stage("score", "score users") as c:
         spec = ScoringSpec(
-            model_dir=str(model.local_dir),
+            model=ship_model(spark, model.local_dir, name=model.name, version=model.version,
+                             scratch=cfg.paths.driver_dir),
             model_version=model.version,
-            model_key=f"{model.name}/{model.version}@{model.source}",
             candidates_index=cand_index.astype(np.int64),
             candidates_item_ids=cand_ids.astype(np.int64),
             candidates_digest=f"{catalog.date}:{_digest(cand_index)}",
@@ -329,6 +332,8 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     method = publish_method(layout)
     manifest = _manifest(cfg, date, model, catalog.date, recorder, metrics, timer, report,
                          job_run=layout.run_key, method=method, unreachable=unreachable)
+    manifest["workers"] = [{k: w[k] for k in ("host", "pid", "python", "gpus", "tasks", "model_misses", "model_hits")}
+                           for w in worker["per_worker"]]   # who scored: interpreter, GPUs, model loads
     with timer.stage("publish", "publish partition") as c:
         lock.verify()
         final_dir = publish(layout, manifest, method)

@@ -243,11 +243,10 @@ def _first_line(exc: BaseException) -> str:
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
     from mlflow import MlflowClient
 
-    from recsys.uris import local_path
     from recsys.model.io import load_model
 
     mv = MlflowClient().get_model_version(cfg.mlflow.model_name, version)
-    local = tracking._local_model_dir(mv.source, local_path(cfg.paths.work) / "models" / cfg.mlflow.model_name / version)
+    local = tracking._local_model_dir(mv.source, cfg.paths.driver_dir / "models" / cfg.mlflow.model_name / version)
     loaded = load_model(local, device=device)
     return score_on_split(loaded.model, loaded.item_ids, split, device)
 
