@@ -152,10 +152,13 @@ def _clean_env(spark_home: Path) -> dict[str, str]:
 
 
 def start(root: Path, *, hidden: list[Path], read_only: list[Path] = (), workers: int = 2, cores: int = 1,
-          memory: str = "2g") -> Cluster:
+          memory: str = "2g", fake_gpus: bool = False) -> Cluster:
     """Start a Master and ``workers`` Workers under ``root``; the Workers cannot see ``hidden``.
 
-    The caller must call :meth:`Cluster.stop` (a ``with`` block does) whatever happens.
+    ``fake_gpus``: Worker i offers one GPU with address ``i`` to Spark's resource scheduling (its
+    discovery script just names it), so an application that asks for GPUs gets real assignments
+    (``TaskContext.resources()``) on a machine without one. The caller must call :meth:`Cluster.stop`
+    (a ``with`` block does) whatever happens.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -186,13 +189,20 @@ def start(root: Path, *, hidden: list[Path], read_only: list[Path] = (), workers
         for i in range(workers):
             work = root / f"worker-{i}"
             work.mkdir(exist_ok=True)
+            worker_env = dict(env)
+            if fake_gpus:
+                script = work / "gpus.sh"
+                script.write_text(f"#!/bin/sh\necho '{{\"name\": \"gpu\", \"addresses\": [\"{i}\"]}}'\n")
+                script.chmod(0o755)
+                worker_env["SPARK_WORKER_OPTS"] = (f"-Dspark.worker.resource.gpu.amount=1 "
+                                                   f"-Dspark.worker.resource.gpu.discoveryScript={script}")
             launch = " && ".join(masks + [
                 f"exec {shlex.quote(class_)} org.apache.spark.deploy.worker.Worker --host 127.0.0.1 "
                 f"--webui-port {free_port()} --cores {cores} --memory {memory} --work-dir {shlex.quote(str(work))} "
                 f"{cluster.url}"])
             log = work / "worker.log"
             proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "--", "sh", "-c", launch],
-                                    cwd=work, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                    cwd=work, env=worker_env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                                     start_new_session=True)
             cluster.workers.append(Worker(proc, work, log))
         cluster.wait_for_workers(workers)

@@ -23,12 +23,16 @@ import pytest
 
 import clusterkit
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster]
+# the module's fixture runs every job (a few minutes on an idle 2-core machine; much longer on a busy one)
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(3600)]
 
 CHECKOUT = clusterkit.CHECKOUT
 END = dt.date(2024, 3, 10)              # last day with events
 DATE = END + dt.timedelta(days=1)       # the date trained on and recommended for
 SUBMIT_TIMEOUT = 600
+
+
+LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
 
 
 def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
@@ -40,7 +44,12 @@ def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT
                                 text=True, start_new_session=True)
     started = time.monotonic()
     done = subprocess.run(cmd, cwd=CHECKOUT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    return done, time.monotonic() - started
+    seconds = time.monotonic() - started
+    if LOGS is not None:
+        name = next((Path(a).stem for a in args if a.endswith(".py")), "submit")
+        log = LOGS / f"{len(list(LOGS.iterdir())):02d}-{name}.log"
+        log.write_text(f"{cmd}\nexit {done.returncode} after {seconds:.1f}s\n{done.stdout}\n{done.stderr}")
+    return done, seconds
 
 
 def _sets(items: list[str]) -> list[str]:
@@ -66,7 +75,10 @@ def runs(tmp_path_factory):
     if not clusterkit.namespaces_work():
         pytest.skip("needs mount namespaces (unshare -m: root, or unprivileged user namespaces) to hide the "
                     "driver's files from the Workers")
+    global LOGS
     root = tmp_path_factory.mktemp("cluster")
+    LOGS = root / "logs"
+    LOGS.mkdir()
     shared, private = root / "shared", root / "driver-private"
     read_only = shared / "read-only-for-executors"
     for d in (shared, private, read_only):
@@ -74,20 +86,20 @@ def runs(tmp_path_factory):
     secret = private / "driver-only.txt"
     secret.write_text("the executors must not read this")
     data = shared / "data"
-    subprocess.run([sys.executable, "-m", "recsys.cli", "sample-data", "--out", str(data), "--users", "300",
-                    "--items", "80", "--days", "14", "--end-date", str(END)], cwd=root, check=True,
+    subprocess.run([sys.executable, "-m", "recsys.cli", "sample-data", "--out", str(data), "--users", "200",
+                    "--items", "60", "--days", "10", "--end-date", str(END)], cwd=root, check=True,
                    capture_output=True, timeout=300)
     base = [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}",
             f"paths.work={shared / 'work'}", f"paths.driver_scratch={private / 'scratch'}",
             f"mlflow.tracking_uri=sqlite:///{private / 'mlflow.db'}", f"mlflow.artifact_location={private / 'artifacts'}",
-            "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64",
-            "train.epochs=2", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
+            "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64", "scoring.device=cpu",
+            "train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
             "train.model.sasrec.heads=1", "train.model.sasrec.max_len=10"]
     spark_conf = ["--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.memory=1g",
                   "--conf", "spark.executor.memory=1g", "--conf", "spark.task.maxFailures=4"]
     out: dict = {"root": root, "shared": shared, "private": private, "secret": secret, "times": {}}
     hidden = [CHECKOUT, Path(sys.prefix), private]
-    with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only]) as cluster:
+    with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only], fake_gpus=True) as cluster:
         out["cluster"] = cluster
         master = ["--master", cluster.url, *spark_conf]
 
@@ -101,8 +113,10 @@ def runs(tmp_path_factory):
         out["train"] = train
         assert train.returncode == 0, train.stderr[-4000:]
 
+        # this run asks for Spark's GPU scheduling (each Worker offers one fake GPU; scoring stays on the CPU)
         cluster_run, out["times"]["cluster"] = _submit(
-            ["--pack", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
+            ["--pack", *master, "--conf", "spark.executor.resource.gpu.amount=1",
+             "--conf", "spark.task.resource.gpu.amount=1", "jobs/nightly_recommendations.py", "--date", str(DATE),
              *_sets(base + [f"paths.output={shared / 'out-cluster'}", "scoring.partitions=4"])])
         out["cluster_run"] = cluster_run
 
@@ -195,7 +209,7 @@ def test_the_cluster_publishes_what_local_mode_publishes(runs):
     assert cluster == local          # same users, same items in the same order
 
 
-def test_every_executor_python_worker_loaded_the_model_once_from_the_shipped_environment(runs):
+def test_every_executor_python_worker_loaded_the_model_once_from_the_shipped_environment_with_its_gpu(runs):
     manifest = _manifest(runs["shared"] / "out-cluster")
     workers = manifest["workers"]
     assert len(workers) == 2 and sum(w["tasks"] for w in workers) == manifest["metrics"]["tasks"] >= 2
@@ -203,6 +217,7 @@ def test_every_executor_python_worker_loaded_the_model_once_from_the_shipped_env
     assert manifest["metrics"]["model_loads_per_worker_max"] == 1
     for w in workers:
         assert "/environment/bin/python" in w["python"] and not w["python"].startswith(str(CHECKOUT)), w
+    assert sorted(w["gpus"] for w in workers) == ["0", "1"]          # the GPU Spark assigned to each task
     local = _manifest(runs["shared"] / "out-local")
     assert all(w["python"] == sys.executable or w["python"].startswith(sys.prefix) for w in local["workers"])
 

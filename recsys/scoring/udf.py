@@ -130,9 +130,8 @@ def _get_scorer(spec: ScoringSpec, device):
     from recsys.model.io import load_model
     from recsys.scoring import cache
     from recsys.scoring.core import Candidates, Fallback, Scorer
-    from recsys.sequences import Vocabulary
-
     from recsys.scoring.shipping import fetch_model
+    from recsys.sequences import Vocabulary
 
     model_key = (spec.model.cache_key, str(device))
 
