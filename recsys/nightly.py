@@ -148,7 +148,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         )
         work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
         try:
-            check_executors_can_write(spark, work_dir)
+            check_executors_can_write(spark, work_dir, configured=cfg.paths.work)
             result = _run(spark, cfg, date, timer, recorder, layout, work_dir,
                           model=model, unreachable=unreachable, lock=lock, faults=faults, pause_at=pause_at)
         except BaseException as exc:
@@ -332,7 +332,8 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     method = publish_method(layout)
     manifest = _manifest(cfg, date, model, catalog.date, recorder, metrics, timer, report,
                          job_run=layout.run_key, method=method, unreachable=unreachable)
-    manifest["workers"] = [{k: w[k] for k in ("host", "pid", "python", "gpus", "tasks", "model_misses", "model_hits")}
+    manifest["workers"] = [{"host": w["host"], "pid": w["pid"], "python": w["python"], "gpus": w["gpus"],
+                            **{k: int(w[k]) for k in ("tasks", "model_misses", "model_hits")}}
                            for w in worker["per_worker"]]   # who scored: interpreter, GPUs, model loads
     with timer.stage("publish", "publish partition") as c:
         lock.verify()

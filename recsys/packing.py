@@ -9,8 +9,10 @@ the environment: the interpreter's version and every installed distribution with
 rebuilt or upgraded environment gets a new archive and an unchanged one is never packed twice.
 
 What is left out, on purpose: the ``recsys`` package itself (it travels with ``--py-files``, so a
-code change needs no repacking, and an editable install cannot be packed) and ``pyspark/jars`` (the
-executors' JVM runs the cluster's own Spark; the Python workers need only pyspark's Python code).
+code change needs no repacking, and an editable install cannot be packed), ``pyspark/jars`` (the
+executors' JVM runs the cluster's own Spark; the Python workers need only pyspark's Python code),
+torch's C++ headers and the packages' own ``tests`` directories: a third of the files, which every
+executor (and, in client mode, the driver) unpacks and deletes again on every submit.
 
 venv-pack does not include the interpreter: the archive's ``bin/python`` is a link to the base
 interpreter the virtualenv was made from, which must exist at the same path on every executor (or
@@ -26,6 +28,7 @@ import os
 import platform
 import sys
 import tarfile
+import zlib
 from pathlib import Path
 
 from recsys.errors import ConfigError, ExitCode
@@ -37,6 +40,8 @@ EXCLUDE = (
     "lib/python*/site-packages/__editable__*",      # the editable hook of this project
     f"lib/python*/site-packages/{PROJECT}-*.dist-info/*",
     "lib/python*/site-packages/pyspark/jars/*",     # the cluster's JVM brings its own Spark
+    "lib/python*/site-packages/torch/include/*",    # C++ headers, for building extensions only
+    "lib/python*/site-packages/*/tests/*",          # the packages' own test suites
     "bin/activate*",
 )
 
@@ -89,6 +94,10 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
         _sidecar(tmp).write_text(_sha256(tmp) + "\n")
         tmp.rename(archive)
         _sidecar(tmp).rename(_sidecar(archive))
+        for old in cache_dir.glob(f"{PROJECT}-env-*.tar.gz"):   # archives of environments that are gone
+            if old != archive:
+                old.unlink(missing_ok=True)
+                _sidecar(old).unlink(missing_ok=True)
     finally:
         tmp.unlink(missing_ok=True)
         _sidecar(tmp).unlink(missing_ok=True)
@@ -115,8 +124,9 @@ def check(archive: Path) -> Path:
     try:
         with tarfile.open(archive, "r:*") as tar:
             names = {m.name.lstrip("./") for m in tar}
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ConfigError(f"packed environment {str(archive)!r} is not a readable tar archive ({exc}); rebuild it "
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__     # one line, whatever tarfile says
+        raise ConfigError(f"packed environment {str(archive)!r} is not a readable tar archive ({reason}); rebuild it "
                           "with './spark-submit.sh --pack ...'") from None
     if "bin/python" not in names:
         raise ConfigError(f"packed environment {str(archive)!r} holds no bin/python; it is not a packed virtualenv "

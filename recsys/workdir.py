@@ -17,15 +17,16 @@ from recsys.uris import redact_text, redact_uri
 log = logging.getLogger(__name__)
 
 
-def check_executors_can_write(spark, work_dir: str, *, setting: str = "paths.work") -> None:
-    """Write and remove one row under ``work_dir`` from an executor; ConfigError if they cannot."""
+def check_executors_can_write(spark, work_dir: str, *, configured: str, setting: str = "paths.work") -> None:
+    """Write and remove one row under ``work_dir`` (a run's directory under the ``configured`` root) from an
+    executor; ConfigError naming the setting and its value if they cannot."""
     probe = rfs.join(work_dir, "_executors_can_write")
     try:
         spark.range(1).coalesce(1).write.mode("overwrite").parquet(probe)
     except Exception as exc:  # Spark wraps the storage error in its own; the first line names the cause
         raise ConfigError(
-            f"the executors cannot write under {setting} ({redact_uri(work_dir)}): {_cause(exc)}; give {setting} a "
-            f"directory or URI that the driver and every executor can write (docs/cluster.md)"
+            f"the executors cannot write under {setting}={redact_uri(configured)!r}: {_cause(exc)}; give {setting} "
+            f"a directory or URI that the driver and every executor can write (docs/cluster.md)"
         ) from None
     try:
         fs, path = rfs.resolve(probe)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,7 +68,7 @@ def _published(output: Path) -> dict[int, list[int]]:
 def _error_lines(stderr: str) -> list[str]:
     """The job's own error lines (its log format: ``TIME ERROR recsys.<module>: ...``) and the launcher's."""
     return [line for line in stderr.splitlines()
-            if " ERROR recsys." in line or line.startswith(("spark-submit.sh:", "recsys pack:"))]
+            if re.search(r" ERROR recsys[.:]", line) or line.startswith(("spark-submit.sh:", "recsys pack:"))]
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,7 @@ def runs(tmp_path_factory):
              "--conf", "spark.task.resource.gpu.amount=1", "jobs/nightly_recommendations.py", "--date", str(DATE),
              *_sets(base + [f"paths.output={shared / 'out-cluster'}", "scoring.partitions=4"])])
         out["cluster_run"] = cluster_run
+        assert cluster_run.returncode == 0, cluster_run.stderr[-4000:]   # the rest would only repeat the failure
 
         local_run, out["times"]["local"] = _submit(
             ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/nightly_recommendations.py",
@@ -129,8 +131,9 @@ def runs(tmp_path_factory):
 
         # bad input at the cluster edge: each must end quickly, in one line, with its exit code
         edge = {}
+        # (no --pack: the job must stop at its write check, before any Python runs on an executor)
         edge["unwritable_work"] = _submit(
-            ["--pack", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
+            [*master, "jobs/nightly_recommendations.py", "--date", str(DATE),
              *_sets(base + [f"paths.output={shared / 'out-unwritable'}", f"paths.work={read_only / 'work'}"])])
         edge["unreachable_master"] = _submit(
             ["--pack", "--master", f"spark://127.0.0.1:{clusterkit.free_port()}", "jobs/nightly_recommendations.py",
