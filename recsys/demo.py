@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from recsys.config import Config
-from recsys.uris import local_path
+from recsys.config import Config, LaunchSettings
+from recsys.uris import local_path, redact_uri
 from recsys.errors import ConfigError, ExitCode
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,10 @@ def find_movielens() -> Path | None:
     return None
 
 
-def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, spark=None) -> ExitCode:
-    """``spark``: an existing session to use (and leave running); by default the demo builds its own."""
+def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, spark=None,
+             launch: LaunchSettings | None = None) -> ExitCode:
+    """``spark``: an existing session to use (and leave running); by default the demo builds its own
+    (with ``launch``, the environment's session settings)."""
     from recsys.nightly import run_nightly
     from recsys.spark_session import apply_runtime_settings, build_session
     from recsys.train import run_training
@@ -46,7 +48,7 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
     print(f"\n== recsys demo: data in {root}, producing recommendations for {date} ==\n", flush=True)
     own_session = spark is None
     if own_session:
-        spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo")
+        spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo", launch=launch)
     else:
         apply_runtime_settings(spark, cfg.scoring)
     try:
@@ -123,7 +125,7 @@ def _show(cfg: Config, result, trained) -> None:
         print(f"\n   user {row['user_id']} ({row['source']}):")
         for rank, rec in enumerate(row["recommendations"][:5], 1):
             print(f"     {rank}. {titles.get(rec['item_id'], '?')}  (item {rec['item_id']}, score {rec['score']:.3f})")
-    uri = cfg.mlflow.tracking_uri
+    uri = redact_uri(cfg.mlflow.tracking_uri)
     print("\n== next ==")
     print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open http://127.0.0.1:5000)")
     print(f"   rerun the job:  .venv/bin/recsys recommend --date {result.date}")
@@ -131,9 +133,9 @@ def _show(cfg: Config, result, trained) -> None:
 
 
 def _titles(cfg: Config, snapshot: str) -> dict[int, str]:
-    path = local_path(cfg.paths.catalog) / f"dt={snapshot}"
-    try:
-        table = ds.dataset(path, format="parquet").to_table(columns=["item_id", "title"])
-    except Exception:  # titles are a nicety: a catalog without them still demos
+    """item_id -> title of the snapshot; {} for a catalog without titles (they are optional there)."""
+    dataset = ds.dataset(local_path(cfg.paths.catalog) / f"dt={snapshot}", format="parquet")
+    if "title" not in dataset.schema.names:
         return {}
+    table = dataset.to_table(columns=["item_id", "title"])
     return dict(zip(table.column("item_id").to_pylist(), table.column("title").to_pylist()))

@@ -3,8 +3,8 @@
 Resolving ``models:/<name>@<alias>`` needs the tracking store; a store that is down at night
 would otherwise stop the recommendations, which do not depend on it. After every successful
 resolution the job writes ``<paths.driver_scratch>/models/<name>/last-resolved@<alias>.json``
-(version, source, local files: all on the driver's local disk, next to the download it names); when the store cannot be reached, it scores with that version, says so
-in the log and the manifest (``model.resolution``), and exits with TRACKING_FAILED (5).
+(version, source, local files: all on the driver's local disk, next to the download it names);
+when the store cannot be reached, it scores with that version, says so in the log and the manifest (``model.resolution``), and exits with TRACKING_FAILED (5).
 
 The remembered version can be out of date if the alias moved while MLflow was down; that is the
 trade-off, and why the exit code flags the run. Model versions are immutable, so the remembered
@@ -79,7 +79,9 @@ def recall(scratch: str, model_name: str, alias: str) -> ResolvedModel | None:
     except (ValueError, KeyError, TypeError, OSError) as exc:
         log.warning("ignoring the unreadable model resolution memo %s: %s", path, exc)
         return None
-    if not (model.local_dir / "config.json").is_file():
+    from recsys.model.io import CONFIG_FILE   # here: model.io imports torch, which this module does not need
+
+    if not (model.local_dir / CONFIG_FILE).is_file():
         log.warning("the remembered model files %s are gone; cannot fall back to version %s",
                     model.local_dir, model.version)
         return None

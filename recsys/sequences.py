@@ -13,10 +13,12 @@ import pyarrow as pa
 
 @dataclass(frozen=True)
 class Sequences:
-    """Item-index sequences, oldest first: user ``u`` owns ``items[offsets[u]:offsets[u + 1]]``.
+    """Per-user item sequences, oldest first: user ``u`` owns ``items[offsets[u]:offsets[u + 1]]``.
 
-    Item indices are positions in a model's vocabulary, shifted by one: 0 is padding, so real
-    items are ``1..num_items``.
+    What ``items`` holds depends on the stage, and the variable name should say which: external
+    item ids (histories as read, what the scoring core is given) or model indices (after
+    :meth:`Vocabulary.map_sequences`: positions in a model's vocabulary shifted by one, 0 being
+    padding, so real items are ``1..num_items``; what models train on).
     """
 
     offsets: np.ndarray  # [U + 1] int64, offsets[0] == 0, non-decreasing
@@ -50,10 +52,7 @@ class Sequences:
             array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
         if array.null_count:
             array = array.fill_null(pa.scalar([], type=array.type))
-        if pa.types.is_large_list(array.type):
-            offsets = array.offsets.to_numpy().astype(np.int64)
-        else:
-            offsets = array.offsets.to_numpy().astype(np.int64)
+        offsets = array.offsets.to_numpy().astype(np.int64)   # int32 (list) or int64 (large_list)
         values = array.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         start, end = offsets[0], offsets[-1]
         return cls(offsets - start, values[start:end])
@@ -90,6 +89,21 @@ def pad_left(seqs: Sequences, max_len: int, pad: int = 0) -> np.ndarray:
     return out
 
 
+def lookup_sorted(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``values`` sits in the sorted, unique ``keys``: (positions, found).
+
+    The one binary-search id lookup of the project (vocabularies, candidate sets, user lists):
+    ``positions[i]`` is the index of ``values[i]`` in ``keys`` where ``found[i]``, and a valid
+    but meaningless index elsewhere (clipped into range, 0 for empty ``keys``).
+    """
+    keys = np.asarray(keys)
+    values = np.asarray(values)
+    if len(keys) == 0:
+        return np.zeros(len(values), dtype=np.int64), np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
+    return pos, keys[pos] == values
+
+
 class Vocabulary:
     """A model's item vocabulary: external item id <-> model index (1-based; 0 is padding).
 
@@ -112,8 +126,7 @@ class Vocabulary:
         ids = np.asarray(ids, dtype=np.int64)
         if len(self._sorted) == 0:
             return np.zeros(len(ids), dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, ids), len(self._sorted) - 1)
-        known = self._sorted[pos] == ids
+        pos, known = lookup_sorted(self._sorted, ids)
         return np.where(known, self._order[pos] + 1, 0)
 
     def map_sequences(self, seqs: Sequences) -> tuple[Sequences, int]:

@@ -149,13 +149,12 @@ def runs(tmp_path_factory):
         out["edge"] = edge
 
         # one Worker is SIGKILLed while it scores: the job holds the first scoring task's first attempt
-        # after its first rows went to the writer (RECSYS_PAUSE_AT=writing), the test finds the executor
+        # after its first rows went to the writer (RECSYS_PAUSE_AT=writing, recsys.hooks), the test finds the executor
         # that printed the pause line and kills its whole Worker; the task is retried on the other one.
         started = time.monotonic()
-        proc = _submit(["--pack", *master, "--conf", "spark.executorEnv.RECSYS_PAUSE_MAX_S=300",
-                        "jobs/nightly_recommendations.py", "--date", str(DATE),
+        proc = _submit(["--pack", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
                         *_sets(base + [f"paths.output={shared / 'out-killed'}", "scoring.partitions=0"])],
-                       env={"RECSYS_PAUSE_AT": "writing"}, wait=False)
+                       env={"RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300"}, wait=False)
         try:
             victim = _wait_for_pause(cluster, proc, deadline=time.monotonic() + SUBMIT_TIMEOUT)
             cluster.kill_worker(victim)

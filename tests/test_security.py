@@ -74,14 +74,14 @@ def test_no_code_in_the_package_unpickles_or_evaluates_data():
 
 
 def test_credentials_in_uris_never_reach_run_parameters_or_the_stored_config():
-    from recsys.nightly import _params
+    from recsys.stages import run_params
     from recsys.tracking import ResolvedModel
 
     cfg = load_config(overrides=["mlflow.tracking_uri=https://bob:s3cret@mlflow.example.com/?token=t0ken",
                                  "paths.events=s3://AKIAKEY:s3cret@bucket/events",
                                  "spark.remote=sc://bob:s3cret@spark:15002/;token=t0ken"])
     model = ResolvedModel("m", "champion", "3", None, "s3://AKIAKEY:s3cret@bucket/model", Path("/tmp/m"))
-    params = _params(cfg, dt.date(2024, 5, 8), model)
+    params = run_params(cfg, dt.date(2024, 5, 8), model, cfg.digest())
     stored = str(params) + str(cfg.redacted_dict())
     assert "s3cret" not in stored and "t0ken" not in stored
     assert params["tracking_uri"] == "https://***@mlflow.example.com/?token=***"
@@ -136,7 +136,7 @@ def test_spark_submit_passes_every_argument_through_verbatim(tmp_path):
     assert any(a.endswith("recsys.zip") for a in argv)
     assert not (tmp_path / "pwned").exists()
     # every module of the package imports from the shipped zip alone (no site-packages: as on an
-    # executor without recsys installed), including packages without __init__.py (recsys.scoring)
+    # executor without recsys installed), including any package without __init__.py
     modules = sorted(".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "recsys").rglob("*.py")
                      if p.name != "__init__.py")
     probe = ("import sys, importlib.util; sys.path.insert(0, sys.argv[1]); "

@@ -15,7 +15,6 @@ those rows before writing.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -23,17 +22,12 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from recsys.data.contracts import OUTPUT_SPARK_DDL
+from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
+from recsys.hooks import NO_HOOKS, Hooks
 from recsys.scoring.shipping import ShippedModel
 
 STATS_COLUMN = "_stats"
 SCORED_DDL = OUTPUT_SPARK_DDL + f", {STATS_COLUMN} STRING"
-HISTORY_COLUMN = "history"   # array<bigint> of external item ids, oldest first (recsys.data.history)
-
-# Fault injection for tests and game days (documented in docs/faults.md): a comma-separated list.
-# "fail_first_attempt" makes every scoring task fail on its first attempt, so Spark retries it.
-# "kill_worker_first_attempt" makes the Python worker exit abruptly on a task's first attempt.
-FAULT_ENV = "RECSYS_FAULT_INJECTION"
 
 
 @dataclass(frozen=True)
@@ -59,7 +53,7 @@ class ScoringSpec:
     dtype: str
     item_tile: int
     cache_size: int
-    faults: tuple[str, ...] = ()
+    hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
     max_tile_mb: float = 0.0
 
 
@@ -78,7 +72,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         task_start = time.perf_counter()
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx else 0
-        _inject_faults(spec.faults, attempt)
+        spec.hooks.inject_faults(attempt)
         gpus = list(ctx.resources()["gpu"].addresses) if ctx and "gpu" in ctx.resources() else []
         device = resolve_device(spec.device, gpus)
         threads = max(1, ctx.cpus() if ctx else 1)
@@ -101,6 +95,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
                 names=["user_id", "recommendations", "source", "model_version", STATS_COLUMN],
             )
         models_delta = cache.MODELS.snapshot().minus(models_before)
+        loaded_weights = models_delta.misses > 0
         scorers_delta = cache.SCORERS.snapshot().minus(scorers_before)
         payload = {
             **cache.worker_identity(),
@@ -109,8 +104,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "device": str(device),
             "gpus": ",".join(gpus),   # the GPU address(es) Spark assigned to this task; "" without GPU scheduling
             "threads": threads if device.type == "cpu" else None,
-            # a task either reused weights already in this worker (hit) or loaded them (miss)
-            "model_hits": int(models_delta.misses == 0),
+            # per task: 1 if it found the weights already loaded in this worker, else 0; model_misses
+            # counts the loads. (The scorer cache sits in front of the model cache, so the model
+            # cache's own hit count misses the tasks whose whole scorer was cached.)
+            "model_hits": int(not loaded_weights),
             "model_misses": models_delta.misses,
             "model_load_s": models_delta.load_seconds,
             "scorer_hits": scorers_delta.hits,
@@ -198,20 +195,3 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def faults_from_env() -> tuple[str, ...]:
-    """Read on the driver and shipped in the spec, so local and cluster workers see the same faults."""
-    known = {"fail_first_attempt", "kill_worker_first_attempt"}
-    faults = tuple(f.strip() for f in os.environ.get(FAULT_ENV, "").split(",") if f.strip())
-    unknown = set(faults) - known
-    if unknown:
-        raise ValueError(f"{FAULT_ENV} holds unknown faults {sorted(unknown)}; known: {sorted(known)}")
-    return faults
-
-
-def _inject_faults(faults: tuple[str, ...], attempt: int) -> None:
-    if attempt == 0 and "fail_first_attempt" in faults:
-        raise RuntimeError(f"injected fault: fail_first_attempt ({FAULT_ENV}); Spark should retry this task")
-    if attempt == 0 and "kill_worker_first_attempt" in faults:
-        os._exit(137)
