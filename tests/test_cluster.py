@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster, pytest.m
 CHECKOUT = clusterkit.CHECKOUT
 END = dt.date(2024, 3, 10)              # last day with events
 DATE = END + dt.timedelta(days=1)       # the date trained on and recommended for
-SUBMIT_TIMEOUT = 600
+SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machine, far more on a loaded one
 
 
 LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
