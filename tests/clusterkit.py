@@ -104,7 +104,7 @@ class Cluster:
         except OSError:
             return 0
 
-    def wait_for_workers(self, n: int, timeout: float = 180) -> None:
+    def wait_for_workers(self, n: int, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         while self.alive_workers() < n:
             for w in self.workers:
