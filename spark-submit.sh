@@ -11,8 +11,11 @@
 #   retried up to 4 times: plain local[*] never retries);
 # - Spark settings: conf/spark-defaults.conf (override any with --conf key=value);
 # - the recsys package is zipped and shipped to the executors with --py-files; native
-#   dependencies (torch, pyarrow, numpy) must already be on the executors or travel as a packed
-#   environment (README: "Running on a cluster");
+#   dependencies (torch, pyarrow, numpy) must already be on the executors, or travel as a packed
+#   environment: --pack builds (once per environment digest, cached in .recsys/pack/) an archive of
+#   this virtualenv and ships it with --archives ARCHIVE#environment, the executors running
+#   ./environment/bin/python; --pack=ARCHIVE ships an archive built before (docs/cluster.md);
+# - a spark:// master that does not answer within 5 s stops the script with one line and exit 1;
 # - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3.
 # Every argument is passed through quoted; the job's exit code is this script's exit code.
 set -euo pipefail
@@ -37,6 +40,7 @@ else
 fi
 
 master="${SPARK_MASTER:-local[*,4]}"
+pack=""
 passthrough=()
 # spark-submit options come before the job file; everything from the job file on is the job's
 while [[ $# -gt 0 && "$1" == -* ]]; do
@@ -44,6 +48,8 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
     --master) [[ $# -ge 2 ]] || { echo "spark-submit.sh: --master needs a value" >&2; exit 2; }
               master="$2"; shift 2 ;;
     --master=*) master="${1#--master=}"; shift ;;
+    --pack) pack="build"; shift ;;
+    --pack=*) pack="${1#--pack=}"; [[ -n "$pack" ]] || { echo "spark-submit.sh: --pack= needs an archive" >&2; exit 2; }; shift ;;
     --verbose|-v|--supervise) passthrough+=("$1"); shift ;;
     --*=*) passthrough+=("$1"); shift ;;
     *) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
@@ -53,6 +59,32 @@ done
 if [[ $# -eq 0 ]]; then
   echo "usage: spark-submit.sh [--master URL] [spark-submit options] JOB.py [job arguments]" >&2
   exit 2
+fi
+
+# A standalone master that does not answer costs a minute of Spark's registration retries: ask first.
+if [[ "$master" == spark://* ]]; then
+  IFS=',' read -ra masters <<< "${master#spark://}"
+  reachable=""
+  for hostport in "${masters[@]}"; do
+    if timeout 5 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}"' _ "$hostport" 2>/dev/null; then reachable=1; break; fi
+  done
+  if [[ -z "$reachable" ]]; then
+    echo "spark-submit.sh: cannot reach the Spark master $master (no answer within 5 s); check --master or SPARK_MASTER and that the master is running" >&2
+    exit 1
+  fi
+fi
+
+packed=()
+if [[ -n "$pack" ]]; then
+  if [[ "$master" == local* ]]; then
+    echo "spark-submit.sh: --pack ignored with master $master: local workers run $python" >&2
+  else
+    pack_args=(--cache-dir "$here/.recsys/pack")
+    [[ "$pack" == "build" ]] || pack_args+=(--archive "$pack")
+    archive="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.packing "${pack_args[@]}")" || exit $?
+    packed=(--archives "$archive#environment" --conf "spark.pyspark.python=./environment/bin/python"
+            --conf "spark.pyspark.driver.python=$PYSPARK_DRIVER_PYTHON")
+  fi
 fi
 
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
@@ -75,6 +107,7 @@ set +e
   --properties-file "$here/conf/spark-defaults.conf" \
   --conf "spark.pyspark.python=$PYSPARK_PYTHON" \
   --py-files "$workdir/recsys.zip" \
+  "${packed[@]+"${packed[@]}"}" \
   "${passthrough[@]+"${passthrough[@]}"}" \
   "$@"
 status=$?

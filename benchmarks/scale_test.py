@@ -83,7 +83,7 @@ def run_scale(users: int, items: int, work: Path, top_n: int, driver_memory: str
     register_random_model(root, tracking_uri, np.arange(1, items + 1, dtype=np.int64))
     overrides = [
         f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}", f"paths.output={root / 'out'}",
-        f"paths.work={root / 'work'}", f"mlflow.tracking_uri={tracking_uri}",
+        f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}", f"mlflow.tracking_uri={tracking_uri}",
         f"mlflow.artifact_location={root / 'artifacts'}", "history.window_days=30", f"scoring.top_n={top_n}",
         f"spark.conf.spark.driver.memory={driver_memory}", "spark.master=local[2,4]",
     ]

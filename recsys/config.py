@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from recsys.errors import ConfigError
-from recsys.uris import is_local_path, redact_uri, validate_path
+from recsys.uris import is_local_path, local_path, redact_uri, validate_path
 
 if TYPE_CHECKING:
     from recsys.hooks import Hooks
@@ -32,12 +32,20 @@ class _Section(BaseModel):
 
 
 class PathsConfig(_Section):
+    """Data roots every executor reaches (any URI Spark writes), and the driver's own scratch.
+
+    ``work`` holds what executors write (a run's histories, staging): on a cluster a URI every
+    executor and the driver reach. ``driver_scratch`` holds what only the driver uses (the model
+    download, the remembered model resolution): always a local directory of the driver's.
+    """
+
     events: str
     catalog: str
     output: str
     work: str
+    driver_scratch: str
 
-    @field_validator("events", "catalog", "output", "work")
+    @field_validator("events", "catalog", "output", "work", "driver_scratch")
     @classmethod
     def _path_is_sane(cls, value: str) -> str:
         # Relative paths are made absolute against the working directory of the process that reads
@@ -46,6 +54,19 @@ class PathsConfig(_Section):
         if is_local_path(value) and not value.startswith("file://"):
             return os.path.abspath(value)
         return value
+
+    @field_validator("driver_scratch")
+    @classmethod
+    def _driver_scratch_is_local(cls, value: str) -> str:
+        if not is_local_path(value):
+            raise ValueError(f"driver_scratch must be a local directory of the driver's, got the URI {redact_uri(value)!r}; "
+                             "executors never read it, so a local path (or file://) is enough")
+        return value
+
+    @property
+    def driver_dir(self) -> Path:
+        """``driver_scratch`` as a local path."""
+        return local_path(self.driver_scratch)
 
 
 class MlflowConfig(_Section):

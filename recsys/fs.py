@@ -1,4 +1,5 @@
-"""Filesystem operations on the driver, through pyarrow.fs: local paths, file://, s3://, gs://, hdfs://.
+"""Filesystem operations on the driver, through pyarrow.fs: local paths, file://, s3:// (s3a://), gs://,
+abfss://, hdfs://.
 
 pyarrow's filesystems are a well-kept, dependency-free layer over the same stores Spark writes to,
 so the driver can move, list and write small files (manifests, locks) without a SparkContext
@@ -10,13 +11,14 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from recsys.uris import is_local_path, local_path
+from recsys.uris import is_local_path, local_path, pyarrow_uri
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """(file system, path inside it) for a local path or any URI pyarrow reaches (Hadoop's s3a:// as s3://)."""
     if is_local_path(uri):
         return pafs.LocalFileSystem(), str(local_path(uri))
-    return pafs.FileSystem.from_uri(uri)
+    return pafs.FileSystem.from_uri(pyarrow_uri(uri))
 
 
 def join(base: str, *parts: str) -> str:

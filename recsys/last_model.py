@@ -2,9 +2,9 @@
 
 Resolving ``models:/<name>@<alias>`` needs the tracking store; a store that is down at night
 would otherwise stop the recommendations, which do not depend on it. After every successful
-resolution the job writes ``<paths.work>/models/<name>/last-resolved@<alias>.json`` (version,
-source, local files); when the store cannot be reached, it scores with that version, says so
-in the log and the manifest (``model.resolution``), and exits with TRACKING_FAILED (5).
+resolution the job writes ``<paths.driver_scratch>/models/<name>/last-resolved@<alias>.json``
+(version, source, local files: all on the driver's local disk, next to the download it names);
+when the store cannot be reached, it scores with that version, says so in the log and the manifest (``model.resolution``), and exits with TRACKING_FAILED (5).
 
 The remembered version can be out of date if the alias moved while MLflow was down; that is the
 trade-off, and why the exit code flags the run. Model versions are immutable, so the remembered
@@ -19,7 +19,6 @@ import logging
 from pathlib import Path
 
 from recsys.config import MlflowConfig
-from recsys.uris import local_path
 from recsys.errors import TrackingUnavailable
 from recsys import fs as rfs
 from recsys.tracking import ResolvedModel, resolve_model
@@ -27,35 +26,37 @@ from recsys.tracking import ResolvedModel, resolve_model
 log = logging.getLogger(__name__)
 
 
-def memo_path(work_root: str, model_name: str, alias: str) -> str:
-    return rfs.join(work_root, "models", model_name, f"last-resolved@{alias}.json")
+def memo_path(scratch: Path, model_name: str, alias: str) -> str:
+    return str(Path(scratch) / "models" / model_name / f"last-resolved@{alias}.json")
 
 
-def resolve_or_remembered(cfg: MlflowConfig, work_root: str) -> tuple[ResolvedModel, str | None]:
+def resolve_or_remembered(cfg: MlflowConfig, scratch: Path) -> tuple[ResolvedModel, str | None]:
     """(model, None) from the registry, or (remembered model, why) when the store is unreachable.
 
-    Raises ModelNotFoundError when the store says the alias does not exist, and
-    TrackingUnavailable when it is unreachable and nothing usable is remembered.
+    ``scratch`` is the driver's local scratch directory (``paths.driver_scratch``): the model is
+    downloaded under ``scratch/models`` and the resolution remembered next to it. Raises
+    ModelNotFoundError when the store says the alias does not exist, and TrackingUnavailable when it
+    is unreachable and nothing usable is remembered.
     """
     try:
-        model = resolve_model(cfg, local_path(work_root) / "models")
+        model = resolve_model(cfg, Path(scratch) / "models")
     except TrackingUnavailable as exc:
-        remembered = recall(work_root, cfg.model_name, cfg.alias)
+        remembered = recall(scratch, cfg.model_name, cfg.alias)
         if remembered is None:
             raise TrackingUnavailable(
                 f"{exc}; no earlier resolution of models:/{cfg.model_name}@{cfg.alias} is remembered under "
-                f"{memo_path(work_root, cfg.model_name, cfg.alias)}, so nothing can be scored. Retry when the "
+                f"{memo_path(scratch, cfg.model_name, cfg.alias)}, so nothing can be scored. Retry when the "
                 f"tracking store is back"
             ) from None
         log.warning("MLflow is unreachable (%s); scoring with the last resolved version %s of %s, remembered at %s",
                     exc, remembered.version, remembered.uri, remembered.local_dir)
         return remembered, str(exc)
-    remember(work_root, model)
+    remember(scratch, model)
     return model, None
 
 
-def remember(work_root: str, model: ResolvedModel) -> None:
-    fs, path = rfs.resolve(memo_path(work_root, model.name, model.alias))
+def remember(scratch: str, model: ResolvedModel) -> None:
+    fs, path = rfs.resolve(memo_path(scratch, model.name, model.alias))
     record = {"name": model.name, "alias": model.alias, "version": model.version, "run_id": model.run_id,
               "source": model.source, "local_dir": str(model.local_dir),
               "resolved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
@@ -65,9 +66,9 @@ def remember(work_root: str, model: ResolvedModel) -> None:
         log.warning("could not remember the model resolution at %s: %s", path, exc)
 
 
-def recall(work_root: str, model_name: str, alias: str) -> ResolvedModel | None:
+def recall(scratch: str, model_name: str, alias: str) -> ResolvedModel | None:
     """The remembered resolution, if its model files are still there."""
-    fs, path = rfs.resolve(memo_path(work_root, model_name, alias))
+    fs, path = rfs.resolve(memo_path(scratch, model_name, alias))
     if not rfs.exists(fs, path):
         return None
     try:

@@ -33,6 +33,8 @@ from recsys.last_model import resolve_or_remembered
 from recsys.progress import StageTimer
 from recsys import fs as rfs
 from recsys.publish.lock import DateLock
+from recsys.scoring.shipping import ship_model
+from recsys.workdir import check_executors_can_write
 from recsys.spark_session import job_description
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       read_manifest, recover)
@@ -117,7 +119,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             log.warning("recommend %s: %s", date, note)
         _remove_stale_work_dirs(cfg, date, run_key)
         with timer.stage("resolve_model", "resolve model") as c:
-            model, resolution_error = resolve_or_remembered(cfg.mlflow, cfg.paths.work)
+            model, resolution_error = resolve_or_remembered(cfg.mlflow, cfg.paths.driver_dir)
             c.update(model=model.uri, version=model.version,
                      resolution="remembered" if resolution_error else "registry")
 
@@ -138,6 +140,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         )
         work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
         try:
+            check_executors_can_write(spark, work_dir, configured=cfg.paths.work)
             result = _run(spark, cfg, date, timer, recorder, layout, work_dir, lock, model, resolution_error,
                           config_digest, hooks)
         except BaseException as exc:
@@ -205,7 +208,9 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         c.update(items=len(fallback.fallback.item_ids))
 
     with timer.stage("score", "score users") as c:
-        spec = stages.scoring_spec(model, catalog, fallback.fallback, cfg.scoring, hooks)
+        shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
+                             scratch=cfg.paths.driver_dir)
+        spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks)
         scored = stages.score(history.histories, spec, cfg.scoring.partitions, layout.staging_dir, hooks)
         w = scored.worker
         c.update(users=w["users"], model_users=w["model_users"], fallback=w["fallback_users"],
@@ -226,7 +231,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     manifest = stages.manifest(cfg, date, model, catalog, metrics, timer.as_metrics(), report,
                                run_id=recorder.run_id, tracking_error=recorder.error, job_run=layout.run_key,
                                method=method, config_digest=config_digest,
-                               model_resolution_error=model_resolution_error)
+                               model_resolution_error=model_resolution_error, workers=stages.worker_summary(scored))
     with timer.stage("publish", "publish partition") as c:
         lock.verify()
         published_dir = publish(layout, manifest, method, hooks)

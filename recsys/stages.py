@@ -18,7 +18,7 @@ import io
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -37,6 +37,7 @@ from recsys.model.io import ITEM_IDS_FILE
 from recsys.publish.validate import ValidationReport, validate_recommendations
 from recsys.scoring.core import Candidates, Fallback, candidate_set, counts_per_candidate, popularity_fallback
 from recsys.scoring.stage import WorkerFigures, score_histories, worker_figures
+from recsys.scoring.shipping import ShippedModel
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
 
@@ -168,13 +169,13 @@ def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_
 # score
 
 
-def scoring_spec(model: tracking.ResolvedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
+def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
                  hooks: Hooks = NO_HOOKS) -> ScoringSpec:
-    """What every scoring task needs, minted once on the driver."""
+    """What every scoring task needs, minted once on the driver; ``model``: the files handed to Spark
+    (:func:`recsys.scoring.shipping.ship_model`), never a driver path."""
     return ScoringSpec(
-        model_dir=str(model.local_dir),
+        model=model,
         model_version=model.version,
-        model_key=f"{model.name}/{model.version}@{model.source}",
         candidates_index=catalog.candidates.index.astype(np.int64),
         candidates_item_ids=catalog.candidates.item_ids.astype(np.int64),
         candidates_digest=catalog.digest,
@@ -319,7 +320,8 @@ def run_params(cfg: Config, date: dt.date, model: tracking.ResolvedModel, config
 def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog: CatalogStage,
              metrics: Mapping[str, float], timings: Mapping[str, float], report: ValidationReport, *,
              run_id: str | None, tracking_error: str | None, job_run: str, method: str,
-             config_digest: str, model_resolution_error: str | None) -> dict[str, Any]:
+             config_digest: str, model_resolution_error: str | None,
+             workers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged.
 
     Every string in it is redacted here (not only the URIs known to hold credentials), so the copy
@@ -351,7 +353,15 @@ def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog:
         "timings": dict(timings),
         "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
                      "error": tracking_error},
+        "workers": [dict(w) for w in workers],
     })
+
+
+def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
+    """Who scored, for the manifest: each Python worker's interpreter, GPU addresses, tasks and model loads."""
+    return [{"host": w["host"], "pid": w["pid"], "python": w["python"], "gpus": w["gpus"],
+             **{k: int(w[k]) for k in ("tasks", "model_misses", "model_hits")}}
+            for w in scored.worker["per_worker"]]
 
 
 # ------------------------------------------------------------------------------------------------

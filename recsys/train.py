@@ -243,10 +243,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
-    from recsys.uris import local_path
     from recsys.model.io import load_model
 
-    local = tracking.model_version_dir(cfg.mlflow.model_name, version, local_path(cfg.paths.work) / "models")
+    local = tracking.model_version_dir(cfg.mlflow.model_name, version, cfg.paths.driver_dir / "models")
     loaded = load_model(local, device=device)
     return score_on_split(loaded.model, loaded.item_ids, split, device)
 

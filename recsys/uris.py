@@ -33,6 +33,23 @@ def is_local_path(path: str) -> bool:
     return not _SCHEME.match(path) or path.startswith("file://")
 
 
+# Hadoop's names for stores that pyarrow knows under another scheme (same bucket and key layout).
+_PYARROW_SCHEMES = {"s3a": "s3", "s3n": "s3"}
+
+
+def scheme(uri: str) -> str:
+    """The URI's scheme in lower case; "" for a plain local path."""
+    return urlsplit(uri).scheme.lower() if _SCHEME.match(uri) else ""
+
+
+def pyarrow_uri(uri: str) -> str:
+    """The same location as pyarrow.fs spells it: Spark writes ``s3a://``, pyarrow reads ``s3://``."""
+    found = scheme(uri)
+    if found in _PYARROW_SCHEMES:
+        return _PYARROW_SCHEMES[found] + uri[len(found):]
+    return uri
+
+
 def local_path(path: str) -> Path:
     """Absolute local path for a local path or file:// URI."""
     if path.startswith("file://"):

@@ -90,6 +90,7 @@ def overrides(root: Path, store: Store, *extra: str, inputs: Path | None = None)
     return [
         f"paths.events={inputs / 'events'}", f"paths.catalog={inputs / 'catalog'}",
         f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
+        f"paths.driver_scratch={root / 'driver'}",
         f"mlflow.tracking_uri={store.tracking_uri}", f"mlflow.artifact_location={store.root / 'artifacts'}",
         f"mlflow.model_name={store.model_name}",
         "history.window_days=30", f"scoring.top_n={TOP_N}", "scoring.chunk_size=4", "scoring.partitions=4",

@@ -49,7 +49,7 @@ def dataset(tmp_path_factory):
     rows = _write_dataset(root / "data")
     cfg = load_config(overrides=[
         f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'artifacts'}",
-        f"paths.work={root / 'work'}", "train.device=cpu",
+        f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}", "train.device=cpu",
         "train.epochs=3", "train.batch_size=16", "train.learning_rate=0.005",
         "train.model.sasrec.dim=16", "train.model.sasrec.layers=1", "train.model.sasrec.heads=1",
         "train.model.sasrec.max_len=8", "train.model.gru4rec.dim=16", "train.model.gru4rec.max_len=8",
@@ -161,7 +161,7 @@ def test_temporal_end_to_end(spark, dataset):
     from recsys.evaluation.evaluate import run_evaluation
 
     cfg = load_config(overrides=[
-        f"mlflow.tracking_uri={dataset['cfg'].mlflow.tracking_uri}", f"paths.work={dataset['root'] / 'work'}",
+        f"mlflow.tracking_uri={dataset['cfg'].mlflow.tracking_uri}", f"paths.work={dataset['root'] / 'work'}", f"paths.driver_scratch={dataset['root'] / 'driver'}",
         f"mlflow.artifact_location={dataset['root'] / 'artifacts'}", "train.device=cpu", "train.epochs=2",
         "train.model.sasrec.dim=16", "train.model.sasrec.layers=1", "train.model.sasrec.max_len=8",
         "evaluation.models=[popularity, sasrec]", "evaluation.bootstrap_resamples=50",

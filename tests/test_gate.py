@@ -51,7 +51,7 @@ def store(world, request, tmp_path):
     def config(tolerance: float = 0.0):
         return load_config(overrides=[
             f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'art'}",
-            f"paths.work={tmp_path / 'work'}", f"mlflow.model_name={model_name}", f"train.gate_tolerance={tolerance}",
+            f"paths.work={tmp_path / 'work'}", f"paths.driver_scratch={tmp_path / 'driver'}", f"mlflow.model_name={model_name}", f"train.gate_tolerance={tolerance}",
         ])
 
     cfg = config()

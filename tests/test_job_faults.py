@@ -134,10 +134,10 @@ def _closed_port() -> int:
 
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
         spark, base, tmp_path, monkeypatch, caplog, capsys):
-    memo = next((base.data / "work" / "models").rglob("last-resolved@champion.json"))
-    target = tmp_path / "work" / memo.relative_to(base.data / "work")
+    memo = next((base.data / "driver" / "models").rglob("last-resolved@champion.json"))
+    target = tmp_path / "driver" / memo.relative_to(base.data / "driver")
     target.parent.mkdir(parents=True)
-    shutil.copy(memo, target)                      # what the previous night left in paths.work
+    shutil.copy(memo, target)                      # what the previous night left in paths.driver_scratch
     uri = f"http://bob:s3cret@127.0.0.1:{_closed_port()}/"
     started = time.monotonic()
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),

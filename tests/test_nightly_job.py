@@ -52,7 +52,7 @@ def job(spark, tmp_path_factory):
     _write_dataset(root)
     cfg = load_config(overrides=[
         f"paths.events={root / 'events'}", f"paths.catalog={root / 'catalog'}",
-        f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
+        f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}",
         f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'artifacts'}",
         "history.window_days=30", f"scoring.top_n={TOP_N}", "scoring.chunk_size=3", "scoring.partitions=6",
         "train.epochs=2", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8",
@@ -183,7 +183,7 @@ def test_the_job_runs_over_spark_connect(job, tmp_path):
     date = "2024-05-10"
     overrides = [
         f"paths.events={cfg.paths.events}", f"paths.catalog={cfg.paths.catalog}", f"paths.output={cfg.paths.output}",
-        f"paths.work={root / 'work-connect'}", f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}",
+        f"paths.work={root / 'work-connect'}", f"paths.driver_scratch={root / 'driver-connect'}", f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}",
         f"mlflow.artifact_location={cfg.mlflow.artifact_location}", "history.window_days=30", f"scoring.top_n={TOP_N}",
         "spark.remote=local[2]",
     ]

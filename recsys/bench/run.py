@@ -124,6 +124,7 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
     from recsys.bench import spark_bench
     from recsys.config import SparkConfig
     from recsys.model.io import save_model
+    from recsys.scoring.shipping import ship_model
     from recsys.scoring.udf import ScoringSpec
     from recsys.spark_session import build_session
 
@@ -147,7 +148,8 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch_size))
     fallback = shapes.scorer(shape, net, torch.device("cpu")).fallback
     index = np.arange(1, shape.items + 1, dtype=np.int64)
-    spec = ScoringSpec(model_dir=str(model_dir), model_version="bench", model_key=f"bench:{model_dir}",
+    shipped = ship_model(spark, model_dir, name="bench", version="bench", scratch=root / "driver")
+    spec = ScoringSpec(model=shipped, model_version="bench",
                        candidates_index=index, candidates_item_ids=ids, candidates_digest="bench",
                        fallback_item_ids=fallback.item_ids, fallback_scores=fallback.scores,
                        fallback_name=fallback.name, top_n=shape.top_n, chunk_size=opts.chunk_size,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -99,5 +100,8 @@ SCORERS: BoundedCache = BoundedCache(maxsize=2)
 
 
 def worker_identity() -> dict:
-    """Which Python worker this is: the unit the cache lives in."""
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    """Which Python worker this is (the unit the cache lives in), and which interpreter runs it.
+
+    ``python`` shows on a cluster whether the worker runs the shipped environment (``./environment``).
+    """
+    return {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable}

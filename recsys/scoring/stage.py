@@ -44,16 +44,21 @@ def worker_figures(observation: Observation) -> WorkerFigures:
     per_worker: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     totals: dict[str, float] = defaultdict(float)
     devices = set()
+    gpus: dict[tuple, set[str]] = defaultdict(set)
+    pythons: dict[tuple, str] = {}
     rss = []
     for row in rows:
         key = (row["host"], row["pid"])
+        pythons[key] = row.get("python", "")
+        gpus[key].update(g for g in row.get("gpus", "").split(",") if g)
         for name in _SUMMED:
             totals[name] += row.get(name, 0) or 0
             per_worker[key][name] += row.get(name, 0) or 0
         per_worker[key]["tasks"] += 1
         devices.add(row["device"])
         rss.append(row["peak_rss_mb"])
-    workers = [{"host": h, "pid": p, **dict(v)} for (h, p), v in sorted(per_worker.items())]
+    workers = [{"host": h, "pid": p, "python": pythons[(h, p)], "gpus": ",".join(sorted(gpus[(h, p)])), **dict(v)}
+               for (h, p), v in sorted(per_worker.items())]
     out: dict[str, Any] = {name: (float(totals[name]) if name.endswith("_s") else int(totals[name])) for name in _SUMMED}
     out.update(
         tasks=len(rows),
@@ -63,6 +68,7 @@ def worker_figures(observation: Observation) -> WorkerFigures:
         model_load_s_max=max((w["model_load_s"] for w in workers), default=0.0),
         worker_rss_mb_max=max(rss, default=float("nan")),
         device=",".join(sorted(devices)) or "none",
+        gpus=",".join(sorted(set().union(*gpus.values()))),   # GPU addresses Spark assigned to the tasks
         per_worker=workers,
     )
     return out

@@ -15,10 +15,8 @@ those rows before writing.
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
@@ -26,6 +24,7 @@ import pyarrow as pa
 
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
 from recsys.hooks import NO_HOOKS, Hooks
+from recsys.scoring.shipping import ShippedModel
 
 STATS_COLUMN = "_stats"
 SCORED_DDL = OUTPUT_SPARK_DDL + f", {STATS_COLUMN} STRING"
@@ -35,14 +34,13 @@ SCORED_DDL = OUTPUT_SPARK_DDL + f", {STATS_COLUMN} STRING"
 class ScoringSpec:
     """Everything a worker needs, minted once on the driver and shipped with the task closure.
 
-    Kept small: ids, paths and two int arrays (candidate indices and the fallback list). The model
-    weights travel by path (``model_dir``, readable from every worker: a local path in local mode,
-    a shared or object-store URI on a cluster), never inside the closure.
+    Kept small: ids, names and two int arrays (candidate indices and the fallback list). The model
+    files travel through Spark (``model``: names Spark delivers them under, see
+    :mod:`recsys.scoring.shipping`), never inside the closure and never by a driver path.
     """
 
-    model_dir: str
+    model: ShippedModel            # its cache_key (version + digest of the files) keys the worker cache
     model_version: str
-    model_key: str                 # driver-minted cache key: model URI + version
     candidates_index: np.ndarray   # [C] int64 model indices, sorted
     candidates_item_ids: np.ndarray  # [C] int64
     candidates_digest: str         # catalog snapshot + candidate set digest
@@ -104,6 +102,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "partition": ctx.partitionId() if ctx else -1,
             "attempt": attempt,
             "device": str(device),
+            "gpus": ",".join(gpus),   # the GPU address(es) Spark assigned to this task; "" without GPU scheduling
             "threads": threads if device.type == "cpu" else None,
             # per task: 1 if it found the weights already loaded in this worker, else 0; model_misses
             # counts the loads. (The scorer cache sits in front of the model cache, so the model
@@ -128,12 +127,13 @@ def _get_scorer(spec: ScoringSpec, device):
     from recsys.model.io import load_model
     from recsys.scoring import cache
     from recsys.scoring.core import Candidates, Fallback, Scorer
+    from recsys.scoring.shipping import fetch_model
     from recsys.sequences import Vocabulary
 
-    model_key = (spec.model_key, str(device))
+    model_key = (spec.model.cache_key, str(device))
 
     def load():
-        loaded = load_model(_materialise(spec.model_dir), device=device)
+        loaded = load_model(fetch_model(spec.model), device=device)
         return loaded.model, Vocabulary(loaded.item_ids)
 
     def prepare():
@@ -188,17 +188,6 @@ def _stats_batch(payload: str) -> pa.RecordBatch:
         ],
         names=["user_id", "recommendations", "source", "model_version", STATS_COLUMN],
     )
-
-
-def _materialise(model_dir: str) -> Path:
-    """A local directory holding the model files; object-store URIs are copied to a temp dir once."""
-    if "://" not in model_dir or model_dir.startswith("file://"):
-        return Path(model_dir.removeprefix("file://"))
-    import pyarrow.fs as pafs
-
-    local = Path(tempfile.mkdtemp(prefix="recsys-model-"))
-    pafs.copy_files(model_dir, str(local), destination_filesystem=pafs.LocalFileSystem())
-    return local
 
 
 def _peak_rss_mb() -> float:

@@ -1,0 +1,251 @@
+"""The job on a real Spark standalone cluster whose executors share nothing with the driver.
+
+A Master and two Workers (one core each) on loopback, started from the pip package's ``spark-class``.
+The Workers run in a private mount namespace where the driver's checkout, its virtualenv and its
+private directory (local scratch, MLflow store and artifacts) are hidden (tests/clusterkit.py), so
+the recsys sources, the Python environment and the model can only reach the executors through Spark:
+``--py-files``, ``--archives`` (``./spark-submit.sh --pack``) and ``addFile``. The data roots live in
+a shared directory, as an object store would be. The module runs every job once (fixture ``runs``)
+and each test checks one promise about the result; the cluster is stopped even when a run fails.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import clusterkit
+
+# the module's fixture runs every job (a few minutes on an idle 2-core machine; much longer on a busy one)
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(3600)]
+
+CHECKOUT = clusterkit.CHECKOUT
+END = dt.date(2024, 3, 10)              # last day with events
+DATE = END + dt.timedelta(days=1)       # the date trained on and recommended for
+SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machine, far more on a loaded one
+
+
+LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
+
+
+def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
+    cmd = [str(CHECKOUT / "spark-submit.sh"), *args]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_"))}
+    full_env.update(SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
+    if not wait:
+        return subprocess.Popen(cmd, cwd=CHECKOUT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    started = time.monotonic()
+    done = subprocess.run(cmd, cwd=CHECKOUT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - started
+    if LOGS is not None:
+        name = next((Path(a).stem for a in args if a.endswith(".py")), "submit")
+        log = LOGS / f"{len(list(LOGS.iterdir())):02d}-{name}.log"
+        log.write_text(f"{cmd}\nexit {done.returncode} after {seconds:.1f}s\n{done.stdout}\n{done.stderr}")
+    return done, seconds
+
+
+def _sets(items: list[str]) -> list[str]:
+    out = []
+    for item in items:
+        out += ["--set", item]
+    return out
+
+
+def _published(output: Path) -> dict[int, list[int]]:
+    rows = pq.read_table(output / f"dt={DATE}").to_pylist()
+    return {r["user_id"]: [x["item_id"] for x in r["recommendations"]] for r in rows}
+
+
+def _error_lines(stderr: str) -> list[str]:
+    """The job's own error lines (its log format: ``TIME ERROR recsys.<module>: ...``) and the launcher's."""
+    return [line for line in stderr.splitlines()
+            if re.search(r" ERROR recsys[.:]", line) or line.startswith(("spark-submit.sh:", "recsys pack:"))]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    if not clusterkit.namespaces_work():
+        pytest.skip("needs mount namespaces (unshare -m: root, or unprivileged user namespaces) to hide the "
+                    "driver's files from the Workers")
+    global LOGS
+    root = tmp_path_factory.mktemp("cluster")
+    LOGS = root / "logs"
+    LOGS.mkdir()
+    shared, private = root / "shared", root / "driver-private"
+    read_only = shared / "read-only-for-executors"
+    for d in (shared, private, read_only):
+        d.mkdir(parents=True)
+    secret = private / "driver-only.txt"
+    secret.write_text("the executors must not read this")
+    data = shared / "data"
+    subprocess.run([sys.executable, "-m", "recsys.cli", "sample-data", "--out", str(data), "--users", "200",
+                    "--items", "60", "--days", "10", "--end-date", str(END)], cwd=root, check=True,
+                   capture_output=True, timeout=300)
+    base = [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}",
+            f"paths.work={shared / 'work'}", f"paths.driver_scratch={private / 'scratch'}",
+            f"mlflow.tracking_uri=sqlite:///{private / 'mlflow.db'}", f"mlflow.artifact_location={private / 'artifacts'}",
+            "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64", "scoring.device=cpu",
+            "train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
+            "train.model.sasrec.heads=1", "train.model.sasrec.max_len=10"]
+    spark_conf = ["--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.memory=1g",
+                  "--conf", "spark.executor.memory=1g", "--conf", "spark.task.maxFailures=4"]
+    out: dict = {"root": root, "shared": shared, "private": private, "secret": secret, "times": {}}
+    hidden = [CHECKOUT, Path(sys.prefix), private]
+    with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only], fake_gpus=True) as cluster:
+        out["cluster"] = cluster
+        master = ["--master", cluster.url, *spark_conf]
+
+        probe, out["times"]["probe"] = _submit(
+            ["--pack", *master, "tests/cluster_probe.py", str(CHECKOUT / "pyproject.toml"), str(CHECKOUT),
+             str(Path(sys.prefix) / "pyvenv.cfg"), str(secret), str(private / "scratch")])
+        out["probe"] = probe
+
+        train, out["times"]["train"] = _submit(["--pack", *master, "jobs/train.py", "--date", str(DATE),
+                                                *_sets(base)])
+        out["train"] = train
+        assert train.returncode == 0, train.stderr[-4000:]
+
+        # this run asks for Spark's GPU scheduling (each Worker offers one fake GPU; scoring stays on the CPU)
+        cluster_run, out["times"]["cluster"] = _submit(
+            ["--pack", *master, "--conf", "spark.executor.resource.gpu.amount=1",
+             "--conf", "spark.task.resource.gpu.amount=1", "jobs/nightly_recommendations.py", "--date", str(DATE),
+             *_sets(base + [f"paths.output={shared / 'out-cluster'}", "scoring.partitions=4"])])
+        out["cluster_run"] = cluster_run
+        assert cluster_run.returncode == 0, cluster_run.stderr[-4000:]   # the rest would only repeat the failure
+
+        local_run, out["times"]["local"] = _submit(
+            ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/nightly_recommendations.py",
+             "--date", str(DATE),
+             *_sets(base + [f"paths.output={shared / 'out-local'}", f"paths.work={shared / 'work-local'}",
+                            "scoring.partitions=4"])])
+        out["local_run"] = local_run
+
+        # bad input at the cluster edge: each must end quickly, in one line, with its exit code
+        edge = {}
+        # (no --pack: the job must stop at its write check, before any Python runs on an executor)
+        edge["unwritable_work"] = _submit(
+            [*master, "jobs/nightly_recommendations.py", "--date", str(DATE),
+             *_sets(base + [f"paths.output={shared / 'out-unwritable'}", f"paths.work={read_only / 'work'}"])])
+        edge["unreachable_master"] = _submit(
+            ["--pack", "--master", f"spark://127.0.0.1:{clusterkit.free_port()}", "jobs/nightly_recommendations.py",
+             "--date", str(DATE), *_sets(base + [f"paths.output={shared / 'out-edge'}"])])
+        edge["missing_archive"] = _submit(
+            [f"--pack={root / 'no-such-env.tar.gz'}", *master, "jobs/nightly_recommendations.py", "--date",
+             str(DATE), *_sets(base + [f"paths.output={shared / 'out-edge'}"])])
+        corrupt = root / "corrupt-env.tar.gz"
+        corrupt.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(4096))
+        edge["corrupt_archive"] = _submit(
+            [f"--pack={corrupt}", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
+             *_sets(base + [f"paths.output={shared / 'out-edge'}"])])
+        out["edge"] = edge
+
+        # one Worker is SIGKILLed while it scores: the job holds the first scoring task's first attempt
+        # after its first rows went to the writer (RECSYS_PAUSE_AT=writing, recsys.hooks), the test finds the executor
+        # that printed the pause line and kills its whole Worker; the task is retried on the other one.
+        started = time.monotonic()
+        proc = _submit(["--pack", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
+                        *_sets(base + [f"paths.output={shared / 'out-killed'}", "scoring.partitions=0"])],
+                       env={"RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300"}, wait=False)
+        try:
+            victim = _wait_for_pause(cluster, proc, deadline=time.monotonic() + SUBMIT_TIMEOUT)
+            cluster.kill_worker(victim)
+            stdout, stderr = proc.communicate(timeout=SUBMIT_TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+        out["killed_run"] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+        out["times"]["killed"] = time.monotonic() - started
+    return out
+
+
+def _wait_for_pause(cluster: clusterkit.Cluster, proc: subprocess.Popen, deadline: float) -> clusterkit.Worker:
+    """The Worker whose executor printed ``recsys-pause: writing`` (polled, with a deadline)."""
+    while time.monotonic() < deadline:
+        for worker in cluster.workers:
+            if any("recsys-pause: writing" in log.read_text(errors="replace") for log in worker.executor_logs()):
+                return worker
+        if proc.poll() is not None:
+            raise AssertionError(f"the job ended (exit {proc.returncode}) before pausing in a scoring task: "
+                                 f"{proc.stderr.read()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError("no scoring task paused before the deadline")
+
+
+def _manifest(output: Path) -> dict:
+    return json.loads((output / f"dt={DATE}" / "_manifest.json").read_text())
+
+
+def test_an_executor_cannot_read_the_driver_checkout_venv_or_scratch_and_runs_the_shipped_python(runs):
+    probe = runs["probe"]
+    assert probe.returncode == 0, probe.stderr[-4000:]
+    rows = [json.loads(line.split(" ", 1)[1]) for line in probe.stdout.splitlines() if line.startswith("PROBE ")]
+    assert len(rows) == 8 and len({r["pid"] for r in rows}) == 2   # both executors' Python workers answered
+    for row in rows:
+        assert not any(row["readable"].values()), row["readable"]
+        assert "/environment/" in row["python"] and Path(row["python"]).name == "python"
+        assert not row["python"].startswith(str(CHECKOUT)) and not row["prefix"].startswith(sys.prefix)
+        assert "recsys.zip" in row["recsys"]                           # the sources came with --py-files
+    assert runs["secret"].read_text()                                 # while the driver reads them fine
+
+
+def test_train_and_recommend_exit_0_on_the_cluster(runs):
+    assert runs["train"].returncode == 0, runs["train"].stderr[-4000:]
+    assert runs["cluster_run"].returncode == 0, runs["cluster_run"].stderr[-4000:]
+    assert runs["local_run"].returncode == 0, runs["local_run"].stderr[-4000:]
+
+
+def test_the_cluster_publishes_what_local_mode_publishes(runs):
+    cluster = _published(runs["shared"] / "out-cluster")
+    local = _published(runs["shared"] / "out-local")
+    assert len(cluster) > 100
+    assert cluster == local          # same users, same items in the same order
+
+
+def test_every_executor_python_worker_loaded_the_model_once_from_the_shipped_environment_with_its_gpu(runs):
+    manifest = _manifest(runs["shared"] / "out-cluster")
+    workers = manifest["workers"]
+    assert len(workers) == 2 and sum(w["tasks"] for w in workers) == manifest["metrics"]["tasks"] >= 2
+    assert all(w["model_misses"] == 1 for w in workers), workers
+    assert manifest["metrics"]["model_loads_per_worker_max"] == 1
+    for w in workers:
+        assert "/environment/bin/python" in w["python"] and not w["python"].startswith(str(CHECKOUT)), w
+    assert sorted(w["gpus"] for w in workers) == ["0", "1"]          # the GPU Spark assigned to each task
+    local = _manifest(runs["shared"] / "out-local")
+    assert all(w["python"] == sys.executable or w["python"].startswith(sys.prefix) for w in local["workers"])
+
+
+def test_a_worker_killed_while_scoring_still_gives_a_complete_identical_partition(runs):
+    killed = runs["killed_run"]
+    assert killed.returncode == 0, killed.stderr[-4000:]
+    assert sum(w.killed for w in runs["cluster"].workers) == 1
+    assert _published(runs["shared"] / "out-killed") == _published(runs["shared"] / "out-cluster")
+    manifest = _manifest(runs["shared"] / "out-killed")
+    assert manifest["metrics"]["task_retries"] >= 1                  # the killed task, retried and counted
+    assert manifest["counts"]["rows"] == len(_published(runs["shared"] / "out-cluster"))
+
+
+@pytest.mark.parametrize("case, code, says", [
+    ("unwritable_work", 2, "the executors cannot write under paths.work"),
+    ("unreachable_master", 1, "cannot reach the Spark master"),
+    ("missing_archive", 2, "does not exist"),
+    ("corrupt_archive", 2, "is not a readable tar archive"),
+])
+def test_bad_input_at_the_cluster_edge_fails_fast_in_one_line_and_publishes_nothing(runs, case, code, says):
+    done, seconds = runs["edge"][case]
+    assert done.returncode == code, done.stderr[-4000:]
+    lines = _error_lines(done.stderr)
+    assert len(lines) == 1 and says in lines[0], done.stderr[-4000:]
+    assert "Traceback" not in done.stderr
+    assert seconds < (180 if case == "unwritable_work" else 30)
+    for name in ("out-unwritable", "out-edge"):
+        assert not list((runs["shared"] / name).glob("dt=*"))
