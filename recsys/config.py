@@ -2,7 +2,9 @@
 
 Entry points call :func:`load_config` exactly once and pass the resulting :class:`Config` (or the
 section a function needs) down explicitly. Nothing else reads YAML or the environment for
-settings, so a run is fully described by the resolved config that is logged with it.
+settings, so a run is fully described by the resolved config that is logged with it. The few
+environment variables the project honours are read here too (:func:`load_launch_settings`,
+:func:`load_hooks`), once, by the entry points.
 """
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from recsys.errors import ConfigError
+from recsys.uris import is_local_path, redact_uri, validate_path
+
+if TYPE_CHECKING:
+    from recsys.hooks import Hooks
 
 
 class _Section(BaseModel):
@@ -214,6 +219,41 @@ class Config(_Section):
         return data
 
 
+# Environment variables the project honours, all read here and nowhere else (docs/configuration.md):
+SPARK_REMOTE_ENV = "SPARK_REMOTE"                       # Spark Connect URL when spark.remote is unset
+SHUFFLE_PARTITIONS_ENV = "RECSYS_SHUFFLE_PARTITIONS"    # spark.sql.shuffle.partitions of local sessions
+
+
+class LaunchSettings(_Section):
+    """How this process was launched: environment settings that shape the session, not the output.
+
+    Kept out of :class:`Config` (and so out of its digest): where the job ran does not change what
+    it publishes, and moving a job to Spark Connect must not make every date look changed.
+    """
+
+    spark_remote: str | None = None
+    shuffle_partitions: int = Field(default=8, ge=1)
+
+
+def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSettings:
+    """``SPARK_REMOTE`` and ``RECSYS_SHUFFLE_PARTITIONS`` from the environment, validated."""
+    env = os.environ if environ is None else environ
+    raw = env.get(SHUFFLE_PARTITIONS_ENV, "").strip()
+    try:
+        return LaunchSettings(spark_remote=env.get(SPARK_REMOTE_ENV, "").strip() or None,
+                              shuffle_partitions=int(raw) if raw else 8)
+    except (ValueError, ValidationError):
+        raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer") from None
+
+
+def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
+    """Test and game-day hooks from ``RECSYS_PAUSE_AT``, ``RECSYS_PAUSE_MAX_S`` and
+    ``RECSYS_FAULT_INJECTION`` (docs/faults.md); all unset: no hooks. Called once, at the entry point."""
+    from recsys.hooks import Hooks
+
+    return Hooks.from_environ(os.environ if environ is None else environ)
+
+
 def default_config_text() -> str:
     return resources.files("recsys").joinpath("default.yaml").read_text()
 
@@ -301,58 +341,3 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
         key = ".".join(str(p) for p in err["loc"])
         problems.append(f"config key {key!r} = {err.get('input')!r}: {err['msg']}")
     return "invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set KEY=VALUE)"
-
-
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
-def validate_path(value: str) -> str:
-    """Reject paths that cannot be what the user meant, before any data is read or written."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("path must be a non-empty string")
-    if "\x00" in value or "\n" in value:
-        raise ValueError(f"path {value!r} holds a control character")
-    if _SCHEME.match(value):
-        return value
-    if ".." in Path(value).parts:
-        raise ValueError(f"path {value!r} must not contain '..'; give it relative to the working directory or absolute")
-    if Path(value).resolve() == Path("/"):
-        raise ValueError("path must not be the filesystem root")
-    return value
-
-
-def is_local_path(path: str) -> bool:
-    return not _SCHEME.match(path) or path.startswith("file://")
-
-
-def local_path(path: str) -> Path:
-    """Absolute local path for a local path or file:// URI."""
-    if path.startswith("file://"):
-        return Path(urlsplit(path).path)
-    return Path(path).resolve()
-
-
-_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
-_SECRET_QUERY_VALUE = re.compile(r"(?i)((?:token|password|secret|key|sig|signature)=)[^&;\s'\"]*")
-
-
-def redact_text(text: str) -> str:
-    """Redact credentials in every URI inside free text (error messages, log lines).
-
-    Client libraries quote the URL they failed to reach in their errors, credentials included;
-    those messages reach the job's log, so they are cleaned as a whole, not parsed as one URI.
-    """
-    return _SECRET_QUERY_VALUE.sub(r"\1***", _CREDENTIALS_IN_URL.sub(r"\1***@", text))
-
-
-def redact_uri(uri: str) -> str:
-    """Drop user:password@ and secret-looking query values from a URI before it is logged."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "<unparseable uri>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    # secrets also hide in path parameters, e.g. Spark Connect's sc://host:15002/;token=...
-    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
