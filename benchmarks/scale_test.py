@@ -103,12 +103,31 @@ def run_scale(users: int, items: int, work: Path, top_n: int, driver_memory: str
     if proc.returncode != 0:
         raise SystemExit(f"recommend failed for {users} users (exit {proc.returncode}):\n{log[-5000:]}")
     manifest = json.loads((root / "out" / f"dt={RUN_DATE}" / "_manifest.json").read_text())
+    marker = "seconds by stage: "   # recsys.nightly.STAGE_BREAKDOWN, the run's last figures
+    lines = [line for line in log.splitlines() if marker in line]
+    breakdown = json.loads(lines[-1].split(marker, 1)[1]) if lines else {}
+    if breakdown:
+        breakdown["start-up and exit"] = round(job_s - breakdown["total"], 2)   # before the timer: JVM, session
     return {
         "users": users, "items": items, "events": summary.events, "generate_s": gen_s, "job_s": job_s,
         "rows": manifest["counts"]["rows"], "peak_mb": peaks,
         "worker_peak_mb_reported": manifest["metrics"].get("worker_rss_mb_max"),
         "timings": manifest["timings"], "users_per_s": manifest["metrics"].get("users_per_s"),
+        "breakdown_s": breakdown,
     }
+
+
+def print_breakdown(r: dict) -> None:
+    """Where the job's wall time went: each stage's seconds and share, and the job over its scoring stage."""
+    b = r["breakdown_s"]
+    if not b:
+        return
+    print(f"\n{r['users']:,} users: job wall {r['job_s']:.1f} s")
+    for name, seconds in b.items():
+        if name != "total":
+            print(f"  {name:20s} {seconds:8.1f} s  {seconds / r['job_s']:6.1%}")
+    if b.get("score"):
+        print(f"  job wall / scoring stage: {r['job_s'] / b['score']:.2f}")
 
 
 def main() -> int:
@@ -126,6 +145,7 @@ def main() -> int:
         print(f"== {users:,} users x {args.items:,} items", flush=True)
         r = run_scale(users, args.items, args.work, args.top_n, args.driver_memory)
         print(json.dumps(r, indent=2), flush=True)
+        print_breakdown(r)
         results.append(r)
     if len(results) >= 2:
         base, big = results[0], results[-1]

@@ -15,6 +15,7 @@ config digest is left alone unless forced). Only then is an MLflow run started.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from recsys.publish.publisher import (PartitionLayout, check_output_location, di
 log = logging.getLogger(__name__)
 
 PUBLISHED, SKIPPED = "published", "skipped"
+STAGE_BREAKDOWN = "seconds by stage:"   # the run's last figures; benchmarks/scale_test.py reads this line
 
 
 @dataclass
@@ -228,7 +230,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
 
     metrics = stages.run_metrics(catalog, history, scored, report)
     method = publish_method(layout)
-    manifest = stages.manifest(cfg, date, model, catalog, metrics, timer.as_metrics(), report,
+    manifest = stages.manifest(cfg, date, model, catalog, metrics, {**timer.as_metrics(), **timer.shares()}, report,
                                run_id=recorder.run_id, tracking_error=recorder.error, job_run=layout.run_key,
                                method=method, config_digest=config_digest,
                                model_resolution_error=model_resolution_error, workers=stages.worker_summary(scored))
@@ -237,8 +239,10 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         published_dir = publish(layout, manifest, method, hooks)
         c.update(path=published_dir, method=method)
 
-    metrics = {**metrics, **timer.as_metrics(), "total_s": timer.total}
-    stages.record(recorder, spark, cfg, published_dir, manifest, metrics, scored, report, catalog, fallback)
+    metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
+    with timer.stage("record", "record the run"):
+        stages.record(recorder, spark, cfg, published_dir, manifest, metrics, scored, report, catalog, fallback)
+    log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
     log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
              timer.total, recorder.run_id or "untracked")
     return NightlyResult(date, recorder.run_id, published_dir, manifest, metrics)

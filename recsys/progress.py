@@ -50,6 +50,24 @@ class StageTimer:
     def as_metrics(self) -> dict[str, float]:
         return {f"stage_{k.replace(' ', '_')}_s": round(v, 3) for k, v in self.seconds.items()}
 
+    def shares(self) -> dict[str, float]:
+        """Each stage's share of the time since the timer started, and the share outside any stage:
+        where a run's wall time went, in the manifest and MLflow next to the seconds."""
+        total = self.total
+        if total <= 0:
+            return {}
+        out = {f"stage_{k.replace(' ', '_')}_share": round(v / total, 4) for k, v in self.seconds.items()}
+        out["outside_stages_share"] = round(max(0.0, 1 - sum(self.seconds.values()) / total), 4)
+        return out
+
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per stage plus ``outside_stages`` and ``total``, for the run's last log line."""
+        total = self.total
+        out = {k: round(v, 2) for k, v in self.seconds.items()}
+        out["outside_stages"] = round(max(0.0, total - sum(self.seconds.values())), 2)
+        out["total"] = round(total, 2)
+        return out
+
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):

@@ -34,7 +34,7 @@ from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_
 from recsys.errors import InputDataError, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
-from recsys.publish.validate import ValidationReport, validate_recommendations
+from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
 from recsys.scoring.core import Candidates, Fallback, candidate_set, counts_per_candidate, popularity_fallback
 from recsys.scoring.stage import WorkerFigures, score_histories, worker_figures
 from recsys.scoring.shipping import ShippedModel
@@ -208,6 +208,7 @@ class ScoreStage:
     output_dir: str
     worker: WorkerFigures
     write_seconds: float
+    rows: Mapping[str, Any]           # recsys.publish.validate.row_checks, observed on the rows as written
 
     @property
     def users_per_s(self) -> float:
@@ -216,14 +217,21 @@ class ScoreStage:
 
 def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
           hooks: Hooks = NO_HOOKS) -> ScoreStage:
-    """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten)."""
+    """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten).
+
+    Validation happens in this pass: the tasks check their own rows (``recsys.scoring.checks``) and
+    the row checks are observed on the rows as they are written; :func:`validate` only adds up.
+    """
     scored, observation = score_users(histories, spec, partitions)
     if hooks.holds_while_writing():
         scored = scored.mapInArrow(_hold_first_task_while_writing(hooks.pause_max_s), OUTPUT_SPARK_DDL)
+    checks = row_checks(top_n=spec.top_n, fallback_name=spec.fallback_name, model_version=spec.model_version)
+    rows = Observation("row_checks")
     started = time.perf_counter()
-    scored.write.mode("overwrite").parquet(output_dir)
+    scored.observe(rows, *checks).write.mode("overwrite").parquet(output_dir)
     seconds = time.perf_counter() - started
-    return ScoreStage(output_dir, worker_figures(observation), seconds)
+    observed = _observed(rows, lambda: histories.sparkSession.read.parquet(output_dir).agg(*checks).first().asDict())
+    return ScoreStage(output_dir, worker_figures(observation), seconds, observed)
 
 
 def _hold_first_task_while_writing(max_s: float):
@@ -254,12 +262,16 @@ def _hold_first_task_while_writing(max_s: float):
 
 def validate(spark: SparkSession, scored: ScoreStage, history: HistoryStage, catalog: CatalogStage,
              fallback: FallbackStage, *, top_n: int, model_version: str, date: dt.date) -> ValidationReport:
-    """Check the staged rows; raises ValidationFailed (nothing is published) when a check fails."""
-    report = validate_recommendations(
-        spark.read.parquet(scored.output_dir), history.histories, candidate_ids=catalog.candidates.item_ids,
-        top_n=top_n, fallback_name=fallback.fallback.name, fallback_len=len(fallback.fallback.item_ids),
-        model_version=model_version, users_in_window=history.figures["users_in_window"],
-    )
+    """The report of the checks the scoring pass ran; raises ValidationFailed (nothing is published)
+    when one failed. No pass over the output: the tasks' counts and the observed row checks are added
+    up, and rows out are compared with the users counted while the histories were built.
+
+    ``spark``, ``top_n`` and ``model_version`` are kept for callers; the pass had them in its spec.
+    """
+    checks = scored.worker["checks"]
+    report = in_pass_report(scored.rows, checks, (checks["item_ids"], checks["item_times"]),
+                            candidate_ids=catalog.candidates.item_ids,
+                            users_in_window=history.figures["users_in_window"])
     if not report.passed:
         raise ValidationFailed(
             f"validation failed for {date}, nothing published: " + "; ".join(report.failures()),

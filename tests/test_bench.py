@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from recsys.bench.run import ALS, BARE, BARE_THREADS, JOB, PBU, BenchOptions, _report, format_table, run_bench, write_json
+from recsys.bench.run import (ALS, BARE, BARE_THREADS, BF16, JOB, PBU, REF, BenchOptions, _report, format_table,
+                              run_bench, write_json)
+from recsys.scoring import core as core_module
 from recsys.bench.shapes import BenchShape
 
 
@@ -26,11 +28,34 @@ def test_ratios_are_medians_against_the_faster_bare_core_by_hand():
     assert "job / Spark ALS: 8.33x" in format_table(result)
 
 
-def test_core_only_runs_without_spark_and_writes_json(tmp_path):
+def test_reference_and_bf16_rows_are_ratios_in_the_same_mode_by_hand():
+    opts = BenchOptions(shape=BenchShape(users=1000), repeats=1)
+    seconds = {REF: [2.0], BARE: [0.8], BARE_THREADS: [0.5], BF16: [0.4]}
+    result = _report(opts, seconds, {"device": "cpu", "reference_identical_lists": 1.0, "bf16_overlap": 0.995})
+    assert result["ratios"]["bare/reference"] == pytest.approx(4.0)          # threads row vs reference
+    assert result["ratios"]["bf16/reference"] == pytest.approx(5.0)
+    assert result["bare_limit_users_per_s"] == pytest.approx(2000)            # reference and bf16 are not the limit
+    table = format_table(result)
+    assert "fp32 core / reference core: 4.00x" in table and "overlap with fp32: 0.9950" in table
+
+
+def test_core_only_runs_without_spark_and_writes_json(tmp_path, monkeypatch):
     shape = BenchShape(users=300, items=60, dim=8, history=6, top_n=10, layers=1, heads=1)
+    monkeypatch.setattr(core_module, "cpu_bf16_supported", lambda: True)   # the bf16 row runs (emulated if need be)
     result = run_bench(BenchOptions(shape=shape, repeats=2, chunk_size=64, cores=2, core_only=True), log=lambda _: None)
 
-    assert set(result["users_per_s"]) == {BARE, BARE_THREADS}
+    assert set(result["users_per_s"]) == {REF, BARE, BARE_THREADS, BF16}
+    assert result["reference_identical_lists"] > 0.9 and result["bf16_overlap"] > 0.9
     assert all(len(s) == 2 and min(s) > 0 for s in result["seconds"].values())
     write_json(result, tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text())["shape"]["users"] == 300
+
+
+def test_bf16_row_is_skipped_with_the_reason_on_a_cpu_without_bf16(monkeypatch):
+    monkeypatch.setattr(core_module, "cpu_bf16_supported", lambda: False)
+    shape = BenchShape(users=100, items=60, dim=8, history=6, top_n=10, layers=1, heads=1)
+    result = run_bench(BenchOptions(shape=shape, repeats=1, chunk_size=64, cores=1, core_only=True,
+                                    skip=(REF,)), log=lambda _: None)
+    assert set(result["users_per_s"]) == {BARE}
+    assert "AVX-512-BF16" in result["bf16_skipped"]
+    assert "bf16 row skipped" in format_table(result)

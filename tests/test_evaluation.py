@@ -158,6 +158,26 @@ def test_sequence_models_read_the_phase_history_through_their_vocabulary():
     assert torch.allclose(scores[0, 1:], expected[0])
 
 
+def test_the_core_scorer_ranks_the_lists_the_job_would_publish():
+    """CoreScorer (how `recsys evaluate` measures scoring.dtype=bfloat16): the core's fp32 top-N
+    gives every user the same top list and the same metrics at k <= N as the model's full scores."""
+    from toy_model import random_model
+
+    from recsys.evaluation.ranking import CoreScorer
+
+    model = random_model(num_items=30, dim=4, seed=2, max_len=4)
+    item_ids = np.arange(100, 130)
+    rng = np.random.default_rng(0)
+    histories = [list(rng.choice(item_ids, size=5, replace=False)) for _ in range(20)]
+    targets = [[int(rng.choice(sorted(set(item_ids) - set(h))))] for h in histories]
+    phase = _phase(histories, targets, rows=list(range(20)), candidates=item_ids[:25])   # 5 items not candidates
+    full = rank_phase(SequenceModelScorer(model, item_ids, phase), phase, ks=(5,))
+    core = rank_phase(CoreScorer(model, item_ids, phase, top_n=5, dtype="float32"), phase, ks=(5,))
+    assert np.array_equal(core.top, full.top)
+    for name in ("ndcg@5", "hr@5"):
+        assert np.allclose(core.per_user[name], full.per_user[name])
+
+
 # ---------------------------------------------------------------------------------------------
 # report: bootstrap intervals and paired differences
 

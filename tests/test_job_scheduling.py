@@ -97,7 +97,7 @@ def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base
     from recsys import nightly, stages
     from recsys.errors import LockHeld
 
-    real = stages.validate_recommendations
+    real = stages.in_pass_report
     lock = tmp_path / "recommendations" / "_locks" / f"{PART}.lock"
 
     def validate_then_lose_the_lock(*args, **kwargs):   # e.g. the run stalled past its ttl and was replaced
@@ -107,7 +107,7 @@ def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base
                                     "pid": os.getpid(), "ttl_s": 600}))
         return report
 
-    monkeypatch.setattr(stages, "validate_recommendations", validate_then_lose_the_lock)
+    monkeypatch.setattr(stages, "in_pass_report", validate_then_lose_the_lock)
     with pytest.raises(LockHeld, match="lost the lock on dt=2024-05-08 .*the-new-holder.*nothing was published"):
         nightly.run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
     assert jobkit.partitions(tmp_path / "recommendations") == []

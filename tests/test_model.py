@@ -261,3 +261,38 @@ def test_cpu_encode_blocks_do_not_change_results(monkeypatch):
         monkeypatch.setattr(sasrec_module, "CPU_ENCODE_ROWS", 10_000)
         whole = model.encode(seq)
     torch.testing.assert_close(blocked, whole, rtol=1e-5, atol=1e-5)
+
+
+def trained_model() -> SASRec:
+    """A SASRec trained a few epochs on a next-item pattern: trained weights, not an initialisation."""
+    from recsys.model.training import TrainSettings, fit
+    from recsys.sequences import Sequences
+
+    rng = np.random.default_rng(0)
+    runs = [list((s + np.arange(n)) % NUM_ITEMS + 1) for s, n in zip(rng.integers(0, NUM_ITEMS, 200),
+                                                                    rng.integers(3, 15, 200))]
+    config = SASRecConfig(num_items=NUM_ITEMS, dim=16, layers=2, heads=2, max_len=8, dropout=0.1)
+    return fit(Sequences.from_lists(runs), config, TrainSettings(epochs=3, batch_size=32, learning_rate=5e-3, seed=1,
+                                                                 num_threads=1)).model.eval()
+
+
+def test_encode_matches_the_full_encoder_on_a_trained_model(monkeypatch):
+    """The scoring encoder (length-sorted blocks, last position only, no mask in unpadded blocks)
+    against the full forward's last position: float tolerance, on trained weights."""
+    model = trained_model()
+    full_rows = random_batch(128, 8, seed=4)
+    full_rows[full_rows == 0] = 3                                  # 128 unpadded rows: two unmasked blocks
+    seq = torch.cat([random_batch(90, 8, seed=5), full_rows])[torch.randperm(218, generator=torch.Generator().manual_seed(0))]
+    unmasked = []
+    original = sasrec_module.Block.forward_last
+
+    def spy(self, x, mask):
+        unmasked.append(mask is None)
+        return original(self, x, mask)
+
+    monkeypatch.setattr(sasrec_module.Block, "forward_last", spy)
+    with torch.no_grad():
+        fast = model.encode(seq)
+        reference = model(seq)[:, -1]
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+    assert sum(unmasked) >= 2 and not all(unmasked)                # both paths ran

@@ -7,14 +7,12 @@ the shared session, so logging is set up as in production (``configure_logging``
 import datetime as dt
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest

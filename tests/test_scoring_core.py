@@ -177,3 +177,135 @@ def test_a_score_matrix_budget_tiles_the_catalog_and_keeps_the_top_n():
     assert got == reference_topn(model, hists, available, 5)
     scorer.max_tile_mb = 0
     assert scorer.tile_size(40, 4) == scorer.num_candidates
+
+
+# --- exact top-N without sorting the matrix ---------------------------------------------------
+
+from recsys.scoring import core as core_module  # noqa: E402
+from recsys.scoring.core import ReferenceScorer, exact_topk  # noqa: E402
+
+
+def stable_reference(scores: torch.Tensor, k: int):
+    """The documented order by brute force: score descending, ties by column ascending."""
+    vals, cols = torch.sort(scores, dim=1, descending=True, stable=True)
+    return vals[:, :k], cols[:, :k]
+
+
+def tie_heavy_scores(rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Few distinct values (ties everywhere, also across the k-th place), -inf masks, -0.0 and +0.0."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randint(-6, 7, (rows, cols), generator=g).float() / 4
+    scores[torch.rand(rows, cols, generator=g) < 0.1] = float("-inf")
+    scores[scores == 0] = torch.where(torch.rand(int((scores == 0).sum()), generator=g) < 0.5, -0.0, 0.0)
+    scores[0] = 1.0                                           # a row of one value
+    scores[1, 5:] = float("-inf")                             # a row with fewer finite scores than k
+    return scores
+
+
+@pytest.mark.parametrize("cols, k", [(5000, 100), (5000, 1), (3001, 37), (400, 50), (60, 60)])
+def test_exact_topk_returns_torch_topk_values_in_the_documented_tie_order(cols, k):
+    for seed in range(3):
+        scores = tie_heavy_scores(70, cols, seed)
+        vals, idx = exact_topk(scores, k)
+        assert torch.equal(vals, torch.topk(scores, k, dim=1).values)
+        ref_vals, ref_cols = stable_reference(scores, k)
+        assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_cols)
+        assert torch.equal(torch.gather(scores, 1, idx), vals)
+
+
+def test_exact_topk_on_continuous_scores_takes_the_filtered_path_and_matches_torch_topk():
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(300, 20_000, generator=g)
+    k = 100
+    assert 20_000 // core_module.GROUP >= core_module.MIN_GROUPS_PER_ITEM * k   # the grouped path, not the direct one
+    vals, idx = exact_topk(scores, k)
+    ref_vals, ref_idx = torch.topk(scores, k, dim=1)
+    assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx)          # no ties: the same columns, in order
+
+
+def test_exact_topk_ranks_nan_first_like_torch_topk():
+    scores = torch.randn(4, 4000)
+    scores[2, 17] = float("nan")
+    scores[3, 4] = -float("nan")                              # a NaN with the sign bit set
+    vals, idx = exact_topk(scores, 5)
+    assert idx[2, 0] == 17 and idx[3, 0] == 4
+    assert torch.equal(idx, torch.topk(scores, 5, dim=1).indices)
+
+
+def trained_sasrec(num_items: int = NUM_ITEMS, max_len: int = 8):
+    """A small SASRec trained a few epochs on a next-item pattern (trained weights, not random ones)."""
+    from recsys.model.sasrec import SASRecConfig
+    from recsys.model.training import TrainSettings, fit
+
+    rng = np.random.default_rng(0)
+    runs = [list((s + np.arange(n)) % num_items + 1) for s, n in zip(rng.integers(0, num_items, 200),
+                                                                    rng.integers(3, 15, 200))]
+    config = SASRecConfig(num_items=num_items, dim=16, layers=2, heads=2, max_len=max_len, dropout=0.1)
+    return fit(Sequences.from_lists(runs), config, TrainSettings(epochs=3, batch_size=32, learning_rate=5e-3,
+                                                                  seed=1, num_threads=1)).model.eval()
+
+
+def test_fast_core_gives_the_reference_cores_lists_on_a_trained_model(monkeypatch):
+    """Row blocks, the grouped selection and the last-position encoder against the reference core:
+    full forward, one product, torch.topk, fp32."""
+    model = trained_sasrec()
+    rng = np.random.default_rng(3)
+    available = np.arange(1, NUM_ITEMS + 1)[rng.random(NUM_ITEMS) < 0.8]
+    hists = [list(rng.choice(np.arange(1, NUM_ITEMS + 1), size=n, replace=False)) for n in rng.integers(0, 20, 300)]
+    monkeypatch.setattr(core_module, "CPU_BLOCK_BYTES", 40 * 4 * len(available))   # blocks of 40 users
+    monkeypatch.setattr(core_module, "GROUP", 2)                                     # grouped path at 48 items
+    monkeypatch.setattr(core_module, "MIN_GROUPS_PER_ITEM", 1)
+    fb = Fallback(SOURCE_POPULARITY, ITEM_IDS[:10], np.linspace(1, 0.5, 10).astype(np.float32))
+    common = dict(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(available, ITEM_IDS[available - 1]),
+                  fallback=fb, top_n=10, device=torch.device("cpu"))
+    fast, ref = Scorer(**common), ReferenceScorer(**common)
+    assert fast.row_block(300) == 40
+    ids_f, vals_f, fb_f, _ = fast.topn(to_ids(hists))
+    ids_r, vals_r, fb_r, _ = ref.topn(to_ids(hists))
+    assert np.array_equal(fb_f, fb_r)
+    np.testing.assert_allclose(vals_f, vals_r, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(ids_f, ids_r)
+
+
+# --- dtype --------------------------------------------------------------------------------------
+
+def test_bf16_is_refused_on_a_cpu_without_native_bf16(monkeypatch):
+    monkeypatch.setattr(core_module, "cpu_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match="scoring.dtype=bfloat16 needs a CPU with AVX-512-BF16 or AMX-BF16.*float32"):
+        Scorer(model=random_model(NUM_ITEMS), vocab=Vocabulary(ITEM_IDS),
+               candidates=Candidates(np.arange(1, 11), ITEM_IDS[:10]), fallback=popularity_fallback(ITEM_IDS, np.ones(60), 3),
+               top_n=3, device=torch.device("cpu"), dtype="bfloat16")
+
+
+def test_float16_is_refused_on_the_cpu():
+    with pytest.raises(ValueError, match="float16 is for CUDA"):
+        Scorer(model=random_model(NUM_ITEMS), vocab=Vocabulary(ITEM_IDS),
+               candidates=Candidates(np.arange(1, 11), ITEM_IDS[:10]), fallback=popularity_fallback(ITEM_IDS, np.ones(60), 3),
+               top_n=3, device=torch.device("cpu"), dtype="float16")
+
+
+def test_the_capability_check_reads_the_cpu_flags():
+    """Where /proc/cpuinfo lists avx512_bf16 or amx_bf16, the check must agree (and disagree where neither is)."""
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    assert core_module.cpu_bf16_supported() == (("avx512_bf16" in flags or "amx_bf16" in flags)
+                                                and torch.backends.mkldnn.is_available())
+
+
+@pytest.mark.skipif(not core_module.cpu_bf16_supported(), reason="this CPU has no native bf16")
+def test_bf16_lists_overlap_fp32_and_carry_fp32_scores():
+    model = trained_sasrec()
+    rng = np.random.default_rng(5)
+    hists = [list(rng.choice(np.arange(1, NUM_ITEMS + 1), size=n, replace=False)) for n in rng.integers(1, 20, 200)]
+    available = np.arange(1, NUM_ITEMS + 1)
+    fb = Fallback(SOURCE_POPULARITY, ITEM_IDS[:10], np.linspace(1, 0.5, 10).astype(np.float32))
+    common = dict(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(available, ITEM_IDS[available - 1]),
+                  fallback=fb, top_n=10, device=torch.device("cpu"))
+    ids32, vals32, _, _ = Scorer(**common).topn(to_ids(hists))
+    ids16, vals16, _, _ = Scorer(**common, dtype="bfloat16").topn(to_ids(hists))
+    overlap = np.mean([len(np.intersect1d(a, b)) / 10 for a, b in zip(ids32, ids16)])
+    assert overlap >= 0.95
+    assert np.all(np.diff(vals16, axis=1) <= 0)                                   # fp32-rescored, best first
+    assert vals16.dtype == np.float32 and len(np.unique(vals16)) > 0.9 * vals16.size   # not bf16-rounded

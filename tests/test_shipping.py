@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from recsys.scoring.shipping import ShippedModel, files_digest, fetch_model, ship_model
+from recsys.scoring.shipping import ShippedModel, files_digest, ship_model
 
 pytestmark = pytest.mark.spark
 

@@ -60,6 +60,41 @@ def test_hooks_are_off_unless_the_environment_asks_and_unknown_names_are_refused
     Hooks(faults=("fail_first_attempt",)).inject_faults(attempt=1)    # the retry goes through
 
 
+def test_stage_shares_and_the_breakdown_account_for_the_whole_wall_time(monkeypatch):
+    from recsys import progress
+
+    clock = iter([0.0, 1.0, 4.0, 5.0, 6.0, 10.0, 10.0])   # start; a 3 s stage; a 1 s stage; then the reads
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    timer = progress.StageTimer()
+    with timer.stage("score"):
+        pass
+    with timer.stage("validate"):
+        pass
+    shares = timer.shares()                                  # total 10 s
+    assert shares == {"stage_score_share": 0.3, "stage_validate_share": 0.1, "outside_stages_share": 0.6}
+    assert timer.breakdown() == {"score": 3.0, "validate": 1.0, "outside_stages": 6.0, "total": 10.0}
+
+
+def test_a_catalog_snapshot_is_counted_on_the_driver_with_duplicates_and_nulls_named():
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from recsys.data.readers import CatalogSnapshot, catalog_figures
+    from recsys.errors import InputDataError
+
+    table = pa.table({"item_id": pa.array([5, 3, 9, 1], pa.int64()), "available": pa.array([True, None, True, False])})
+    figures, available = catalog_figures(CatalogSnapshot(dt.date(2024, 5, 1), None, table), "cat")
+    assert figures == {"rows": 4, "null_item_ids": 0, "distinct_items": 4, "available_items": 2}
+    assert available.tolist() == [5, 9]
+    dup = pa.table({"item_id": pa.array([5, 5, 7, 7, 7], pa.int64()), "available": pa.array([True] * 5)})
+    with pytest.raises(InputDataError, match=r"3 duplicate row\(s\) \(item_id 5, 7 among them\)"):
+        catalog_figures(CatalogSnapshot(dt.date(2024, 5, 1), None, dup), "cat")
+    nulls = pa.table({"item_id": pa.array([5, None], pa.int64()), "available": pa.array([True, True])})
+    with pytest.raises(InputDataError, match="1 row\\(s\\) with a null item_id"):
+        catalog_figures(CatalogSnapshot(dt.date(2024, 5, 1), None, nulls), "cat")
+
+
 def test_the_long_tail_plot_has_no_negative_counts_on_its_axis():
     from recsys import plots
 

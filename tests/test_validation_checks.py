@@ -73,3 +73,48 @@ def test_each_violation_is_caught_by_its_check(spark, check):
     assert not report.passed
     assert {name for name, count in report.violations.items() if count} == expected
     assert any(f.startswith(f"{check}=") for f in report.failures())
+
+
+# --- the same checks, run the way the nightly job runs them: inside the scoring pass -------------
+
+def _in_pass(spark, rows, users_in_window=3):
+    """The tasks' checks (one task holding every row, as it emitted them) plus the row checks
+    aggregated over the written rows, combined by the driver: no join, no second read."""
+    import pyarrow as pa
+
+    from recsys.data.contracts import RECOMMENDATION_TYPE
+    from recsys.publish.validate import in_pass_report, row_checks
+    from recsys.scoring.checks import TaskChecks
+
+    out = pa.RecordBatch.from_arrays(
+        [pa.array([r[0] for r in rows], pa.int64()),
+         pa.array([[{"item_id": i, "score": s} for i, s in r[1]] for r in rows], RECOMMENDATION_TYPE),
+         pa.array([r[2] for r in rows], pa.string())],
+        names=["user_id", "recommendations", "source"])
+    task = TaskChecks()
+    task.add_chunk(np.array([u for u, _ in HISTORIES]), pa.array([h for _, h in HISTORIES], pa.list_(pa.int64())), out,
+                   candidate_ids_sorted=np.arange(1, 11), top_n=3, fallback_name="popularity", fallback_len=3)
+    figures = task.finish()
+    recs = spark.createDataFrame(
+        rows, "user_id bigint, recommendations array<struct<item_id: bigint, score: float>>, source string, "
+              "model_version string")
+    observed = recs.agg(*row_checks(top_n=3, fallback_name="popularity", model_version="7")).first().asDict()
+    item_counts = tuple(np.asarray(x, dtype=np.int64) for x in figures["item_counts"])
+    return in_pass_report(observed, figures, item_counts, candidate_ids=np.arange(1, 11), users_in_window=users_in_window)
+
+
+def test_in_pass_validation_passes_a_correct_output_with_the_same_figures(spark):
+    in_pass, joined = _in_pass(spark, _good_rows()), _validate(spark, _good_rows())
+    assert in_pass.passed and in_pass.figures == joined.figures
+    assert dict(zip(*(a.tolist() for a in in_pass.item_counts))) == dict(zip(*(b.tolist() for b in joined.item_counts)))
+
+
+@pytest.mark.parametrize("check", sorted(CASES))
+def test_in_pass_validation_catches_each_violation_the_join_catches(spark, check):
+    spoil, expected = CASES[check]
+    if spoil is None:
+        report = _in_pass(spark, _good_rows(), users_in_window=4)
+    else:
+        report = _in_pass(spark, spoil(_good_rows()))
+    assert {name for name, count in report.violations.items() if count} == expected
+    assert any(f.startswith(f"{check}=") for f in report.failures())

@@ -52,3 +52,15 @@ def score_chunks_parallel(scorer: Scorer, user_ids: np.ndarray, chunks: list[tup
         return time.perf_counter() - start, sum(parts)
     finally:
         torch.set_num_threads(previous)
+
+
+def agreement(a: Scorer, b: Scorer, chunk: Sequences, overlap: bool = False) -> float:
+    """How far two cores agree on one chunk: the share of users whose lists are identical (ids in
+    order), or with ``overlap`` the mean share of ``a``'s top N that ``b`` also recommends."""
+    ids_a, _, _, _ = a.topn(chunk)
+    ids_b, _, _, _ = b.topn(chunk)
+    if not overlap:
+        return float((ids_a == ids_b).all(axis=1).mean())
+    k = ids_a.shape[1]
+    same = [len(np.intersect1d(x, y)) / k for x, y in zip(ids_a, ids_b)]
+    return float(np.mean(same)) if same else float("nan")

@@ -20,11 +20,24 @@ import numpy as np
 import torch
 
 from recsys.bench import core_bench, shapes
+from recsys.scoring.core import Scorer, check_dtype
+
+
+def bf16_refusal(device: torch.device) -> str:
+    """Why the bf16 row cannot run here ('' when it can)."""
+    try:
+        check_dtype("bfloat16", device)
+    except ValueError as e:
+        return str(e)
+    return ""
 
 BARE, BARE_THREADS, JOB, PBU, ALS = "bare_core", "bare_core_threads", "job_stage", "predict_batch_udf", "spark_als"
+REF, BF16 = "reference_core", "bare_core_bf16"
 LABELS = {
+    REF: "reference core (all positions, full sort), fp32",
     BARE: "bare core, 1 process, N torch threads",
     BARE_THREADS: "bare core, 1 process, N threads x 1 torch thread",
+    BF16: "bare core, bfloat16",
     JOB: "job scoring stage (Spark, mapInArrow + cache)",
     PBU: "predict_batch_udf wrapping the same core",
     ALS: "Spark ALS recommendForAllUsers (rank = dim)",
@@ -82,10 +95,33 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     chunks = core_bench.contiguous_chunks(seqs, opts.chunk_size)
     core_bench.score_chunks(scorer, user_ids, chunks[:1])  # warm-up: kernels, allocator, caches
 
-    systems: dict[str, Callable[[], float]] = {BARE: lambda: core_bench.score_chunks(scorer, user_ids, chunks)[0]}
-    if device.type == "cpu" and opts.cores > 1:
-        systems[BARE_THREADS] = lambda: core_bench.score_chunks_parallel(scorer, user_ids, chunks, opts.cores)[0]
+    threads_mode = device.type == "cpu" and opts.cores > 1
+
+    def timed(sc: Scorer) -> Callable[[], float]:
+        """The reference and bf16 rows run as the faster bare row usually does: N threads x 1 torch
+        thread on a multi-core CPU (how Spark runs tasks), one process otherwise."""
+        if threads_mode:
+            return lambda: core_bench.score_chunks_parallel(sc, user_ids, chunks, opts.cores)[0]
+        return lambda: core_bench.score_chunks(sc, user_ids, chunks)[0]
+
+    systems: dict[str, Callable[[], float]] = {}
     extra: dict = {"device": str(device), "torch": torch.__version__, "threads": opts.cores}
+    if REF not in opts.skip:
+        reference = shapes.scorer(shape, net, device, "float32", opts.item_tile, reference=True)
+        systems[REF] = timed(reference)
+        extra["reference_identical_lists"] = core_bench.agreement(reference, scorer, chunks[0][2])
+    systems[BARE] = lambda: core_bench.score_chunks(scorer, user_ids, chunks)[0]
+    if threads_mode:
+        systems[BARE_THREADS] = lambda: core_bench.score_chunks_parallel(scorer, user_ids, chunks, opts.cores)[0]
+    if BF16 not in opts.skip and opts.dtype == "float32":
+        refusal = bf16_refusal(device)
+        if refusal:
+            extra["bf16_skipped"] = refusal
+        else:
+            bf16 = shapes.scorer(shape, net, device, "bfloat16", opts.item_tile)
+            core_bench.score_chunks(bf16, user_ids, chunks[:1])
+            systems[BF16] = timed(bf16)
+            extra["bf16_overlap"] = core_bench.agreement(scorer, bf16, chunks[0][2], overlap=True)
     if device.type == "cuda":
         extra["gpu"] = torch.cuda.get_device_name(device)
     session = None
@@ -196,7 +232,15 @@ def _report(opts: BenchOptions, seconds: dict[str, list[float]], extra: dict) ->
     ups = {n: users / s for n, s in median.items()}
     # the limit is the faster way of running the bare core on these cores
     bare = max(ups[n] for n in (BARE, BARE_THREADS) if n in ups)
-    ratios = {f"{n}/bare": ups[n] / bare for n in ups if n not in (BARE, BARE_THREADS)}
+    ratios = {f"{n}/bare": ups[n] / bare for n in ups if n not in (BARE, BARE_THREADS, REF, BF16)}
+    if REF in ups:
+        # like with like: the reference runs in the mode of the BARE_THREADS row where there is one
+        same_mode = ups.get(BARE_THREADS, ups[BARE])
+        ratios["bare/reference"] = same_mode / ups[REF]
+        if BF16 in ups:
+            ratios["bf16/reference"] = ups[BF16] / ups[REF]
+    if BF16 in ups:
+        ratios["bf16/bare"] = ups[BF16] / ups.get(BARE_THREADS, ups[BARE])
     overhead_us = {n: (1 / ups[n] - 1 / bare) * 1e6 for n in ups if n in (JOB, PBU)}
     if JOB in ups and PBU in ups and overhead_us[PBU] > 0:
         ratios["job_overhead/pbu_overhead"] = overhead_us[JOB] / overhead_us[PBU]
@@ -226,9 +270,17 @@ def format_table(result: dict) -> str:
     bare = result["bare_limit_users_per_s"]
     for name, value in result["users_per_s"].items():
         lines.append(f"{LABELS[name]:50s} {value:12,.0f} {value / bare:12.2f}")
-    lines.append("(x bare core: relative to the faster bare-core row, the practical limit on these cores)")
+    lines.append("(x bare core: relative to the faster fp32 bare-core row, the practical limit on these cores)")
     r, o = result["ratios"], result["overhead_us_per_user"]
     lines.append("")
+    if "bare/reference" in r:
+        lines.append(f"fp32 core / reference core: {r['bare/reference']:.2f}x (same mode); "
+                     f"identical top-N lists: {result.get('reference_identical_lists', float('nan')):.4f} of users")
+    if "bf16/reference" in r:
+        lines.append(f"bf16 core / reference core: {r['bf16/reference']:.2f}x; top-N overlap with fp32: "
+                     f"{result.get('bf16_overlap', float('nan')):.4f}")
+    if result.get("bf16_skipped"):
+        lines.append(f"bf16 row skipped: {result['bf16_skipped']}")
     if JOB in o:
         lines.append(f"job overhead over the bare core:          {o[JOB]:8.1f} us/user")
     if PBU in o:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from recsys.model.sasrec import SASRec, SASRecConfig
-from recsys.scoring.core import Candidates, Scorer, popularity_fallback
+from recsys.scoring.core import Candidates, ReferenceScorer, Scorer, popularity_fallback
 from recsys.sequences import Sequences, Vocabulary
 
 
@@ -51,11 +51,14 @@ def model(shape: BenchShape) -> SASRec:
     return SASRec(cfg).eval()
 
 
-def scorer(shape: BenchShape, net: SASRec, device: torch.device, dtype: str = "float32", item_tile: int = 0) -> Scorer:
-    """Every item is a candidate (the benchmark's catalog is fully available)."""
+def scorer(shape: BenchShape, net: SASRec, device: torch.device, dtype: str = "float32", item_tile: int = 0,
+           reference: bool = False) -> Scorer:
+    """Every item is a candidate (the benchmark's catalog is fully available). ``reference``: the
+    reference core (full forward, one product, torch.topk, fp32) instead of the fast one."""
     ids = item_ids(shape)
     vocab = Vocabulary(ids)
     index = np.arange(1, shape.items + 1, dtype=np.int64)
     fallback = popularity_fallback(ids, np.ones(shape.items), shape.top_n)
-    return Scorer(model=net.to(device), vocab=vocab, candidates=Candidates(index, ids), fallback=fallback,
-                  top_n=shape.top_n, device=device, dtype=dtype, item_tile=item_tile)
+    cls = ReferenceScorer if reference else Scorer
+    return cls(model=net.to(device), vocab=vocab, candidates=Candidates(index, ids), fallback=fallback,
+               top_n=shape.top_n, device=device, dtype=dtype, item_tile=item_tile)

@@ -31,7 +31,7 @@ from recsys.config import Config
 from recsys.uris import redact_uri
 from recsys.errors import ConfigError, InputDataError
 from recsys.evaluation import protocols
-from recsys.evaluation.protocols import EvalSplit, Phase
+from recsys.evaluation.protocols import EvalSplit
 from recsys.evaluation.ranking import PhaseResult, Scorer, SequenceModelScorer, rank_phase
 from recsys.evaluation.report import Comparison, compare, format_table, write_json
 from recsys.model.registry import MODEL_TYPES
@@ -126,6 +126,13 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
                              "valid_ndcg@10": fitted.best_metrics.get(f"ndcg@{SELECTION_K}"),
                              "config": {k: v for k, v in model_cfg.__dict__.items()}}
             scorer = SequenceModelScorer(fitted.model, vocab.item_ids, split.test, device)
+            if cfg.scoring.dtype != "float32":   # the same model through the job's core at that dtype
+                from recsys.evaluation.ranking import CoreScorer
+
+                core = CoreScorer(fitted.model, vocab.item_ids, split.test, max(max(ranking_ks), cfg.scoring.top_n),
+                                  cfg.scoring.dtype, device)
+                results[f"{name}@{cfg.scoring.dtype}"] = rank_phase(core, split.test, ranking_ks, device=device)
+                details[f"{name}@{cfg.scoring.dtype}"] = {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype}
         else:  # pragma: no cover - EvaluationConfig validates the names
             raise ConfigError(f"unknown model {name!r} in evaluation.models")
         results[name] = rank_phase(scorer, split.test, ranking_ks, device=device)

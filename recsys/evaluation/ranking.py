@@ -188,3 +188,38 @@ class SequenceModelScorer(FactorScorer):
             return model.encode(seq)                                                             # [b, D]
 
         super().__init__(phase, item_ids, model.item_embeddings()[1:], user_vectors)
+
+
+class CoreScorer:
+    """A sequence model ranked by the nightly job's scoring core (``recsys.scoring.core.Scorer``) at a
+    given dtype. Its top-N lists become scores (higher for earlier places, ``-inf`` for everything
+    not listed), so the metrics at cut-offs up to N measure exactly the lists the job would publish:
+    how ``recsys evaluate`` shows that ``scoring.dtype=bfloat16`` does not move quality.
+
+    Users with no history item the model knows get no list here (the job would give them its
+    fallback): their targets are misses.
+    """
+
+    def __init__(self, model, item_ids: np.ndarray, phase: Phase, top_n: int, dtype: str,
+                 device: str | torch.device = "cpu"):
+        from recsys.scoring.core import Candidates, Fallback
+        from recsys.scoring.core import Scorer as CoreTopN
+
+        vocab = Vocabulary(np.asarray(item_ids, dtype=np.int64))
+        index = vocab.index_of(phase.candidates)                                 # [C] model index, 0: unknown
+        known = index > 0
+        order = np.argsort(index[known])
+        self._scorer = CoreTopN(model=model.eval(), vocab=vocab,
+                                candidates=Candidates(index[known][order], phase.candidates[known][order]),
+                                fallback=Fallback("none", np.zeros(0, np.int64), np.zeros(0, np.float32)),
+                                top_n=top_n, device=torch.device(device), dtype=dtype)
+        self._phase = phase
+
+    def scores(self, rows: np.ndarray) -> torch.Tensor:
+        ids, vals, fallback, _ = self._scorer.topn(self._phase.history.take(np.asarray(rows)))   # [b, k]
+        cols = candidate_index(self._phase, ids.reshape(-1)).reshape(ids.shape)                 # [b, k] 1-based
+        listed = np.isfinite(vals) & ~fallback[:, None] & (cols > 0)
+        out = torch.full((len(rows), len(self._phase.candidates) + 1), -torch.inf)
+        r, c = np.nonzero(listed)
+        out[torch.from_numpy(r), torch.from_numpy(cols[r, c])] = torch.from_numpy((ids.shape[1] - c).astype(np.float32))
+        return out

@@ -14,15 +14,20 @@ Two properties the rest of the system relies on:
   all-padding rows give finite (meaningless) vectors.
 - :meth:`SASRec.encode` is the nightly scoring hot path: it needs only the newest position's output,
   so the last block computes keys and values for every position but the query, attention output
-  and feed-forward for that one position only.
+  and feed-forward for that one position only. Rows are encoded in blocks of similar length
+  (sorted by length), each block cut to its longest row; a block without padding needs no mask
+  (plain causal attention), and all attention goes through fused ``scaled_dot_product_attention``.
 
 Device and dtype are the caller's choice: the module creates every tensor on the device of its input.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from recsys.model.configs import SASRecConfig
 
@@ -50,36 +55,36 @@ class CausalSelfAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.heads, self.dim // self.heads).transpose(1, 2)  # [B, H, T, D/H]
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``x`` [B, L, D], ``mask`` [B, 1, L, L] bool (True: may attend) -> [B, L, D]."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [B, L, D], ``mask`` [B, 1, L, L] bool (True: may attend), or None: causal only -> [B, L, D]."""
+        B, T, D = x.shape
         q, k, v = self.qkv(x).split(self.dim, dim=2)                     # 3 x [B, L, D]
-        return self._attend(q, k, v, mask)
+        y = F.scaled_dot_product_attention(
+            self._split_heads(q), self._split_heads(k), self._split_heads(v),
+            attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=mask is None,
+        )                                                                # [B, H, T, D/H]
+        y = y.transpose(1, 2).reshape(B, T, D)                           # [B, T, D]
+        return self.resid_dropout(self.proj(y))
 
-    def forward_last(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Only the last position's output: ``x`` [B, L, D], ``mask`` [B, 1, 1, L] -> [B, 1, D].
+    def forward_last(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Only the last position's output: ``x`` [B, L, D], ``mask`` [B, 1, 1, L] or None (every key
+        is real) -> [B, 1, D]. The last query sees every key, so no causal mask is needed.
 
-        With one query, attention is a batched vector-matrix product, written out here rather
-        than sent through SDPA: fused kernels gain nothing on it, and SDPA's cuDNN backend failed
-        on exactly this shape (bf16, 65,536 rows, torch 2.11 on an H200).
+        On CUDA, SDPA's cuDNN backend is excluded here: it failed on exactly this shape (one query,
+        bf16, 65,536 rows, torch 2.11 on an H200); the memory-efficient and math kernels take it.
         """
         B, L, D = x.shape
         w, b = self.qkv.weight, self.qkv.bias                            # [3D, D], [3D]
         q = F.linear(x[:, -1:], w[:D], b[:D])                            # [B, 1, D]
         k, v = F.linear(x, w[D:], b[D:]).split(D, dim=2)                 # 2 x [B, L, D]
-        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)  # [B, H, 1|L, D/H]
-        att = (q @ k.transpose(-2, -1)) * (D // self.heads) ** -0.5      # [B, H, 1, L]
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)      # the own key is never masked
-        att = F.dropout(att, self.dropout, self.training)
-        y = (att.to(v.dtype) @ v).transpose(1, 2).reshape(B, 1, D)       # [B, 1, D]
-        return self.resid_dropout(self.proj(y))
-
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        B, T, D = q.shape
-        y = F.scaled_dot_product_attention(
-            self._split_heads(q), self._split_heads(k), self._split_heads(v),
-            attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-        )                                                                # [B, H, T, D/H]
-        y = y.transpose(1, 2).reshape(B, T, D)                           # [B, T, D]
+        backends = (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+                    if x.device.type == "cuda" else contextlib.nullcontext())
+        with backends:
+            y = F.scaled_dot_product_attention(
+                self._split_heads(q), self._split_heads(k), self._split_heads(v),
+                attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            )                                                            # [B, H, 1, D/H]
+        y = y.transpose(1, 2).reshape(B, 1, D)                           # [B, 1, D]
         return self.resid_dropout(self.proj(y))
 
 
@@ -102,11 +107,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.dim)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), mask)                            # [B, L, D]
         return x + self.mlp(self.ln_2(x))                                # [B, L, D]
 
-    def forward_last(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward_last(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """The block's output at the last position only: [B, L, D] -> [B, 1, D]."""
         x_last = x[:, -1:] + self.attn.forward_last(self.ln_1(x), mask)  # [B, 1, D]
         return x_last + self.mlp(self.ln_2(x_last))                      # [B, 1, D]
@@ -145,8 +150,8 @@ class SASRec(nn.Module):
         """[num_items + 1, D], the same parameter the input embedding uses (row 0 is padding, zero)."""
         return self.item_emb.weight
 
-    def _embed(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Input embeddings [B, L, D] and the attention mask [B, 1, L, L] (True: may attend)."""
+    def _embed_only(self, seq: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [B, L, D]."""
         if seq.dim() != 2:
             raise ValueError(f"seq must be [batch, length], got shape {tuple(seq.shape)}")
         B, L = seq.shape
@@ -155,7 +160,12 @@ class SASRec(nn.Module):
                              "keep the most recent items (recsys.sequences.pad_left)")
         # Positions count back from the newest item, so padding does not shift them.
         pos = torch.arange(self.max_len - L, self.max_len, device=seq.device)      # [L]
-        x = self.emb_dropout(self.item_emb(seq) + self.pos_emb(pos))               # [B, L, D]
+        return self.emb_dropout(self.item_emb(seq) + self.pos_emb(pos))            # [B, L, D]
+
+    def _embed(self, seq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Input embeddings [B, L, D] and the attention mask [B, 1, L, L] (True: may attend)."""
+        x = self._embed_only(seq)                                                  # [B, L, D]
+        L = seq.shape[1]
         idx = torch.arange(L, device=seq.device)
         causal = idx[None, :] <= idx[:, None]                                      # [L, L] key <= query
         self_only = idx[None, :] == idx[:, None]                                   # [L, L]
@@ -173,20 +183,35 @@ class SASRec(nn.Module):
     def encode(self, seq: torch.Tensor) -> torch.Tensor:
         """User vectors, [B, L] -> [B, D]: the hidden state at the newest position.
 
-        Equals ``forward(seq)[:, -1]``, computed for less: leading columns that are padding in
-        every row are dropped (exact, see the module docstring), the last block runs its query
-        and feed-forward for the newest position only, and on CPU rows go through in blocks of
-        ``CPU_ENCODE_ROWS``. Trimming reads one value back from the device per call.
+        Equals ``forward(seq)[:, -1]``, computed for less: the last block runs its query and
+        feed-forward for the newest position only; on CPU, rows go through in blocks of
+        ``CPU_ENCODE_ROWS``, longest histories first, each block cut to its longest row (exact, see
+        the module docstring: rows are independent and leading padding changes nothing), so short
+        histories do not pay for ``max_len``. Trimming reads one value back from the device per block.
         """
         if seq.device.type == "cpu" and seq.shape[0] > CPU_ENCODE_ROWS:
-            return torch.cat([self._encode(block) for block in seq.split(CPU_ENCODE_ROWS)])
+            lengths = (seq != 0).sum(dim=1)                                         # [B]
+            order = torch.argsort(lengths, descending=True, stable=True)            # [B]
+            parts = [self._encode(seq[rows]) for rows in order.split(CPU_ENCODE_ROWS)]
+            done = torch.cat(parts)                                                 # [B, D] in length order
+            out = torch.empty_like(done)
+            out[order] = done
+            return out
         return self._encode(seq)
 
     def _encode(self, seq: torch.Tensor) -> torch.Tensor:
-        real_cols = (seq != 0).any(dim=0)                                           # [L]
+        real = seq != 0                                                             # [B, L]
+        real_cols = real.any(dim=0)                                                 # [L]
         first = int(torch.argmax(real_cols.to(torch.uint8)))  # 0 when no column has an item
         if first > 0:
-            seq = seq[:, first:]                                                    # [B, L']
+            seq, real = seq[:, first:], real[:, first:]                             # [B, L']
+        if seq.device.type == "cpu" and bool(real.all()):
+            # no padding anywhere in the block: plain causal attention, no mask tensor to build or read
+            x = self._embed_only(seq)
+            for block in self.blocks[:-1]:
+                x = block(x, None)                                                  # [B, L', D]
+            x = self.blocks[-1].forward_last(x, None)                               # [B, 1, D]
+            return self.ln_f(x[:, 0])
         x, mask = self._embed(seq)
         for block in self.blocks[:-1]:
             x = block(x, mask)                                                      # [B, L', D]

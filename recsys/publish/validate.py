@@ -1,20 +1,32 @@
-"""Validation of the staged output before anything is published, and the profile the run reports.
+"""Validation of the scored output before anything is published, and the profile the run reports.
 
-Two Spark passes over the staged recommendations, independent of the code that produced them:
-one joins each row with the user's history (one row per user, checks per row), one counts how
-often each item was recommended (availability check, catalog coverage, long tail). A non-zero
-count on any check fails the run: nothing is published and the report says what was wrong.
+The nightly job validates in its scoring pass, with no second pass over the output and no join:
+
+- each scoring task checks the rows it emits against the histories and candidates it has in hand
+  (:mod:`recsys.scoring.checks`: users missing, unexpected or twice, seen items, unavailable items,
+  unexplained short lists, and how often each item was recommended), and reports the counts with
+  its statistics row;
+- the rows' own checks (list length, distinct items, finite and ordered scores, source, model
+  version) are Spark aggregates observed on the rows as they are written (:func:`row_checks`), so
+  they see exactly what lands in staging;
+- the driver adds the totals: rows out = users in (``row_count_mismatch``).
+
+:func:`in_pass_report` turns those figures into the report. :func:`validate_recommendations` runs
+the same checks over an existing output and its histories with one join: for tests and for
+re-checking a partition by hand. A non-zero count on any check fails the run: nothing is
+published and the report says what was wrong.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from recsys.data.contracts import HISTORY_COLUMN, SOURCE_MODEL
+from recsys.scoring.checks import TASK_CHECKS
 
 # check name -> what a violation means (the report and the README use the same words)
 CHECKS = {
@@ -73,13 +85,7 @@ def validate_recommendations(
     """
     n_candidates = len(candidate_ids)
     ids = F.transform("recommendations", lambda x: x["item_id"])
-    scores = F.transform("recommendations", lambda x: x["score"])
     size = F.size(ids)
-    pairs = F.zip_with(
-        F.slice(scores, 1, F.greatest(size - 1, F.lit(0))),
-        F.slice(scores, 2, F.greatest(size - 1, F.lit(0))),
-        lambda a, b: a >= b,
-    )
     is_fallback = F.col("source") == F.lit(fallback_name)
     expected_len = F.when(is_fallback, F.lit(min(top_n, fallback_len))).otherwise(
         F.least(F.lit(top_n), F.greatest(F.lit(n_candidates) - F.size(HISTORY_COLUMN), F.lit(0)))
@@ -90,23 +96,12 @@ def validate_recommendations(
     in_output = F.col("_in_output").isNotNull()
     in_window = F.col("_in_window").isNotNull()
     row = joined.agg(
-        F.count_if(in_output).alias("rows"),
+        *row_checks(top_n=top_n, fallback_name=fallback_name, model_version=model_version, where=in_output),
         F.count_distinct(F.when(in_output, F.col("user_id"))).alias("distinct_users"),
         F.count_if(in_window & ~in_output).alias("missing_users"),
         F.count_if(in_output & ~in_window & F.col("user_id").isNotNull()).alias("unexpected_users"),
-        F.count_if(in_output & F.col("user_id").isNull()).alias("null_user_ids"),
-        F.count_if(in_output & (size == 0)).alias("empty_lists"),
-        F.count_if(in_output & (size > top_n)).alias("too_long_lists"),
         F.count_if(in_output & in_window & (size < expected_len)).alias("short_lists_unexplained"),
-        F.count_if(in_output & (F.size(F.array_distinct(ids)) != size)).alias("duplicate_items"),
         F.count_if(in_output & in_window & (F.size(F.array_intersect(ids, F.col(HISTORY_COLUMN))) > 0)).alias("seen_items"),
-        F.count_if(in_output & F.exists(scores, lambda s: s.isNull() | F.isnan(s) | (F.abs(s) == F.lit(float("inf"))))).alias("nonfinite_scores"),
-        F.count_if(in_output & ~F.forall(pairs, lambda ok: ok)).alias("unordered_scores"),
-        F.count_if(in_output & ~F.col("source").isin(SOURCE_MODEL, fallback_name)).alias("unknown_source"),
-        F.count_if(in_output & (F.col("model_version") != F.lit(model_version))).alias("wrong_model_version"),
-        F.count_if(in_output & is_fallback).alias("fallback_rows"),
-        F.count_if(in_output & (size < top_n)).alias("short_lists"),
-        F.sum(F.when(in_output, size)).alias("recommended_items"),
     ).first().asDict()
 
     violations = {name: int(row.get(name) or 0) for name in CHECKS if name in row}
@@ -130,3 +125,60 @@ def validate_recommendations(
     }
     ordered = {name: violations[name] for name in CHECKS}
     return ValidationReport(ordered, figures, (item_ids, times))
+
+
+# the checks row_checks counts (the rest are the tasks' or the driver's)
+ROW_CHECKS = ("null_user_ids", "empty_lists", "too_long_lists", "duplicate_items", "nonfinite_scores",
+              "unordered_scores", "unknown_source", "wrong_model_version")
+
+
+def row_checks(*, top_n: int, fallback_name: str, model_version: str, where: Column | None = None) -> list[Column]:
+    """Aggregates over output rows (user_id, recommendations, source, model_version) for the checks
+    a row answers alone, plus the figures the report carries: usable in ``agg`` and in ``observe``.
+    ``where``: count only the rows where it holds (a join's output side)."""
+    ids = F.transform("recommendations", lambda x: x["item_id"])
+    scores = F.transform("recommendations", lambda x: x["score"])
+    size = F.size(ids)
+    pairs = F.zip_with(
+        F.slice(scores, 1, F.greatest(size - 1, F.lit(0))),
+        F.slice(scores, 2, F.greatest(size - 1, F.lit(0))),
+        lambda a, b: a >= b,
+    )
+    on = F.lit(True) if where is None else where
+    return [
+        F.count_if(on).alias("rows"),
+        F.count_if(on & F.col("user_id").isNull()).alias("null_user_ids"),
+        F.count_if(on & (size == 0)).alias("empty_lists"),
+        F.count_if(on & (size > top_n)).alias("too_long_lists"),
+        F.count_if(on & (F.size(F.array_distinct(ids)) != size)).alias("duplicate_items"),
+        F.count_if(on & F.exists(scores, lambda s: s.isNull() | F.isnan(s) | (F.abs(s) == F.lit(float("inf"))))).alias("nonfinite_scores"),
+        F.count_if(on & ~F.forall(pairs, lambda ok: ok)).alias("unordered_scores"),
+        F.count_if(on & ~F.col("source").isin(SOURCE_MODEL, fallback_name)).alias("unknown_source"),
+        F.count_if(on & (F.col("model_version") != F.lit(model_version))).alias("wrong_model_version"),
+        F.count_if(on & (F.col("source") == F.lit(fallback_name))).alias("fallback_rows"),
+        F.count_if(on & (size < top_n)).alias("short_lists"),
+        F.coalesce(F.sum(F.when(on, size)), F.lit(0)).alias("recommended_items"),
+    ]
+
+
+def in_pass_report(observed: Mapping[str, Any], tasks: Mapping[str, int], item_counts: tuple[np.ndarray, np.ndarray],
+                   *, candidate_ids: np.ndarray, users_in_window: int) -> ValidationReport:
+    """The report from the scoring pass's figures: ``observed`` (:func:`row_checks` over the written
+    rows), ``tasks`` (the tasks' summed :data:`recsys.scoring.checks.TASK_CHECKS`) and the summed
+    per-item counts. Same checks, same names and figures as :func:`validate_recommendations`."""
+    violations = {name: int(observed.get(name) or 0) for name in ROW_CHECKS}
+    violations.update({name: int(tasks.get(name) or 0) for name in TASK_CHECKS})
+    rows = int(observed.get("rows") or 0)
+    violations["row_count_mismatch"] = abs(rows - users_in_window)
+    item_ids, times = item_counts
+    n_candidates = len(candidate_ids)
+    available = np.isin(item_ids, np.asarray(candidate_ids, dtype=np.int64))
+    figures = {
+        "rows": rows,
+        "fallback_rows": int(observed.get("fallback_rows") or 0),
+        "short_lists": int(observed.get("short_lists") or 0),
+        "recommended_items": int(observed.get("recommended_items") or 0),
+        "distinct_items_recommended": int(len(item_ids)),
+        "catalog_coverage": float(available.sum() / n_candidates) if n_candidates else 0.0,
+    }
+    return ValidationReport({name: violations[name] for name in CHECKS}, figures, (item_ids, times))

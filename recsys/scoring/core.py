@@ -6,6 +6,19 @@ pass, scored against the candidate item matrix (tiled over the catalog when it i
 running top-N merge), masked (already-seen items) and cut to the top N on the device. Only the top
 N per user leave the device, and they leave as Arrow list arrays, never as Python lists.
 
+The top N never sorts the whole score matrix (:func:`exact_topk`): on the CPU, users are scored a
+block of rows at a time, so the block's ``[rows, items]`` scores stay in cache between the product,
+the masking and the selection; the selection takes each group's best score in one vectorised
+pass, keeps the N best groups (which must hold the N best items) and picks the N best among their
+few thousand members. The result is exact, in a documented order: score descending, ties by
+candidate column ascending (which is model item index ascending).
+
+``dtype="bfloat16"`` scores in bf16 on CPUs that run it natively (AVX-512-BF16 or AMX-BF16, see
+:func:`cpu_bf16_supported`) and on CUDA: the encoder, the product and the selection of ``1.5 N``
+candidates run in bf16, and those candidates are rescored in fp32, so the published scores are fp32 and the list
+differs from fp32's only where bf16 rounding (of the encoder, which runs under bf16 autocast, and of
+the product) moved a true top-N item below ``1.5 N`` or reordered near-ties.
+
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
 """
@@ -14,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +38,123 @@ from recsys.model.base import SequenceRecommender
 from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# CPU row blocks: one block's [rows, items] score matrix is kept near this size, so it is still in
+# cache when it is masked and its top N selected (measured on 2 cores at 4,096 x 20,000, d64:
+# 256-row blocks score and select in 0.65 of the time of one [4096, 20000] matrix).
+CPU_BLOCK_BYTES = 16 * 2**20
+# exact_topk: group size of the first pass; groups = items / GROUP. Direct selection below this many
+# groups per wanted item (too few groups to filter anything).
+GROUP = 16
+MIN_GROUPS_PER_ITEM = 4
+# bf16: candidates preselected per wanted item, then rescored in fp32. Measured at 4,096 x 20,000,
+# top 100, 1 thread (CPU time; benchmarks in docs/performance.md): with an fp32 encoder, 1.5 N and
+# 2 N preselected both give the fp32 lists exactly (overlap 1.0000), so 1.5 N; the bf16 product
+# alone saves little, because the selection costs the same: the speed comes from encoding under
+# bf16 autocast (overlap 0.995 with fp32 on a random model, near-ties everywhere), which the CPU
+# path therefore does too, as CUDA always did.
+BF16_PRESELECT = 1.5
+ENCODE_BF16_ON_CPU = True
+
+
+def cpu_bf16_supported() -> bool:
+    """Whether this CPU runs bf16 matrix products natively (AVX-512-BF16 or AMX-BF16) through oneDNN.
+
+    Without them torch still accepts bf16 on the CPU, but emulates it, slower than fp32: that is
+    why the core refuses ``dtype="bfloat16"`` there instead of silently running slow.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        caps = torch._C._cpu._get_cpu_capability()   # torch's own cpuinfo: {'avx512_bf16': True, ...}
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    except (AttributeError, RuntimeError):
+        pass
+    try:  # older torch: the kernel's flags
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def check_dtype(dtype: str, device: torch.device) -> None:
+    """Refuse a scoring dtype the device cannot run natively, naming what to use instead."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"scoring.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if device.type != "cpu" or dtype == "float32":
+        return
+    if dtype == "float16":
+        raise ValueError("scoring.dtype=float16 is for CUDA devices; on the CPU use float32, or bfloat16 "
+                         "where the CPU supports it (AVX-512-BF16 or AMX-BF16)")
+    if not cpu_bf16_supported():
+        raise ValueError("scoring.dtype=bfloat16 needs a CPU with AVX-512-BF16 or AMX-BF16 (see the flags in "
+                         "/proc/cpuinfo); this one has neither, so bf16 would be emulated and slower than fp32. "
+                         "Use scoring.dtype=float32 on these workers")
+
+
+def _order_keys(vals: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose order is (score descending, column ascending), one key per (score, column).
+
+    The float's bits, made monotone (negative floats flipped), above the inverted column: unique
+    keys make torch.topk's result fully determined. NaN sorts first, as torch.topk puts it.
+    """
+    v = vals.float() + 0.0                                   # -0.0 -> +0.0: equal scores, equal keys
+    bits = v.view(torch.int32).long()                        # [..] sign-extended
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)     # monotone in v over all non-NaN floats
+    key = torch.where(torch.isnan(v), torch.full_like(key, 2**31 - 1), key)
+    return key * 2**32 + (2**32 - 1 - cols)
+
+
+def _keyed_topk(vals: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best (score, column) pairs of each row, in the documented order. [n, m] -> 2 x [n, k]."""
+    _, pos = torch.topk(_order_keys(vals, cols), k, dim=1)   # sorted: best first
+    return torch.gather(vals, 1, pos), torch.gather(cols, 1, pos)
+
+
+def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
+               exact: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top ``k`` of each row of ``scores`` [n, C] -> (values [n, k], columns [n, k] int64), without
+    sorting the rows.
+
+    Exact: the same values as ``torch.topk(scores, k)``, ordered by score descending and, among
+    equal scores, by column ascending (torch.topk leaves the order of ties unspecified). NaN ranks
+    first, as in torch.topk.
+
+    How: columns fall into ``G = C // group`` groups (column ``c`` in group ``c % G``, so one
+    vectorised max over a [n, group, G] view finds each group's best). The k-th best of the group
+    maxima, ``t``, is at most the k-th best score (the k best groups hold k distinct scores >= t), so
+    every top-k score is >= t and its group's maximum too: the groups whose maximum is >= t hold the
+    whole answer. When exactly k groups reach ``t`` (the (k+1)-th group maximum is below it), those
+    k groups' ``k * group`` members are the only candidates, and the answer is the k best of them.
+    Rows where more groups tie at ``t`` (many equal scores, e.g. a row mostly masked to -inf) are
+    answered over the whole row instead; with ``exact=False`` they keep the k groups torch.topk
+    chose (the bf16 preselection, where ties are common and its candidates are rescored anyway).
+    """
+    n, num_c = scores.shape
+    group = GROUP if group is None else group
+    groups = num_c // group if group > 1 else 0
+    if k == 0 or groups < max(k + 1, MIN_GROUPS_PER_ITEM * k):
+        return _keyed_topk(scores, torch.arange(num_c, device=scores.device).expand(n, num_c), k)
+    body = groups * group
+    best = scores[:, :body].view(n, group, groups).amax(dim=1)                # [n, G] group maxima
+    top_g, gi = torch.topk(best, k + 1, dim=1)                                # [n, k+1], best first
+    ok = top_g[:, k] < top_g[:, k - 1]                                        # [n] exactly k groups reach t
+    strides = torch.arange(0, body, groups, device=scores.device)             # [group]
+    cols = (gi[:, :k, None] + strides[None, None, :]).reshape(n, k * group)   # [n, k * group]
+    if body < num_c:                                                          # the columns past the last group
+        rest = torch.arange(body, num_c, device=scores.device).expand(n, num_c - body)
+        cols = torch.cat([cols, rest], dim=1)
+    members = torch.gather(scores, 1, cols)                                   # [n, k * group]
+    if not exact:
+        vals, pos = torch.topk(members, k, dim=1)
+        return vals, torch.gather(cols, 1, pos)
+    vals, cols = _keyed_topk(members, cols, k)                                # [n, k] x 2
+    bad = ~ok
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)
+        full = torch.arange(num_c, device=scores.device).expand(len(rows), num_c)
+        vals[rows], cols[rows] = _keyed_topk(scores[rows], full, k)
+    return vals, cols
 
 
 def resolve_device(requested: str, spark_gpus: list[str] | None = None) -> torch.device:
@@ -141,6 +272,7 @@ class Scorer:
     item_tile: int = 0
     max_tile_mb: float = 0.0     # with item_tile 0: largest [chunk, tile] score matrix, in MiB (0: no limit)
     _cand_emb: torch.Tensor = field(init=False, repr=False)
+    _cand_emb32: torch.Tensor = field(init=False, repr=False)
     _cand_of_item: torch.Tensor = field(init=False, repr=False)
     _cand_ids: torch.Tensor = field(init=False, repr=False)
     _vocab_sorted: torch.Tensor = field(init=False, repr=False)
@@ -150,8 +282,7 @@ class Scorer:
     _staging: "_HostStaging" = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        check_dtype(self.dtype, self.device)
         num_items = int(self.model.num_items)
         if len(self.vocab) != num_items:
             raise ValueError(f"vocabulary has {len(self.vocab)} items but the model has {num_items}")
@@ -162,9 +293,8 @@ class Scorer:
         with torch.inference_mode():
             emb = self.model.item_embeddings().detach()
             cand_emb = emb.index_select(0, idx.to(emb.device)).to(dev, torch.float32)   # [C, D]
-            if dev.type == "cuda" and self.dtype != "float32":
-                cand_emb = cand_emb.to(_DTYPES[self.dtype])
-            self._cand_emb = cand_emb.contiguous()
+            self._cand_emb32 = cand_emb.contiguous()                                    # rescoring (bf16/fp16)
+            self._cand_emb = cand_emb.to(_DTYPES[self.dtype]).contiguous()
         lookup = torch.full((num_items + 1,), -1, dtype=torch.long)
         lookup[idx] = torch.arange(len(idx), dtype=torch.long)
         self._cand_of_item = lookup.to(dev)                                  # [num_items + 1] -> column or -1
@@ -212,14 +342,14 @@ class Scorer:
             lengths = self._staging.to_device(history_ids.lengths, slot=1)          # [U]
             seq, seen_rows, seen_cols, known_per_user, unknown = self._prepare(items, lengths, n_users)
             with self._autocast():
-                user = self.model.encode(seq)                                       # [B, D]
+                user = self._encode(seq)                                            # [B, D]
             finite = torch.isfinite(user).all(dim=1)                                # [B]
             usable = finite & (known_per_user > 0)
             nonfinite = ~finite & (known_per_user > 0)
-            user = torch.where(usable[:, None], user, torch.zeros_like(user)).to(self._cand_emb.dtype)
+            user = torch.where(usable[:, None], user, torch.zeros_like(user)).float()   # [B, D]
             self._sync()
             t1 = time.perf_counter()
-            vals, cols = self._topk_tiled(user, seen_rows, seen_cols, k)            # [B, k], [B, k]
+            vals, cols = self._select(user, seen_rows, seen_cols, k)                # [B, k], [B, k]
             ids = self._cand_ids[cols]                                              # [B, k] external ids
             vals_np = vals.float().cpu().numpy()
             ids_np = ids.cpu().numpy()
@@ -275,45 +405,97 @@ class Scorer:
             return max(1, min(fit, num_c))
         return num_c
 
-    def _topk_tiled(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
-        """Top-k over all candidates, one item tile at a time, merging a running top-k.
+    def row_block(self, rows: int) -> int:
+        """Users per block of the score matrix: on the CPU, as many as keep one block's scores near
+        ``CPU_BLOCK_BYTES`` (in cache while masked and selected); on a GPU the whole chunk."""
+        if self.device.type != "cpu":
+            return max(rows, 1)
+        fit = CPU_BLOCK_BYTES // max(1, self.num_candidates * self._cand_emb.element_size())
+        return int(min(max(rows, 1), max(16, fit)))
 
-        The score matrix of one tile is [B, tile]; with item_tile=0 the whole candidate set is
-        one tile. Seen items are set to -inf inside the tile they fall in, before its top-k.
-        """
+    def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
+        """Top-k candidate columns of every user: one row block at a time, seen items masked in the
+        block's scores before its selection. ``user`` [B, D] fp32 -> (values [B, k] fp32, columns [B, k])."""
+        n_users = len(user)
+        block = self.row_block(n_users)
+        starts = torch.arange(0, n_users + block, block, device=user.device).clamp_(max=n_users)
+        bounds = torch.searchsorted(rows, starts).tolist() if len(rows) else [0] * len(starts)  # rows are sorted
+        vals = torch.empty((n_users, k), dtype=torch.float32, device=user.device)
+        out_cols = torch.empty((n_users, k), dtype=torch.long, device=user.device)
+        for b, lo in enumerate(range(0, n_users, block)):
+            hi = min(lo + block, n_users)
+            r, c = rows[bounds[b]:bounds[b + 1]] - lo, cols[bounds[b]:bounds[b + 1]]
+            vals[lo:hi], out_cols[lo:hi] = self._select_block(user[lo:hi], r, c, k)
+        return vals, out_cols
+
+    def _select_block(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
+        """One row block: product, masking and exact top-k, over item tiles when the catalog is tiled."""
+        low_precision = self._cand_emb.dtype != torch.float32
+        want = min(self.num_candidates, int(BF16_PRESELECT * k)) if low_precision else k
+        u = user.to(self._cand_emb.dtype)
         num_c = self.num_candidates
-        tile = self.tile_size(len(user), user.element_size())
-        neg_inf = torch.tensor(float("-inf"), dtype=user.dtype, device=user.device)
+        tile = self.tile_size(len(user), self._cand_emb.element_size())
+        neg_inf = torch.tensor(float("-inf"), dtype=u.dtype, device=u.device)
         best_val: torch.Tensor | None = None
-        best_idx: torch.Tensor | None = None
+        best_col: torch.Tensor | None = None
         for start in range(0, num_c, tile):
             stop = min(start + tile, num_c)
-            scores = user @ self._cand_emb[start:stop].T                             # [B, T]
+            scores = u @ self._cand_emb[start:stop].T                                # [b, T]
             if len(cols):
-                if tile == num_c:
-                    scores.index_put_((rows, cols), neg_inf)
-                else:
-                    in_tile = (cols >= start) & (cols < stop)
-                    scores.index_put_((rows[in_tile], cols[in_tile] - start), neg_inf)
-            v, i = torch.topk(scores, min(k, stop - start), dim=1)                   # [B, kt]
+                in_tile = (cols >= start) & (cols < stop) if tile < num_c else slice(None)
+                scores.index_put_((rows[in_tile], cols[in_tile] - start), neg_inf)
+            v, c = exact_topk(scores, min(want, stop - start), exact=not low_precision)  # [b, kt] x 2
+            c = c + start
             if best_val is None:
-                best_val, best_idx = v, i + start
-            else:
-                v = torch.cat([best_val, v], dim=1)                                  # [B, k + kt]
-                i = torch.cat([best_idx, i + start], dim=1)
-                best_val, pos = torch.topk(v, k, dim=1)
-                best_idx = torch.gather(i, 1, pos)
-        assert best_val is not None and best_idx is not None
-        return best_val, best_idx
+                best_val, best_col = v, c
+            else:                                                                    # running merge, same order
+                best_val, best_col = _keyed_topk(torch.cat([best_val, v], 1), torch.cat([best_col, c], 1), want)
+        assert best_val is not None and best_col is not None
+        if not low_precision:
+            return best_val, best_col
+        # rescore the preselected candidates in fp32; masked (-inf) slots stay masked
+        exact = torch.bmm(self._cand_emb32[best_col], user[:, :, None]).squeeze(2)  # [b, want]
+        exact = torch.where(torch.isneginf(best_val), torch.full_like(exact, float("-inf")), exact)
+        return _keyed_topk(exact, best_col, k)
+
+    def _encode(self, seq: torch.Tensor) -> torch.Tensor:
+        return self.model.encode(seq)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
     def _autocast(self):
-        if self.device.type == "cuda" and self.dtype != "float32":
-            return torch.autocast("cuda", dtype=_DTYPES[self.dtype])
+        if self.dtype != "float32" and (self.device.type == "cuda" or ENCODE_BF16_ON_CPU):
+            return torch.autocast(self.device.type, dtype=_DTYPES[self.dtype])
         return contextlib.nullcontext()
+
+
+class ReferenceScorer(Scorer):
+    """The core as it was before the fast paths, kept so ``recsys bench`` shows their speed-up on the
+    same cores in the same run: every position of every history encoded (the model's full forward),
+    one product against all candidates, seen items masked, ``torch.topk`` over the whole matrix, fp32.
+
+    Its lists are the fast core's lists (the fp32 path is exact); only a tie at the N-th place may
+    be broken differently, since torch.topk leaves the order of ties unspecified.
+    """
+
+    def __post_init__(self) -> None:
+        if self.dtype != "float32":
+            raise ValueError("the reference core runs in float32 only")
+        super().__post_init__()
+
+    def _encode(self, seq: torch.Tensor) -> torch.Tensor:
+        forward = type(self.model).forward
+        if forward is torch.nn.Module.forward:      # a model with encode() only
+            return self.model.encode(seq)
+        return self.model(seq)[:, -1]                                               # [B, L, D] -> [B, D]
+
+    def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
+        scores = user @ self._cand_emb.T                                            # [B, C]
+        if len(cols):
+            scores.index_put_((rows, cols), torch.tensor(float("-inf"), device=scores.device))
+        return torch.topk(scores, k, dim=1)
 
 
 class _HostStaging:

@@ -9,9 +9,11 @@ import json
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
+from recsys.scoring.checks import TASK_CHECKS
 from recsys.scoring.udf import SCORED_DDL, STATS_COLUMN, ScoringSpec, make_partition_scorer
 
 # run totals and per-worker figures; see worker_figures for the keys
@@ -19,7 +21,7 @@ WorkerFigures = dict[str, Any]
 
 _SUMMED = ("users", "model_users", "fallback_users", "nonfinite_users", "short_lists", "chunks", "history_items",
            "unknown_items", "encode_s", "score_s", "to_arrow_s", "model_hits", "model_misses", "model_load_s",
-           "scorer_hits", "scorer_misses", "scorer_load_s", "task_s")
+           "scorer_hits", "scorer_misses", "scorer_load_s", "task_s", "check_s")
 
 
 def score_histories(histories: DataFrame, spec: ScoringSpec, partitions: int = 0) -> tuple[DataFrame, Observation]:
@@ -59,6 +61,13 @@ def worker_figures(observation: Observation) -> WorkerFigures:
         rss.append(row["peak_rss_mb"])
     workers = [{"host": h, "pid": p, "python": pythons[(h, p)], "gpus": ",".join(sorted(gpus[(h, p)])), **dict(v)}
                for (h, p), v in sorted(per_worker.items())]
+    checks = {name: sum(int(row.get("checks", {}).get(name, 0)) for row in rows) for name in TASK_CHECKS}
+    ids = [np.asarray(row["checks"]["item_counts"][0], dtype=np.int64) for row in rows if "checks" in row]
+    times = [np.asarray(row["checks"]["item_counts"][1], dtype=np.int64) for row in rows if "checks" in row]
+    all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    item_ids, inverse = np.unique(all_ids, return_inverse=True)
+    item_times = np.bincount(inverse, weights=np.concatenate(times) if times else None,
+                             minlength=len(item_ids)).astype(np.int64)
     out: dict[str, Any] = {name: (float(totals[name]) if name.endswith("_s") else int(totals[name])) for name in _SUMMED}
     out.update(
         tasks=len(rows),
@@ -70,5 +79,6 @@ def worker_figures(observation: Observation) -> WorkerFigures:
         device=",".join(sorted(devices)) or "none",
         gpus=",".join(sorted(set().union(*gpus.values()))),   # GPU addresses Spark assigned to the tasks
         per_worker=workers,
+        checks={**checks, "item_ids": item_ids, "item_times": item_times},   # the tasks' validation counts
     )
     return out

@@ -8,7 +8,8 @@ values that the core turns into a padded tensor without per-row Python.
 Arrow batches hold at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; a scoring chunk
 is usually larger, so the iterator assembles chunks across batches. Each task ends with one
 statistics row (``user_id`` null, ``_stats`` a JSON object): the worker's cache hits and misses,
-load and scoring seconds, device and memory. That is how executor-side figures travel back to the
+load and scoring seconds, device and memory, and the validation counts of the rows it emitted
+(``recsys.scoring.checks``). That is how executor-side figures travel back to the
 driver as data (no accumulators, so it works over Spark Connect too); the driver observes and drops
 those rows before writing.
 """
@@ -66,6 +67,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         from pyspark import TaskContext
 
         from recsys.scoring import cache
+        from recsys.scoring.checks import TaskChecks
         from recsys.scoring.core import ChunkStats, resolve_device
         from recsys.sequences import Sequences
 
@@ -84,11 +86,18 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         models_before, scorers_before = cache.MODELS.snapshot(), cache.SCORERS.snapshot()
         scorer = _get_scorer(spec, device)
         stats = ChunkStats()
+        checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
+        candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
+        check_s = 0.0
         for chunk in _chunks(batches, spec.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
             user_ids = chunk.column("user_id").to_numpy(zero_copy_only=False)
             out, chunk_stats = scorer.score(user_ids, histories)
             stats.add(chunk_stats)
+            started = time.perf_counter()
+            checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
+                             top_n=spec.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids))
+            check_s += time.perf_counter() - started
             n = out.num_rows
             yield pa.RecordBatch.from_arrays(
                 list(out.columns) + [pa.repeat(pa.scalar(spec.model_version, pa.string()), n), pa.nulls(n, pa.string())],
@@ -116,6 +125,8 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "task_s": time.perf_counter() - task_start,
             "peak_rss_mb": _peak_rss_mb(),
             **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
+            "check_s": check_s,
+            "checks": checks.finish(),
         }
         yield _stats_batch(json.dumps(payload))
 
