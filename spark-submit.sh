@@ -13,7 +13,10 @@
 # - the recsys package is zipped and shipped to the executors with --py-files; native
 #   dependencies (torch, pyarrow, numpy) must already be on the executors or travel as a packed
 #   environment (README: "Running on a cluster");
-# - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3.
+# - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3;
+# - Spark's own logging: conf/log4j2.properties (Spark at WARN; the job's lines stay at INFO), or
+#   $RECSYS_LOG4J_CONF (empty: Spark's default); java options you pass (--driver-java-options,
+#   --conf spark.driver.extraJavaOptions=...) are kept and come after it, so yours win.
 # Every argument is passed through quoted; the job's exit code is this script's exit code.
 set -euo pipefail
 
@@ -38,6 +41,7 @@ fi
 
 master="${SPARK_MASTER:-local[*,4]}"
 passthrough=()
+driver_java_options=""
 # spark-submit options come before the job file; everything from the job file on is the job's
 while [[ $# -gt 0 && "$1" == -* ]]; do
   case "$1" in
@@ -45,6 +49,15 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
               master="$2"; shift 2 ;;
     --master=*) master="${1#--master=}"; shift ;;
     --verbose|-v|--supervise) passthrough+=("$1"); shift ;;
+    --driver-java-options) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
+              driver_java_options="$driver_java_options $2"; shift 2 ;;
+    --driver-java-options=*) driver_java_options="$driver_java_options ${1#*=}"; shift ;;
+    --conf) if [[ $# -ge 2 && "$2" == spark.driver.extraJavaOptions=* ]]; then
+              driver_java_options="$driver_java_options ${2#*=}"; shift 2
+            else
+              [[ $# -ge 2 ]] || { echo "spark-submit.sh: --conf needs a value" >&2; exit 2; }
+              passthrough+=("$1" "$2"); shift 2
+            fi ;;
     --*=*) passthrough+=("$1"); shift ;;
     *) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
        passthrough+=("$1" "$2"); shift 2 ;;
@@ -54,6 +67,13 @@ if [[ $# -eq 0 ]]; then
   echo "usage: spark-submit.sh [--master URL] [spark-submit options] JOB.py [job arguments]" >&2
   exit 2
 fi
+
+log4j_conf="${RECSYS_LOG4J_CONF-$here/conf/log4j2.properties}"
+if [[ -n "$log4j_conf" ]]; then
+  [[ -f "$log4j_conf" ]] || { echo "spark-submit.sh: RECSYS_LOG4J_CONF=$log4j_conf is not a file" >&2; exit 2; }
+  driver_java_options="-Dlog4j2.configurationFile=file:$(cd "$(dirname "$log4j_conf")" && pwd)/$(basename "$log4j_conf")$driver_java_options"
+fi
+driver_java_options="${driver_java_options# }"
 
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
 trap 'rm -rf "$workdir"' EXIT
@@ -75,6 +95,7 @@ set +e
   --properties-file "$here/conf/spark-defaults.conf" \
   --conf "spark.pyspark.python=$PYSPARK_PYTHON" \
   --py-files "$workdir/recsys.zip" \
+  ${driver_java_options:+--driver-java-options "$driver_java_options"} \
   "${passthrough[@]+"${passthrough[@]}"}" \
   "$@"
 status=$?

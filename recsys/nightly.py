@@ -25,7 +25,7 @@ import numpy as np
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from recsys import __version__, pause, tracking
+from recsys import __version__, pause, run_record, tracking
 from recsys.config import Config, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import OUTPUT_SPARK_DDL, parse_date, partition_name
@@ -118,7 +118,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
     pause_at = pause.requested()
     run_key = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     layout = PartitionLayout(cfg.paths.output, date, run_key)
-    timer = StageTimer(spark, job=f"recommend {date}")
+    timer = StageTimer(spark, job=f"recommend {date}", progress_s=cfg.progress.interval_s)
 
     with DateLock(cfg.paths.output, date, run_key) as lock:
         for note in recover(layout):
@@ -141,7 +141,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         recorder = tracking.RunRecorder(
             cfg.mlflow, run_name=f"recommend {date}", unavailable=unreachable,
             tags={"recsys.job": "nightly", "recsys.date": str(date), "recsys.version": __version__,
-                  "recsys.job_run": run_key},
+                  "recsys.job_run": run_key, "recsys.model_version": model.version},
         )
         work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
         try:
@@ -150,7 +150,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         except BaseException as exc:
             discard_staging(layout)
             _cleanup(work_dir)
-            recorder.set_tags({"recsys.status": "failed", "recsys.error": str(exc)[:4000]})
+            recorder.set_tags({"recsys.status": "failed", "recsys.error": str(exc)[:4000],
+                               **run_record.failure_tags(date, exc)})
             if isinstance(exc, ValidationFailed):
                 recorder.log_dict(exc.report, "validation_report.json")
             recorder.end("FAILED")
@@ -266,7 +267,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         c.update(items=len(fallback.item_ids))
 
     staging = layout.staging_dir
-    with timer.stage("score", "score users") as c:
+    with timer.stage("score", "score users", expected_users=event_figures["users_in_window"]) as c:
         spec = ScoringSpec(
             model_dir=str(model.local_dir),
             model_version=model.version,
@@ -431,6 +432,8 @@ def _record(recorder: tracking.RunRecorder, cfg: Config, manifest: dict[str, Any
     recorder.log_dict(report.as_dict(), "validation_report.json")
     recorder.set_tags({"recsys.status": "published", "recsys.output": staged_path,
                        "recsys.model_version": manifest["model"]["version"]})
+    run_record.record(recorder, manifest=manifest, metrics=metrics, events_root=cfg.paths.events,
+                      catalog_root=cfg.paths.catalog, window_days=cfg.history.window_days)
     if recorder.failed or recorder.run_id is None:
         return
     published = spark.read.parquet(staged_path)

@@ -1,7 +1,8 @@
 """A test and game-day hook: hold the job at a named point, so it can be killed exactly there.
 
 ``RECSYS_PAUSE_AT=<point>`` makes the job print ``recsys-pause: <point> pid=<pid>`` on stderr when
-it gets there, then wait (at most ``RECSYS_PAUSE_MAX_S`` seconds, default 600, then carry on).
+it gets there, then wait (at most ``RECSYS_PAUSE_MAX_S`` seconds, default 600, then carry on;
+a point reached on the driver's main thread also carries on at once on ``SIGUSR1``).
 A test reads the job's stderr until the line appears and sends SIGKILL: the kill lands at a
 known point without sleeping and hoping. Unset (the normal case), every call is a no-op.
 
@@ -18,6 +19,7 @@ Points, in the order a run reaches them:
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from typing import Callable, Iterator
@@ -44,8 +46,15 @@ def pause_point(name: str) -> None:
 
 
 def _hold(name: str) -> None:
+    resume = threading.Event()
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: resume.set()) if on_main else None
     print(f"recsys-pause: {name} pid={os.getpid()}", file=sys.stderr, flush=True)
-    threading.Event().wait(float(os.environ.get(PAUSE_MAX_ENV, "600")))
+    try:
+        resume.wait(float(os.environ.get(PAUSE_MAX_ENV, "600")))
+    finally:
+        if on_main:
+            signal.signal(signal.SIGUSR1, previous)
 
 
 def hold_first_task_while_writing(name: str = "writing") -> Callable:

@@ -14,15 +14,22 @@ log = logging.getLogger("recsys")
 
 
 class StageTimer:
-    def __init__(self, spark: Any | None = None, job: str = "recsys"):
+    def __init__(self, spark: Any | None = None, job: str = "recsys", progress_s: float = 0):
         self.spark = spark
         self.job = job
+        self.progress_s = progress_s   # a progress line this often while a stage runs (recsys.live_progress)
         self.seconds: dict[str, float] = {}
         self._started = time.perf_counter()
 
     @contextmanager
-    def stage(self, name: str, description: str | None = None) -> Iterator[dict[str, Any]]:
-        """Time a stage; the yielded dict collects counts that the closing log line reports."""
+    def stage(self, name: str, description: str | None = None,
+              expected_users: int | None = None) -> Iterator[dict[str, Any]]:
+        """Time a stage; the yielded dict collects counts that the closing log line reports.
+
+        ``expected_users``: how many users the stage will go through, for the progress lines' share and time left.
+        """
+        from recsys.live_progress import LiveProgress
+
         counts: dict[str, Any] = {}
         label = description or name
         log.info("[%s] %s ...", self.job, label)
@@ -33,7 +40,7 @@ class StageTimer:
             ctx = job_description(self.spark, f"{self.job}: {label}")
         else:
             ctx = _null()
-        with ctx:
+        with ctx, LiveProgress(self.spark, f"[{self.job}] {label}", self.progress_s, expected_users):
             yield counts
         elapsed = time.perf_counter() - start
         self.seconds[name] = self.seconds.get(name, 0.0) + elapsed

@@ -228,6 +228,18 @@ class RunRecorder:
     def log_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._call("log_artifacts", str(path), artifact_path)
 
+    def log_input(self, dataset: Any, context: str | None = None) -> None:
+        self._call("log_input", dataset, context=context)
+
+    def call(self, fn: Any) -> None:
+        """Run ``fn()`` (another MLflow call, e.g. on the registry) with the same degrade-don't-fail rule."""
+        if self._mlflow is None or self.failed:
+            return
+        try:
+            fn()
+        except Exception as exc:
+            self._fail(exc)
+
     def artifact_uri(self, sub: str = "") -> str | None:
         if self._mlflow is None or self.failed:
             return None
