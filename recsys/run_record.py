@@ -6,7 +6,7 @@
 - **Datasets** (``mlflow.log_input``): the events window and the catalog snapshot, each with its
   source (the partitions' location) and a digest of the files read (paths, sizes, modification
   times), so two runs can be told to have read the same inputs or not, without reading the data.
-- **The model version's link back**: a tag ``recsys.used_by.dt=<date>`` = run id on the model
+- **The model version's link back**: a tag ``recsys.used_by.<date>`` = run id on the model
   version, so the registry page of a version lists the nights that scored with it (a rerun of a
   date replaces that date's tag, so the tags stay one per date).
 
@@ -27,7 +27,7 @@ from recsys.publish import fs as rfs
 log = logging.getLogger(__name__)
 
 NOTE_TAG = "mlflow.note.content"
-USED_BY_TAG = "recsys.used_by."          # + dt=YYYY-MM-DD on the model version
+USED_BY_TAG = "recsys.used_by."          # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
 EXIT_CODE_TAG = "recsys.exit_code"
 
 
@@ -169,13 +169,12 @@ def record(recorder: Any, *, manifest: Mapping[str, Any], metrics: Mapping[str, 
     for dataset, context in datasets:
         recorder.log_input(dataset, context)
     model = manifest.get("model", {})
-    if model.get("name") and model.get("version"):
-        run_id = recorder.run_id
-
-        def link() -> None:
+    if model.get("name") and model.get("version") and not recorder.failed:
+        try:   # a convenience on the registry side: its failure is a warning, not an unrecorded run
             from mlflow import MlflowClient
 
-            MlflowClient().set_model_version_tag(model["name"], str(model["version"]),
-                                                 f"{USED_BY_TAG}{partition_name(date)}", run_id)
-
-        recorder.call(link)
+            MlflowClient().set_model_version_tag(model["name"], str(model["version"]), f"{USED_BY_TAG}{date}",
+                                                 recorder.run_id)
+        except Exception as exc:
+            log.warning("could not tag model version %s of %s with run %s: %s", model["version"], model["name"],
+                        recorder.run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -89,7 +89,7 @@ def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any
         "stages_s": {k.removeprefix("stage_").removesuffix("_s"): round(v, 1) for k, v in sorted(metrics.items())
                      if k.startswith("stage_") and k.endswith("_s")},
         "problems": {k: _int(metrics[k]) for k in PROBLEM_METRICS if metrics.get(k)},
-        "error": (tags.get("recsys.error") or "").splitlines()[0][:300] or None,
+        "error": next(iter((tags.get("recsys.error") or "").splitlines()), "")[:300] or None,
         "note": tags.get("mlflow.note.content"),
     }
 

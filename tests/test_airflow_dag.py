@@ -21,7 +21,7 @@ import jobkit
 from jobkit import N_USERS, RUN_DATE
 
 pytestmark = [pytest.mark.slow]
-BAD_DATE = "2024-04-20"     # no events in the window and no catalog snapshot on or before it: exit code 2
+BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-day window: exit code 2
 DAG_ID, TASK_ID = "recsys_nightly", "recommend"
 
 
@@ -90,18 +90,42 @@ def _task_instances(airflow, date: str) -> list[tuple[str, int]]:
             (DAG_ID, TASK_ID, date)).fetchall()
 
 
-def test_the_dag_loads_without_import_errors(airflow):
+LOAD_DAG = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(sys.argv[1])
+dag = bag.dags.get("recsys_nightly")
+task = dag.get_task("recommend") if dag else None
+print("RESULT " + json.dumps({
+    "import_errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags),
+    "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
+    "retries": task and task.retries, "bash_command": task and task.bash_command}))
+"""
+
+
+def test_the_dag_loads_without_import_errors_and_its_command_line_parses_as_the_jobs(airflow):
+    import re
+    import shlex
+
+    from recsys.cli import build_parser
+
     executable, env, root, _ = airflow
-    errors = subprocess.run([str(executable), "dags", "list-import-errors", "--output", "json"], env=env, cwd=root,
-                            timeout=300, capture_output=True, text=True)
-    assert errors.returncode == 0, errors.stderr[-3000:]
-    assert json.loads(errors.stdout or "[]") == []
-    details = subprocess.run([str(executable), "dags", "details", DAG_ID, "--output", "json"], env=env, cwd=root,
-                             timeout=300, capture_output=True, text=True)
-    assert details.returncode == 0, details.stderr[-3000:]
-    dag = json.loads(details.stdout)
-    dag = dag[0] if isinstance(dag, list) else dag
-    assert dag["max_active_runs"] == 1 and dag["catchup"] in (True, "True")
+    run = subprocess.run([str(executable.parent / "python"), "-c", LOAD_DAG, env["AIRFLOW__CORE__DAGS_FOLDER"]],
+                         env=env, cwd=root, timeout=300, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    dag = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert dag["import_errors"] == {} and dag["dags"] == [DAG_ID]
+    assert dag["max_active_runs"] == 1 and dag["catchup"] is True and dag["retries"] >= 1
+
+    # the task's command, templates filled in: spark-submit.sh's options, then a job file and its arguments
+    argv = shlex.split(re.sub(r"\{\{[^}]*\}\}", lambda m: "2024-05-08" if "ds" == m.group(0)[2:-2].strip() else "X",
+                              dag["bash_command"]))
+    assert argv[0] == "./spark-submit.sh" and (airflowkit.REPO / "spark-submit.sh").is_file()
+    job = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+    assert argv[1:job] == ["--master", "X"] and (airflowkit.REPO / argv[job]).is_file()
+    assert argv[job] == "jobs/nightly_recommendations.py"
+    args = build_parser().parse_args(["recommend", *argv[job + 1:]])      # exits 2 on an unknown argument
+    assert str(args.date) == "2024-05-08" and args.conf == "X"
 
 
 def test_one_dag_run_publishes_the_date_through_spark_submit(airflow):
@@ -122,7 +146,7 @@ def test_a_run_on_bad_input_fails_at_once_without_a_retry(airflow):
     assert code is not None, "exit code 2 was retried:\n" + log[-4000:]
     assert code != 0
     assert "recsys exited with code 2, not retried" in log, log[-6000:]
-    assert "finished with exit code 2" in log and "catalog" in log   # the job's own reason, not a usage error
+    assert "finished with exit code 2" in log and "no events between" in log   # the job's reason, not a usage error
     assert _task_instances(airflow, BAD_DATE) == [("failed", 1)]
 
 

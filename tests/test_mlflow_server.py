@@ -145,7 +145,7 @@ def test_the_nightly_job_resolves_over_http_and_records_everything(served, spark
     assert set(inputs) == {"events 2024-05-01..2024-05-07", "catalog 2024-05-01"}
     assert all(len(d.dataset.digest) == 16 for d in inputs.values())
     mv = client.get_model_version("recsys-served", trained.version)
-    assert mv.tags[f"recsys.used_by.{PART}"] == run.info.run_id
+    assert mv.tags[f"recsys.used_by.{RUN_DATE}"] == run.info.run_id
 
 
 def _held_job(root: Path, overrides: list[str], point: str) -> subprocess.Popen:

@@ -103,7 +103,7 @@ def test_the_model_version_links_to_the_runs_that_used_it(recorded):
 
     store, _, result, _, _ = recorded
     mv = MlflowClient(store.tracking_uri, store.tracking_uri).get_model_version(store.model_name, store.version)
-    assert mv.tags == {f"recsys.used_by.dt={RUN_DATE}": result.run_id}
+    assert mv.tags == {f"recsys.used_by.{RUN_DATE}": result.run_id}
 
 
 def test_a_long_stage_logs_progress_lines_with_tasks_and_time_left(recorded):
