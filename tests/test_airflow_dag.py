@@ -70,7 +70,7 @@ def _dags_test(airflow, date: str) -> tuple[int | None, str]:
         for line in proc.stdout:
             lines.append(line)
             if "[up_for_retry]" in line or "new_state=up_for_retry" in line:
-                proc.terminate()
+                proc.kill()                   # the task's process has ended; only the retry's wait is left
                 proc.wait(timeout=60)
                 return None, "".join(lines)
         return proc.wait(timeout=600), "".join(lines)

@@ -25,12 +25,15 @@ def recorded(spark, tmp_path_factory):
     store = jobkit.make_store(tmp_path_factory.mktemp("store"))
     data = jobkit.write_dataset(tmp_path_factory.mktemp("data"))
     cfg = jobkit.config(data, store, "progress.interval_s=0.2", "scoring.partitions=4", "scoring.chunk_size=1")
-    progress = _Capture()
-    logging.getLogger("recsys").addHandler(progress)
+    progress, logger = _Capture(), logging.getLogger("recsys")
+    level = logger.level
+    logger.addHandler(progress)
+    logger.setLevel(logging.INFO)
     try:
         result = run_nightly(spark, cfg, RUN_DATE)
     finally:
-        logging.getLogger("recsys").removeHandler(progress)
+        logger.removeHandler(progress)
+        logger.setLevel(level)
     with pytest.raises(Exception) as failed:
         run_nightly(spark, cfg, BAD_DATE)
     return store, data, result, progress.lines, failed.value
