@@ -20,9 +20,9 @@ import hashlib
 import logging
 from typing import Any, Mapping
 
-from recsys.uris import redact_uri
-from recsys.data.contracts import partition_name
 from recsys import fs as rfs
+from recsys.data.contracts import partition_name
+from recsys.uris import redact_uri
 
 log = logging.getLogger(__name__)
 

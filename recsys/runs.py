@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from recsys import fs as rfs
 from recsys.config import Config
-from recsys.uris import redact_uri
 from recsys.data.contracts import partition_name
 from recsys.errors import ConfigError, TrackingUnavailable
-from recsys import fs as rfs
+from recsys.uris import redact_uri
 
 NIGHTLY_FILTER = "tags.`recsys.job` = 'nightly'"
 PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",

@@ -84,3 +84,10 @@ def test_a_moved_model_key_says_where_it_lives_now(tmp_path):
     conf.write_text("train:\n  model:\n    heads: 4\n")
     with pytest.raises(ConfigError, match="moved to train.model.<type>.heads"):
         load_config(conf)
+
+
+def test_the_progress_interval_is_validated_and_leaves_the_digest_alone():
+    assert load_config().progress.interval_s == 30
+    assert load_config(overrides=["progress.interval_s=5"]).digest() == load_config().digest()
+    with pytest.raises(ConfigError, match="progress.interval_s"):
+        load_config(overrides=["progress.interval_s=-1"])
