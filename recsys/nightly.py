@@ -161,6 +161,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
+            run_record.mark_unrecorded(result.output_dir, result.manifest, recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result

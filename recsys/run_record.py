@@ -57,6 +57,27 @@ def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
     return text + " " + "; ".join(t for t in tail if t) + ". Validation passed."
 
 
+def mark_unrecorded(output_dir: str, manifest: dict[str, Any], error: str | None) -> None:
+    """Say in the published ``_manifest.json`` that its MLflow run was not recorded, if it does not already.
+
+    The manifest is written before publishing; a tracking store that fails after that (while the
+    run's figures and plots are recorded) would otherwise leave a manifest saying nothing went
+    wrong, while the exit code is 5 and the MLflow run stays RUNNING. Rewritten atomically
+    (temporary file and rename on local and HDFS stores).
+    """
+    import json
+
+    tracking = manifest.setdefault("tracking", {})
+    if tracking.get("error") or not error:
+        return
+    tracking["error"] = error
+    try:
+        fs, path = rfs.resolve(rfs.join(output_dir, "_manifest.json"))
+        rfs.write_text_atomic(fs, path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+    except OSError as exc:
+        log.warning("could not note the tracking failure in %s/_manifest.json: %s", output_dir, exc)
+
+
 def failure_tags(date: dt.date, exc: BaseException) -> dict[str, str]:
     """The exit code the run ends with and a note saying why, for a run that failed before publishing."""
     from recsys.errors import ExitCode, RecsysError
