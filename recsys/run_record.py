@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from recsys import fs as rfs
 from recsys.data.contracts import partition_name
-from recsys.uris import redact_uri
+from recsys.uris import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def failure_tags(date: dt.date, exc: BaseException) -> dict[str, str]:
     from recsys.errors import ExitCode, RecsysError
 
     code = int(exc.exit_code) if isinstance(exc, RecsysError) else int(ExitCode.UNEXPECTED_ERROR)
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = (redact_text(str(exc)).strip().splitlines() or [type(exc).__name__])[0]
     if not isinstance(exc, RecsysError):
         first = f"{type(exc).__name__}: {first}"
     return {EXIT_CODE_TAG: str(code),
