@@ -111,7 +111,11 @@ def main() -> int:
         shutil.rmtree(profile, ignore_errors=True)
     finally:
         os.killpg(server.pid, 15)
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait(timeout=30)
     return 0
 
 

@@ -119,6 +119,27 @@ def files_digest(root: str, dates: list[dt.date]) -> tuple[str, int, int]:
     return h.hexdigest()[:16], files, size
 
 
+def events_dataset(events_root: str, date: dt.date, window_days: int) -> Any:
+    """The events window before ``date`` as an MLflow dataset: its partitions' location and files' digest."""
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.spark_dataset_source import SparkDatasetSource
+    from mlflow.types import ColSpec, Schema
+
+    from recsys.data.contracts import EVENTS_SCHEMA
+
+    start = date - dt.timedelta(days=window_days)
+    window = [d for d in _partition_dates(events_root) if start <= d < date]
+    digest, files, size = files_digest(events_root, window)
+    first, last = (str(window[0]), str(window[-1])) if window else ("none", "none")
+    log.debug("events dataset: %d partitions, %d files, %d bytes", len(window), files, size)
+    return MetaDataset(
+        SparkDatasetSource(path=redact_uri(events_root)),
+        name=f"events {first}..{last}",
+        digest=digest,
+        schema=Schema([ColSpec(_mlflow_type(f.type), f.name) for f in EVENTS_SCHEMA]),
+    )
+
+
 def input_datasets(events_root: str, catalog_root: str, date: dt.date, window_days: int,
                    catalog_date: dt.date) -> list[tuple[Any, str]]:
     """(MLflow dataset, context) for the events window and the catalog snapshot a run read."""
@@ -126,27 +147,17 @@ def input_datasets(events_root: str, catalog_root: str, date: dt.date, window_da
     from mlflow.data.spark_dataset_source import SparkDatasetSource
     from mlflow.types import ColSpec, Schema
 
-    from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA
+    from recsys.data.contracts import CATALOG_SCHEMA
 
-    start = date - dt.timedelta(days=window_days)
-    window = [d for d in _partition_dates(events_root) if start <= d < date]
-    ev_digest, ev_files, ev_bytes = files_digest(events_root, window)
+    events = events_dataset(events_root, date, window_days)
     cat_digest, cat_files, cat_bytes = files_digest(catalog_root, [catalog_date])
-    first, last = (str(window[0]), str(window[-1])) if window else ("none", "none")
-    events = MetaDataset(
-        SparkDatasetSource(path=redact_uri(events_root)),
-        name=f"events {first}..{last}",
-        digest=ev_digest,
-        schema=Schema([ColSpec(_mlflow_type(f.type), f.name) for f in EVENTS_SCHEMA]),
-    )
     catalog = MetaDataset(
         SparkDatasetSource(path=redact_uri(rfs.join(catalog_root, partition_name(catalog_date)))),
         name=f"catalog {catalog_date}",
         digest=cat_digest,
         schema=Schema([ColSpec(_mlflow_type(f.type), f.name) for f in CATALOG_SCHEMA]),
     )
-    log.debug("inputs: events %d partitions, %d files, %d bytes; catalog %d files, %d bytes",
-              len(window), ev_files, ev_bytes, cat_files, cat_bytes)
+    log.debug("catalog dataset: %d files, %d bytes", cat_files, cat_bytes)
     return [(events, "events window"), (catalog, "catalog snapshot")]
 
 
@@ -199,3 +210,21 @@ def record(recorder: Any, *, manifest: Mapping[str, Any], metrics: Mapping[str, 
         except Exception as exc:
             log.warning("could not tag model version %s of %s with run %s: %s", model["version"], model["name"],
                         recorder.run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+
+
+def record_training(recorder: Any, *, events_root: str, date: dt.date, window_days: int, model_type: str,
+                    users: int, items: int, metrics: Mapping[str, float], model_name: str, version: str,
+                    decision: str) -> None:
+    """A training run's note (what was trained on what, how well, what the gate decided) and its events dataset."""
+    if recorder.run_id is None or recorder.failed:
+        return
+    ndcg = next((v for k, v in metrics.items() if k.startswith("val_ndcg")), None)
+    recorder.set_tags({NOTE_TAG: (
+        f"Trained {model_type} on the events before {date} ({users:,} users, {items:,} items in the vocabulary); "
+        f"best epoch {int(metrics.get('best_epoch', 0))}"
+        + (f", validation NDCG@10 {ndcg:.4f}" if ndcg is not None else "")
+        + f". Registered as version {version} of {model_name}; {decision}.")})
+    try:
+        recorder.log_input(events_dataset(events_root, date, window_days), "training")
+    except Exception as exc:
+        log.warning("could not describe the training run's input dataset: %s", exc)

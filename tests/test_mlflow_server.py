@@ -119,6 +119,11 @@ def test_training_registers_over_http_and_moves_the_alias(served):
     assert str(mv.version) == trained.version == "1"
     assert mv.source.startswith("mlflow-artifacts:/")           # proxied: the files live behind the server
     assert mv.run_id == trained.run_id
+    run = _client(server).get_run(trained.run_id)         # what the UI shows on the training run's page
+    assert run.data.tags["mlflow.note.content"].startswith(f"Trained sasrec on the events before {RUN_DATE}")
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["events 2024-05-01..2024-05-07"]
+    experiment = _client(server).get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"   # not opened as GenAI
 
 
 def test_the_nightly_job_resolves_over_http_and_records_everything(served, spark, monkeypatch, capsys):
