@@ -2,7 +2,7 @@
 
 Before conf/log4j2.properties, the same run printed about 34,000 lines, nearly all Spark INFO. Now
 Spark logs at WARN, the job's own lines at INFO, and the last line says what happened. The data is
-the bundled MovieLens sample (the demo's: 610 users, 100k ratings, 9.7k items) scored by an
+the bundled MovieLens sample (the demo's: 611 users, 100k ratings, 9.7k items) scored by an
 untrained model (what is measured is the log, not the recommendations).
 """
 import json
@@ -68,14 +68,14 @@ def test_a_demo_sized_run_under_spark_submit_logs_a_few_dozen_lines_ending_with_
     code, lines = _submit(root, uri)
     text = "\n".join(lines)
     assert code == 0, text[-5000:]
-    assert json.loads((root / "recommendations" / f"dt={DATE}" / "_manifest.json").read_text())["counts"]["rows"] == 610
+    assert json.loads((root / "recommendations" / f"dt={DATE}" / "_manifest.json").read_text())["counts"]["rows"] == 611
     print(f"{len(lines)} lines:\n{text}")
     assert len(lines) <= MAX_LINES, f"{len(lines)} lines:\n{text}"
     assert not [line for line in lines if " INFO " in line and "INFO recsys" not in line], "Spark INFO lines leaked"
     stage_lines = [line for line in lines if "INFO recsys: [recommend" in line]
     assert len(stage_lines) >= 12                       # every stage's start and end
     assert lines[-1].split(" ", 1)[1].startswith(
-        f"INFO recsys: recsys recommend finished with exit code 0 (success): published {DATE} (610 users) to ")
+        f"INFO recsys: recsys recommend finished with exit code 0 (success): published {DATE} (611 users) to ")
 
     # the user's own log4j configuration wins over the shipped one (here: Spark at INFO, their layout);
     # the date is already published, so this run is skipped, and says so
