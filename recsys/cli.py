@@ -264,11 +264,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from recsys.outcome import recommend_detail
 
     args.outcome = recommend_detail(results)
+
+    from recsys.uris import redact_uri
+
     for result in results:
         if result.status == "skipped":
-            print(f"skipped {result.output_dir}: {result.reason} (pass --force to recompute)")
+            print(f"skipped {redact_uri(result.output_dir)}: {result.reason} (pass --force to recompute)")
         else:
-            print(f"published {result.output_dir} (run {result.run_id or 'untracked'})")
+            print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
 
 
