@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+ML_VIEW = "workflowType=machine_learning"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--force-device-scale-factor=1"]
@@ -61,7 +62,7 @@ def _runs(uri: str) -> dict[str, str]:
 def _screenshot(chromium: str, url: str, path: Path, profile: Path, height: int = 1600) -> None:
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size=1600,{height}",
                     "--virtual-time-budget=15000", f"--screenshot={path}", url],
-                   check=True, timeout=120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print(f"{path}  <- {url}")
 
 
@@ -106,8 +107,8 @@ def main() -> int:
             "training_run_metrics": f"#/experiments/{runs['training']}/model-metrics",
             "model_version": f"#/models/{runs['model']}",
         }
-        for name, page in pages.items():
-            _screenshot(chromium, f"{base}/{page}", args.out / f"{name}.png", profile)
+        for name, page in pages.items():   # MLflow 3's UI opens in its GenAI view unless asked for the ML one
+            _screenshot(chromium, f"{base}/{page}?{ML_VIEW}", args.out / f"{name}.png", profile)
         shutil.rmtree(profile, ignore_errors=True)
     finally:
         os.killpg(server.pid, 15)

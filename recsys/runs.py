@@ -216,7 +216,9 @@ def _source(source: str) -> str:
 def _ui_link(cfg: Config, run: Any) -> str | None:
     uri = redact_uri(cfg.mlflow.tracking_uri)
     if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        # MLflow 3's UI opens in its GenAI view (traces, judges) unless asked for the model-training one
+        return (f"{uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+                "?workflowType=machine_learning")
     return None
 
 
