@@ -9,12 +9,13 @@ daemon thread logs one line every ``progress.interval_s`` seconds (0: off):
 Where the figures come from:
 
 - **classic sessions**: tasks from Spark's status tracker (the jobs started since the stage
-  began; their stages' task counts). Users from the live metrics the running tasks report to
-  the driver with their heartbeats (every ``spark.executor.heartbeatInterval``, 10 s by default):
-  rows read by the stage's last running stage (its input or shuffle read). They lead the users
-  actually scored by at most one Arrow batch per running task, and lag by up to a heartbeat.
-  The time left comes from the users still to read at the rate of the last interval (from the
-  tasks still to run when no user count is available).
+  began; their stages' task counts). Users from the stage metrics in Spark's status store: rows
+  read by the stage's last running stage (its input or shuffle read). Measured at 1M users, these
+  advance only when a task finishes, not while it runs, so both the user count and the time left
+  are only as fine as the stage's tasks: with ``scoring.partitions: 0`` a 2-core run scored in 2
+  tasks and the lines said "0/2 tasks, time left unknown yet" for 25 minutes. Set
+  ``scoring.partitions`` to several times the cores for long runs. The time left comes from the
+  users still to read at the rate of the last interval, else from the tasks still to run.
 - **Spark Connect**: there is no status tracker on the client; the server streams per-stage task
   counts and bytes read with each operation (``SparkSession.registerProgressHandler``), so the
   lines show tasks and bytes, and say that user counts are not available over Spark Connect.
@@ -135,9 +136,9 @@ def format_line(label: str, snap: Snapshot, *, elapsed: float, expected_users: i
     parts = [f"{snap.tasks_done}/{snap.tasks_total} tasks" if snap.tasks_total else "no tasks started yet"]
     if snap.rows is not None and expected_users:
         parts.append(f"{snap.rows:,} of {expected_users:,} users ({100 * snap.rows / expected_users:.0f}%)")
-    elif snap.rows is not None:
-        parts.append(f"{snap.rows:,} users")
-    if users_per_s is not None:
+    elif snap.rows is not None:   # a stage not counted in users (e.g. reading events): rows, not users
+        parts.append(f"{snap.rows:,} rows read")
+    if users_per_s is not None and expected_users:
         parts.append(f"{users_per_s:,.0f} users/s")
     if snap.bytes_read is not None:
         parts.append(f"{snap.bytes_read / 1e6:,.1f} MB read")
