@@ -69,7 +69,8 @@ def _dags_test(airflow, date: str) -> tuple[int | None, str]:
     try:
         for line in proc.stdout:
             lines.append(line)
-            if "[up_for_retry]" in line or "new_state=up_for_retry" in line:
+            # dags test's own loop, reading the task back from its database once the retry state is committed
+            if "unrunnable tasks" in line and "[up_for_retry]" in line:
                 proc.kill()                   # the task's process has ended; only the retry's wait is left
                 proc.wait(timeout=60)
                 return None, "".join(lines)
