@@ -84,7 +84,8 @@ def main() -> int:
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                                "--port", str(port), "--workers", "1"], cwd=args.workdir,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120

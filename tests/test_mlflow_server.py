@@ -54,7 +54,10 @@ class MlflowServer:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
              "--artifacts-destination", str(self.root / "artifacts")],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            # MLflow 3 servers also start a job runner with a dozen huey worker processes (GenAI judges and
+            # such): nothing the job uses, and on a 2-core CI machine a real cost
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
