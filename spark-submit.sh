@@ -16,7 +16,10 @@
 #   this virtualenv and ships it with --archives ARCHIVE#environment, the executors running
 #   ./environment/bin/python; --pack=ARCHIVE ships an archive built before (docs/cluster.md);
 # - a spark:// master that does not answer within 5 s stops the script with one line and exit 1;
-# - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3.
+# - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3;
+# - Spark's own logging: conf/log4j2.properties (Spark at WARN; the job's lines stay at INFO), or
+#   $RECSYS_LOG4J_CONF (empty: Spark's default); java options you pass (--driver-java-options,
+#   --conf spark.driver.extraJavaOptions=...) are kept and come after it, so yours win.
 # Every argument is passed through quoted; the job's exit code is this script's exit code.
 set -euo pipefail
 
@@ -42,6 +45,7 @@ fi
 master="${SPARK_MASTER:-local[*,4]}"
 pack=""
 passthrough=()
+driver_java_options=""
 # spark-submit options come before the job file; everything from the job file on is the job's
 while [[ $# -gt 0 && "$1" == -* ]]; do
   case "$1" in
@@ -51,6 +55,15 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
     --pack) pack="build"; shift ;;
     --pack=*) pack="${1#--pack=}"; [[ -n "$pack" ]] || { echo "spark-submit.sh: --pack= needs an archive" >&2; exit 2; }; shift ;;
     --verbose|-v|--supervise) passthrough+=("$1"); shift ;;
+    --driver-java-options) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
+              driver_java_options="$driver_java_options $2"; shift 2 ;;
+    --driver-java-options=*) driver_java_options="$driver_java_options ${1#*=}"; shift ;;
+    --conf) if [[ $# -ge 2 && "$2" == spark.driver.extraJavaOptions=* ]]; then
+              driver_java_options="$driver_java_options ${2#*=}"; shift 2
+            else
+              [[ $# -ge 2 ]] || { echo "spark-submit.sh: --conf needs a value" >&2; exit 2; }
+              passthrough+=("$1" "$2"); shift 2
+            fi ;;
     --*=*) passthrough+=("$1"); shift ;;
     *) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
        passthrough+=("$1" "$2"); shift 2 ;;
@@ -87,6 +100,13 @@ if [[ -n "$pack" ]]; then
   fi
 fi
 
+log4j_conf="${RECSYS_LOG4J_CONF-$here/conf/log4j2.properties}"
+if [[ -n "$log4j_conf" ]]; then
+  [[ -f "$log4j_conf" ]] || { echo "spark-submit.sh: RECSYS_LOG4J_CONF=$log4j_conf is not a file" >&2; exit 2; }
+  driver_java_options="-Dlog4j2.configurationFile=file:$(cd "$(dirname "$log4j_conf")" && pwd)/$(basename "$log4j_conf")$driver_java_options"
+fi
+driver_java_options="${driver_java_options# }"
+
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
 trap 'rm -rf "$workdir"' EXIT
 # Directory entries are written too: zipimport finds a package without __init__.py (a namespace
@@ -108,6 +128,7 @@ set +e
   --conf "spark.pyspark.python=$PYSPARK_PYTHON" \
   --py-files "$workdir/recsys.zip" \
   "${packed[@]+"${packed[@]}"}" \
+  ${driver_java_options:+--driver-java-options "$driver_java_options"} \
   "${passthrough[@]+"${passthrough[@]}"}" \
   "$@"
 status=$?

@@ -100,6 +100,7 @@ def run_scale(users: int, items: int, work: Path, top_n: int, driver_memory: str
     stop.set()
     sampler.join()
     job_s = time.perf_counter() - started
+    (root / "recommend.log").write_text(log)   # the job's whole log (progress lines included)
     if proc.returncode != 0:
         raise SystemExit(f"recommend failed for {users} users (exit {proc.returncode}):\n{log[-5000:]}")
     manifest = json.loads((root / "out" / f"dt={RUN_DATE}" / "_manifest.json").read_text())

@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
+    p = sub.add_parser("runs", help="list nightly runs from the tracking store, or show one (runs show DATE|RUN_ID)")
+    p.add_argument("action", nargs="?", choices=("list", "show"), default="list", help="list (default) or show")
+    p.add_argument("which", nargs="?", metavar="DATE|RUN_ID", help="show: a run date (its newest run) or a run id")
+    p.add_argument("--last", type=int, default=20, help="list: the newest N runs (default: 20)")
+    p.add_argument("--date", type=_date, default=None, help="list: only the runs of this date")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_runs)
+
     p = sub.add_parser("evaluate", help="compare the models and baselines (popularity, Spark ALS) on a protocol; "
                                         "print the table, log it to MLflow")
     p.add_argument("--data", type=Path, required=True,
@@ -131,7 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
-    return run_command(args.func, args)
+    code = run_command(args.func, args)
+    if args.command in ("recommend", "train"):
+        from recsys.outcome import final_line
+
+        log.log(*final_line(args.command, code, getattr(args, "outcome", None)))
+    return code
 
 
 def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -140,12 +154,14 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
         return int(func(args))
     except RecsysError as exc:
         log.error("%s", exc)
+        args.outcome = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return int(exc.exit_code)
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130
-    except Exception:
+    except Exception as exc:
         log.exception("unexpected error; this is a bug or an infrastructure failure")
+        args.outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (traceback above)"
         return int(ExitCode.UNEXPECTED_ERROR)
 
 
@@ -210,6 +226,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print(result.summary())
+    args.outcome = result.summary().splitlines()[0]
     return ExitCode.OK
 
 
@@ -244,6 +261,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
         spark.stop()
+    from recsys.outcome import recommend_detail
+
+    args.outcome = recommend_detail(results)
+
     from recsys.uris import redact_uri
 
     for result in results:
@@ -252,6 +273,23 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         else:
             print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from recsys import runs
+
+    cfg = _config(args)
+    if args.action == "show":
+        if not args.which:
+            raise ConfigError("recsys runs show needs a date (YYYY-MM-DD) or a run id")
+        run = runs.show_run(cfg, args.which)
+        print(runs.to_json(run) if args.json else runs.format_run(run))
+    else:
+        if args.which:
+            raise ConfigError(f"unexpected {args.which!r}; did you mean `recsys runs show {args.which}`?")
+        rows = runs.list_runs(cfg, last=args.last, date=args.date)
+        print(runs.to_json(rows) if args.json else runs.format_table(rows))
+    return ExitCode.OK
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -227,6 +227,10 @@ class SparkConfig(_Section):
         return value
 
 
+class ProgressConfig(_Section):
+    interval_s: float = Field(default=30, ge=0)   # a progress line this often while a long stage runs; 0: none
+
+
 class Config(_Section):
     paths: PathsConfig
     mlflow: MlflowConfig
@@ -236,13 +240,16 @@ class Config(_Section):
     train: TrainConfig
     evaluation: EvaluationConfig
     spark: SparkConfig
+    progress: ProgressConfig = ProgressConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
         """A short stable hash of everything that shapes the output; tied to manifests."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        data = self.to_dict()
+        data.pop("progress")   # how often the log says how far a run is changes nothing in its output
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def redacted_dict(self) -> dict[str, Any]:

@@ -127,7 +127,8 @@ def _show(cfg: Config, result, trained) -> None:
             print(f"     {rank}. {titles.get(rec['item_id'], '?')}  (item {rec['item_id']}, score {rec['score']:.3f})")
     uri = redact_text(cfg.mlflow.tracking_uri)   # not redact_uri: it rewrites sqlite:///x as sqlite:/x
     print("\n== next ==")
-    print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open http://127.0.0.1:5000)")
+    print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open "
+          "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning: the model-training view)")
     print(f"   rerun the job:  .venv/bin/recsys recommend --date {result.date}")
     print(f"   run id {result.run_id}; manifest: {out / '_manifest.json'}\n", flush=True)
 

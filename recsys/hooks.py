@@ -7,7 +7,8 @@ The reference is docs/faults.md.
 
 Pause points (``RECSYS_PAUSE_AT=<point>``): the job prints ``recsys-pause: <point> pid=<pid>`` on
 stderr when it gets there, then waits (at most ``RECSYS_PAUSE_MAX_S`` seconds, default 600, then
-carries on). A test reads the job's stderr until the line appears and sends SIGKILL: the kill lands
+carries on; a point reached on the driver's main thread also carries on at once on ``SIGUSR1``, so a
+test can act while the job is held, e.g. stop a server, and then let it go on). A test reads the job's stderr until the line appears and sends SIGKILL: the kill lands
 at a known point without sleeping and hoping. Points, in the order a run reaches them:
 
 - ``writing``: inside a scoring task on the workers, after its first rows went to the Parquet
@@ -26,6 +27,7 @@ Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring task
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -96,6 +98,17 @@ NO_HOOKS = Hooks()
 
 
 def hold(name: str, max_s: float) -> None:
-    """Say where the job is on stderr, then wait up to ``max_s`` seconds (a test kills it meanwhile)."""
+    """Say where the job is on stderr, then wait up to ``max_s`` seconds (a test kills it meanwhile).
+
+    Held on the driver's main thread, ``SIGUSR1`` ends the wait at once: a test can act while the job
+    is held (stop a server, say) and then let it carry on.
+    """
+    resume = threading.Event()
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: resume.set()) if on_main else None
     print(f"recsys-pause: {name} pid={os.getpid()}", file=sys.stderr, flush=True)
-    threading.Event().wait(max_s)
+    try:
+        resume.wait(max_s)
+    finally:
+        if on_main:
+            signal.signal(signal.SIGUSR1, previous)

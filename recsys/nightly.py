@@ -24,13 +24,14 @@ from typing import Any, Sequence
 
 from pyspark.sql import SparkSession
 
-from recsys import __version__, stages, tracking
+from recsys import __version__, run_record, stages, tracking
 from recsys.config import Config
 from recsys.uris import redact_text
 from recsys.data.contracts import parse_date, partition_name
 from recsys.errors import ExitCode, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.last_model import resolve_or_remembered
+from recsys.live_progress import LiveProgress
 from recsys.progress import StageTimer
 from recsys import fs as rfs
 from recsys.publish.lock import DateLock
@@ -114,7 +115,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
     config_digest = cfg.digest()
     run_key = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     layout = PartitionLayout(cfg.paths.output, date, run_key)
-    timer = StageTimer(partial(job_description, spark), job=f"recommend {date}")
+    timer = StageTimer(partial(job_description, spark), job=f"recommend {date}",
+                       progress=partial(LiveProgress, spark, interval_s=cfg.progress.interval_s))
 
     with DateLock(cfg.paths.output, date, run_key) as lock:
         for note in recover(layout):
@@ -138,7 +140,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         recorder = tracking.RunRecorder(
             cfg.mlflow, run_name=f"recommend {date}", unavailable=resolution_error,
             tags={"recsys.job": "nightly", "recsys.date": str(date), "recsys.version": __version__,
-                  "recsys.job_run": run_key},
+                  "recsys.job_run": run_key, "recsys.model_version": model.version},
         )
         work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
         try:
@@ -148,7 +150,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         except BaseException as exc:
             discard_staging(layout)
             _cleanup(work_dir)
-            recorder.set_tags({"recsys.status": "failed", "recsys.error": redact_text(str(exc))[:4000]})
+            recorder.set_tags({"recsys.status": "failed", "recsys.error": redact_text(str(exc))[:4000],
+                               **run_record.failure_tags(date, exc)})
             if isinstance(exc, ValidationFailed):
                 recorder.log_dict(exc.report, "validation_report.json")
             recorder.end("FAILED")
@@ -157,6 +160,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
+            run_record.mark_unrecorded(result.output_dir, result.manifest, recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
@@ -209,7 +213,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         fallback = stages.popularity_fallback_stage(history.histories, catalog.candidates, cfg.scoring.top_n)
         c.update(items=len(fallback.fallback.item_ids))
 
-    with timer.stage("score", "score users") as c:
+    with timer.stage("score", "score users", expected_users=history.figures["users_in_window"]) as c:
         shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                              scratch=cfg.paths.driver_dir)
         spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks)
@@ -242,6 +246,8 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
     with timer.stage("record", "record the run"):
         stages.record(recorder, spark, cfg, published_dir, manifest, metrics, scored, report, catalog, fallback)
+        run_record.record(recorder, manifest=manifest, metrics=metrics, events_root=cfg.paths.events,
+                          catalog_root=cfg.paths.catalog, window_days=cfg.history.window_days)
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
     log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
              timer.total, recorder.run_id or "untracked")

@@ -20,23 +20,32 @@ JobLabel = Callable[[str], AbstractContextManager]
 class StageTimer:
     """Times named stages and logs one line per stage; ``label`` names the stage's work elsewhere too.
 
-    Knows nothing of Spark: the pipeline hands in how to label a stage's jobs.
+    Knows nothing of Spark: the pipeline hands in how to label a stage's jobs, and how to report a
+    running stage's progress (``progress(text, expected_users=N)``: a context manager, e.g.
+    :class:`recsys.live_progress.LiveProgress` bound to the session).
     """
 
-    def __init__(self, label: JobLabel | None = None, job: str = "recsys"):
+    def __init__(self, label: JobLabel | None = None, job: str = "recsys",
+                 progress: Callable[..., AbstractContextManager] | None = None):
         self.label = label
+        self.progress = progress
         self.job = job
         self.seconds: dict[str, float] = {}
         self._started = time.perf_counter()
 
     @contextmanager
-    def stage(self, name: str, description: str | None = None) -> Iterator[dict[str, Any]]:
-        """Time a stage; the yielded dict collects counts that the closing log line reports."""
+    def stage(self, name: str, description: str | None = None,
+              expected_users: int | None = None) -> Iterator[dict[str, Any]]:
+        """Time a stage; the yielded dict collects counts that the closing log line reports.
+
+        ``expected_users``: how many users the stage will go through, for the progress lines' share and time left.
+        """
         counts: dict[str, Any] = {}
         label = description or name
         log.info("[%s] %s ...", self.job, label)
         start = time.perf_counter()
-        with self.label(f"{self.job}: {label}") if self.label is not None else nullcontext():
+        with self.label(f"{self.job}: {label}") if self.label is not None else nullcontext(), \
+                self.progress(f"[{self.job}] {label}", expected_users=expected_users) if self.progress is not None else nullcontext():
             yield counts
         elapsed = time.perf_counter() - start
         self.seconds[name] = self.seconds.get(name, 0.0) + elapsed

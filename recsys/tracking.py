@@ -54,6 +54,8 @@ def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
     name = experiment or cfg.experiment
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND_TAG not in found.tags:
+            _mark_model_development(found.experiment_id)
         return found.experiment_id
     location = None
     if cfg.artifact_location:
@@ -61,7 +63,22 @@ def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
         if is_local_path(location):
             local_path(location).mkdir(parents=True, exist_ok=True)
             location = local_path(location).as_uri()
-    return mlflow.create_experiment(name, artifact_location=location)
+    return mlflow.create_experiment(name, artifact_location=location,
+                                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+
+
+# Without it, MLflow 3's UI guesses the experiment's kind and opened ours as GenAI "evaluation runs"
+# (traces, judges, an assistant panel) instead of model training (metrics, parameters, artifacts).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
+def _mark_model_development(experiment_id: str) -> None:
+    from mlflow import MlflowClient
+
+    try:
+        MlflowClient().set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    except Exception as exc:   # cosmetic: never worth failing a run for
+        log.debug("could not tag experiment %s with its kind: %s", experiment_id, exc)
 
 
 def point_at(cfg: MlflowConfig) -> None:
@@ -245,6 +262,18 @@ class RunRecorder:
 
     def log_artifacts(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._call("log_artifacts", str(path), artifact_path)
+
+    def log_input(self, dataset: Any, context: str | None = None) -> None:
+        self._call("log_input", dataset, context=context)
+
+    def call(self, fn: Any) -> None:
+        """Run ``fn()`` (another MLflow call, e.g. on the registry) with the same degrade-don't-fail rule."""
+        if self._mlflow is None or self.failed:
+            return
+        try:
+            fn()
+        except Exception as exc:
+            self._fail(exc)
 
     def artifact_uri(self, sub: str = "") -> str | None:
         if self._mlflow is None or self.failed:

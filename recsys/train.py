@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pyspark.sql import SparkSession
 
-from recsys import __version__, tracking
+from recsys import __version__, run_record, tracking
 from recsys.config import Config, ModelConfig, TrainConfig
 from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
@@ -179,6 +179,10 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
             c.update(decision=decision)
         recorder.set_tags({"recsys.model_version": version, "recsys.promoted": str(promoted),
                            "recsys.gate": decision})
+        run_record.record_training(recorder, events_root=cfg.paths.events, date=date,
+                                   window_days=cfg.history.window_days, model_type=cfg.train.model.type,
+                                   users=len(user_ids), items=len(vocab), metrics=metrics,
+                                   model_name=cfg.mlflow.model_name, version=version, decision=decision)
         recorder.end("FINISHED")
     except BaseException as exc:
         recorder.set_tags({"recsys.error": redact_text(str(exc))[:4000]})

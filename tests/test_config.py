@@ -86,6 +86,13 @@ def test_a_moved_model_key_says_where_it_lives_now(tmp_path):
         load_config(conf)
 
 
+def test_the_progress_interval_is_validated_and_leaves_the_digest_alone():
+    assert load_config().progress.interval_s == 30
+    assert load_config(overrides=["progress.interval_s=5"]).digest() == load_config().digest()
+    with pytest.raises(ConfigError, match="progress.interval_s"):
+        load_config(overrides=["progress.interval_s=-1"])
+
+
 def test_model_hyperparameters_follow_the_model_s_own_rules_when_the_config_is_loaded():
     # one definition (recsys.model.configs): what the model would refuse at training time, the config refuses now
     with pytest.raises(ConfigError, match=r"train\.model\.sasrec.*dim \(10\) must be a multiple of heads \(3\)"):

@@ -1,27 +1,78 @@
-"""Airflow DAG: the nightly job as one BashOperator task per logical date.
+"""Airflow 3 DAG: the nightly job, one task per logical date, acting on the job's exit codes.
 
-Retries are safe: a rerun for the same date replaces that date's partition and no other, and a
-date already published with the same model version and configuration is skipped. Exit codes 2
-(bad input or configuration) and 3 (validation failed) will not fix themselves on retry.
+Install Airflow in its own virtualenv (never in the job's .venv) and point its dags folder here,
+or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environment variables):
+
+- ``recsys_home``: the checkout with ``spark-submit.sh`` and its ``.venv`` (default /opt/recsys);
+- ``recsys_conf``: the job's YAML config, relative to recsys_home or absolute (default conf/production.yaml);
+- ``recsys_spark_master``: the Spark master (default local[*,4]).
+
+What the task does with the job's exit code (docs/operations.md, "Exit codes"):
+
+- 0: success (published, or already published the same way and skipped);
+- 5: success, with a warning in the task log: the partition is published, only the MLflow run
+  is missing (the manifest holds its figures); rerunning would recompute the same thing;
+- 2 (bad input or configuration) and 3 (output failed validation): the task fails at once,
+  without retries, since neither fixes itself;
+- 1 (unexpected, e.g. infrastructure) and 4 (the date is locked by another run): retried, up to
+  ``retries`` times, ``retry_delay`` apart.
+
+Runs never overlap: ``max_active_runs=1`` (and the job itself takes a per-date lock, so even a
+manually triggered second run of a date exits 4 and is retried later). ``catchup=True`` creates
+the missed dates' runs oldest first, and with one active run at a time they run oldest first.
 """
+from __future__ import annotations
+
 import pendulum
-from airflow import DAG
-from airflow.operators.bash import BashOperator
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+NOT_RETRIED = {
+    2: "bad input data or configuration: fix the input or the config, then clear the task",
+    3: "the output failed validation, nothing was published: investigate, then clear the task",
+}
+PUBLISHED_NOT_RECORDED = 5
+
+
+class NightlyJobOperator(BashOperator):
+    """BashOperator that maps the job's documented exit codes to Airflow's retry semantics."""
+
+    def __init__(self, **kwargs):
+        super().__init__(skip_on_exit_code=None, **kwargs)
+
+    def execute(self, context):
+        try:
+            return super().execute(context)
+        except AirflowException:
+            process = getattr(self.subprocess_hook, "sub_process", None)
+            code = process.returncode if process is not None else None
+            if code in NOT_RETRIED:
+                raise AirflowFailException(f"recsys exited with code {code}, not retried: {NOT_RETRIED[code]}") from None
+            if code == PUBLISHED_NOT_RECORDED:
+                self.log.warning("recsys exited with code 5: recommendations published, but the MLflow run could not "
+                                 "be recorded (the partition's _manifest.json holds the figures); not rerun")
+                return None
+            raise   # 1, 4 and anything else: retried
+
 
 with DAG(
     dag_id="recsys_nightly",
     schedule="15 2 * * *",
     start_date=pendulum.datetime(2024, 5, 1, tz="UTC"),
-    catchup=True,            # backfills run oldest first, one date per task
-    max_active_runs=1,
+    catchup=True,            # missed dates run oldest first, one at a time
+    max_active_runs=1,       # never two runs at once (and never two of one date)
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=10)},
+    tags=["recsys"],
 ) as dag:
-    BashOperator(
+    NightlyJobOperator(
         task_id="recommend",
-        cwd="/opt/recsys",
+        cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
         bash_command=(
-            "./spark-submit.sh --master {{ var.value.spark_master }} jobs/nightly_recommendations.py "
-            "--date {{ ds }} --conf conf/production.yaml"
+            "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
+            "jobs/nightly_recommendations.py --date {{ ds }} "
+            "--conf '{{ var.value.get('recsys_conf', 'conf/production.yaml') }}'"
         ),
         execution_timeout=pendulum.duration(hours=4),
+        max_active_tis_per_dag=1,
     )

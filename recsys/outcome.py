@@ -1,0 +1,42 @@
+"""The job's last log line: what happened, in one line a scheduler's log viewer shows at the bottom.
+
+An operator opening a failed task's log reads the end first. Whatever the command did (published,
+skipped, failed), the last line names the exit code, what the code means for a retry, and why.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+MEANING = {
+    0: "success",
+    1: "unexpected error, a retry may help",
+    2: "bad input or configuration, fix it: a retry will not help",
+    3: "output failed validation, nothing published: investigate, a retry will not help",
+    4: "the date is locked by another run, nothing published: retry later",
+    5: "published, but the MLflow run was not recorded: no need to rerun",
+    130: "interrupted",
+}
+
+
+def final_line(command: str, code: int, detail: str | None) -> tuple[int, str]:
+    """(logging level, message) of the command's last line."""
+    # never ERROR: an expected failure prints exactly one ERROR line (the contract), which came before
+    level = logging.INFO if code == 0 else logging.WARNING
+    meaning = MEANING.get(code, "unknown exit code")
+    return level, f"recsys {command} finished with exit code {code} ({meaning})" + (f": {detail}" if detail else "")
+
+
+def recommend_detail(results: Sequence[Any]) -> str:
+    """Per date: published (and where, which run) or skipped (and why), for one date or a backfill."""
+    parts = []
+    for r in results:
+        if r.status == "skipped":
+            parts.append(f"skipped {r.date}, {r.reason}")
+        else:
+            tracking_error = (r.manifest.get("tracking") or {}).get("error")
+            recorded = f"MLflow run not recorded: {tracking_error}" if tracking_error else f"MLflow run {r.run_id}"
+            rows = (r.manifest.get("counts") or {}).get("rows")
+            parts.append(f"published {r.date} ({rows:,} users) to {r.output_dir}, {recorded}" if rows is not None
+                         else f"published {r.date} to {r.output_dir}, {recorded}")
+    return "; ".join(parts) or "no date ran"

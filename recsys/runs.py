@@ -1,0 +1,252 @@
+"""``recsys runs``: the nightly runs as an operator asks about them, read back from the tracking store.
+
+What a scheduler shows is an exit code per night; what the MLflow UI shows is one run at a time.
+This lists the nights (date, status, exit code, model version, users, throughput, seconds per
+stage, problems counted) in one table, from whatever store ``mlflow.tracking_uri`` names (the
+sqlite default or a server), and shows one run with its note, inputs, manifest and plots.
+
+A run whose recording failed half-way (exit code 5: published, but the store went away) stays
+RUNNING in MLflow forever; the published partition's manifest names its run id and the tracking
+error, so it is shown as ``published, not recorded`` with exit code 5.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from recsys import fs as rfs
+from recsys.config import Config
+from recsys.data.contracts import partition_name
+from recsys.errors import ConfigError, TrackingUnavailable
+from recsys.uris import redact_uri
+
+NIGHTLY_FILTER = "tags.`recsys.job` = 'nightly'"
+PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",
+                   "task_retries", "fallback_users")
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _client(cfg: Config):
+    from mlflow import MlflowClient
+
+    from recsys import tracking
+
+    tracking.point_at(cfg.mlflow)
+    return MlflowClient()
+
+
+def _experiment_id(client, cfg: Config) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
+    except MlflowException as exc:
+        raise TrackingUnavailable(f"cannot read runs from {redact_uri(cfg.mlflow.tracking_uri)}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except Exception as exc:
+        raise TrackingUnavailable(f"cannot read runs from {redact_uri(cfg.mlflow.tracking_uri)}: "
+                                  f"{type(exc).__name__}") from None
+    return experiment.experiment_id if experiment else None
+
+
+def list_runs(cfg: Config, *, last: int = 20, date: dt.date | None = None) -> list[dict[str, Any]]:
+    """The newest ``last`` nightly runs (of ``date`` only, if given), newest first, as plain dicts."""
+    if last < 1:
+        raise ConfigError(f"--last must be 1 or more, got {last}")
+    client = _client(cfg)
+    experiment_id = _experiment_id(client, cfg)
+    if experiment_id is None:
+        return []
+    query = NIGHTLY_FILTER + (f" and tags.`recsys.date` = '{date}'" if date else "")
+    try:
+        runs = client.search_runs([experiment_id], filter_string=query, order_by=["attributes.start_time DESC"],
+                                  max_results=last)
+    except Exception as exc:
+        raise TrackingUnavailable(f"cannot search runs in {redact_uri(cfg.mlflow.tracking_uri)}: "
+                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
+    return [summarise(run, _published_manifest(cfg, run.data.tags.get("recsys.date"))) for run in runs]
+
+
+def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One run as the row ``recsys runs`` prints (and ``--json`` emits)."""
+    tags, metrics = run.data.tags, run.data.metrics
+    status, exit_code = _status(run, manifest)
+    start = run.info.start_time
+    return {
+        "run_id": run.info.run_id,
+        "date": tags.get("recsys.date"),
+        "started": dt.datetime.fromtimestamp(start / 1000, dt.timezone.utc).isoformat(timespec="seconds")
+        if start else None,
+        "status": status,
+        "exit_code": exit_code,
+        "model_version": tags.get("recsys.model_version"),
+        "users": _int(metrics.get("rows", metrics.get("users_in_window"))),
+        "users_per_s": round(metrics["users_per_s"], 1) if "users_per_s" in metrics else None,
+        "wall_s": round(metrics["total_s"], 1) if "total_s" in metrics else None,
+        "stages_s": {k.removeprefix("stage_").removesuffix("_s"): round(v, 1) for k, v in sorted(metrics.items())
+                     if k.startswith("stage_") and k.endswith("_s")},
+        "problems": {k: _int(metrics[k]) for k in PROBLEM_METRICS if metrics.get(k)},
+        "error": next(iter((tags.get("recsys.error") or "").splitlines()), "")[:300] or None,
+        "note": tags.get("mlflow.note.content"),
+    }
+
+
+def _status(run: Any, manifest: dict[str, Any] | None) -> tuple[str, int | None]:
+    tags = run.data.tags
+    code = tags.get("recsys.exit_code")
+    if run.info.status == "FINISHED":
+        return tags.get("recsys.status", "finished"), int(code) if code is not None else 0
+    if run.info.status == "FAILED":
+        return "failed", int(code) if code is not None else None
+    if manifest and manifest.get("run_id") == run.info.run_id:
+        if (manifest.get("tracking") or {}).get("error"):
+            return "published, not recorded", 5
+        return "published, recording unfinished", None
+    return run.info.status.lower(), None   # RUNNING: in progress, or a run killed before it could end
+
+
+def _published_manifest(cfg: Config, date: str | None) -> dict[str, Any] | None:
+    if not date:
+        return None
+    try:
+        fs, root = rfs.resolve(rfs.join(cfg.paths.output, partition_name(dt.date.fromisoformat(date)), "_manifest.json"))
+        return json.loads(rfs.read_text(fs, root)) if rfs.exists(fs, root) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """A fixed-width table, newest first; stage seconds and problems in the last columns."""
+    if not rows:
+        return "no nightly runs recorded"
+    header = ["date", "status", "exit", "model", "users", "users/s", "wall s", "run", "stages (s)", "problems / error"]
+    lines = [header]
+    for r in rows:
+        stages = " ".join(f"{k}={v:g}" for k, v in r["stages_s"].items())
+        problems = ", ".join(f"{k}={v:,}" for k, v in r["problems"].items())
+        lines.append([
+            r["date"] or "?", r["status"], "" if r["exit_code"] is None else str(r["exit_code"]),
+            r["model_version"] or "", "" if r["users"] is None else f"{r['users']:,}",
+            "" if r["users_per_s"] is None else f"{r['users_per_s']:,.0f}",
+            "" if r["wall_s"] is None else f"{r['wall_s']:.1f}", r["run_id"][:8], stages,
+            r["error"] or problems,
+        ])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header) - 1)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
+                     for row in lines).rstrip()
+
+
+def show_run(cfg: Config, which: str) -> dict[str, Any]:
+    """One run by run id, or the newest run of a date (YYYY-MM-DD): summary, params, metrics, inputs, manifest, plots."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(cfg)
+    if _RUN_ID.match(which):
+        try:
+            run = client.get_run(which)
+        except MlflowException as exc:
+            raise ConfigError(f"no run {which} in {redact_uri(cfg.mlflow.tracking_uri)} "
+                              f"({str(exc).splitlines()[0]}); list runs with `recsys runs`") from None
+    else:
+        try:
+            date = dt.date.fromisoformat(which)
+        except ValueError:
+            raise ConfigError(f"{which!r} is neither a date (YYYY-MM-DD) nor a run id (32 hex digits)") from None
+        found = list_runs(cfg, last=1, date=date)
+        if not found:
+            raise ConfigError(f"no nightly run for {date} in experiment {cfg.mlflow.experiment!r} of "
+                              f"{redact_uri(cfg.mlflow.tracking_uri)}; list runs with `recsys runs`")
+        run = client.get_run(found[0]["run_id"])
+    manifest_published = _published_manifest(cfg, run.data.tags.get("recsys.date"))
+    out = summarise(run, manifest_published)
+    artifacts = _list_artifacts(client, run.info.run_id)
+    manifest = None
+    if "manifest.json" in artifacts:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                manifest = json.loads(Path(client.download_artifacts(run.info.run_id, "manifest.json", tmp)).read_text())
+            except Exception:
+                manifest = None
+    if manifest is None and manifest_published and manifest_published.get("run_id") == run.info.run_id:
+        manifest = manifest_published
+    base = run.info.artifact_uri.rstrip("/")
+    out.update(
+        experiment_id=run.info.experiment_id,
+        run_name=run.info.run_name,
+        mlflow_status=run.info.status,
+        params=dict(sorted(run.data.params.items())),
+        metrics=dict(sorted(run.data.metrics.items())),
+        tags={k: v for k, v in sorted(run.data.tags.items()) if k.startswith("recsys.")},
+        inputs=[{"name": d.dataset.name, "digest": d.dataset.digest, "source": _source(d.dataset.source),
+                 "context": next((t.value for t in d.tags if t.key == "mlflow.data.context"), None)}
+                for d in (run.inputs.dataset_inputs if run.inputs else [])],
+        manifest=manifest,
+        artifacts=[f"{base}/{a}" for a in artifacts],
+        plots=[f"{base}/{a}" for a in artifacts if a.endswith(".png")],
+        ui=_ui_link(cfg, run),
+    )
+    return out
+
+
+def _list_artifacts(client, run_id: str, path: str | None = None) -> list[str]:
+    out = []
+    for item in client.list_artifacts(run_id, path):
+        if item.is_dir:
+            out.extend(_list_artifacts(client, run_id, item.path))
+        else:
+            out.append(item.path)
+    return sorted(out)
+
+
+def _source(source: str) -> str:
+    try:
+        return json.loads(source).get("path", source)
+    except (ValueError, AttributeError):
+        return source
+
+
+def _ui_link(cfg: Config, run: Any) -> str | None:
+    uri = redact_uri(cfg.mlflow.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        # MLflow 3's UI opens in its GenAI view (traces, judges) unless asked for the model-training one
+        return (f"{uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+                "?workflowType=machine_learning")
+    return None
+
+
+def format_run(run: dict[str, Any]) -> str:
+    """``recsys runs show``: the run in sections an operator reads top to bottom."""
+    lines = [
+        f"run {run['run_id']} ({run['run_name']}), date {run['date']}: {run['status']}, exit code "
+        f"{'?' if run['exit_code'] is None else run['exit_code']}, model version {run['model_version']}",
+    ]
+    if run.get("note"):
+        lines += ["", run["note"]]
+    if run.get("error"):
+        lines += ["", f"error: {run['error']}"]
+    lines += ["", f"users {run['users']}, {run['users_per_s']} users/s, {run['wall_s']} s in all"]
+    if run["stages_s"]:
+        lines.append("stages (s): " + ", ".join(f"{k} {v:g}" for k, v in run["stages_s"].items()))
+    if run["problems"]:
+        lines.append("counted: " + ", ".join(f"{k} {v:,}" for k, v in run["problems"].items()))
+    if run["inputs"]:
+        lines += ["", "inputs:"] + [f"  {d['context'] or 'input'}: {d['name']} digest {d['digest']} from {d['source']}"
+                                    for d in run["inputs"]]
+    lines += ["", "plots:"] + ([f"  {p}" for p in run["plots"]] or ["  none recorded"])
+    if run.get("ui"):
+        lines += ["", f"MLflow UI: {run['ui']}"]
+    lines += ["", "manifest:", json.dumps(run["manifest"], indent=2) if run["manifest"] else "  none recorded"]
+    return "\n".join(lines)
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str)
+

@@ -1,0 +1,162 @@
+"""The Airflow DAG in conf/schedulers/, loaded and run by a real Apache Airflow 3 (its own virtualenv).
+
+One DAG run publishes a date end to end through ``spark-submit.sh`` (the task's real command line,
+so a DAG whose arguments stop matching spark-submit.sh's or the job's fails here); a second run, for
+a date whose input is bad (exit code 2), ends failed after one try, with no retry. Airflow runs with
+its own temporary AIRFLOW_HOME and sqlite database; ``airflow dags test`` runs the DAG in-process.
+
+Cost: a cold cache installs Airflow first (about 2-3 minutes, once per machine, see airflowkit);
+warm, the module takes about a minute (two spark-submit runs of a small dataset).
+"""
+import datetime as dt
+import json
+import sqlite3
+import subprocess
+
+import pytest
+import yaml
+
+import airflowkit
+import jobkit
+from jobkit import N_USERS, RUN_DATE
+
+pytestmark = [pytest.mark.slow]
+BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-day window: exit code 2
+DAG_ID, TASK_ID = "recsys_nightly", "recommend"
+
+
+def _conf_file(path, overrides: list[str]) -> None:
+    """The job's --conf YAML for these overrides (what an operator would keep in conf/production.yaml)."""
+    tree: dict = {}
+    for item in overrides:
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    path.write_text(yaml.safe_dump(tree))
+
+
+@pytest.fixture(scope="module")
+def airflow(tmp_path_factory):
+    """(airflow executable, environment, workdir) with a migrated sqlite database and the repo's dags folder."""
+    executable = airflowkit.ensure_airflow()
+    root = tmp_path_factory.mktemp("airflow")
+    store = jobkit.make_store(root / "store")
+    data = jobkit.write_dataset(root / "data")
+    conf = root / "recsys.yaml"
+    _conf_file(conf, jobkit.overrides(data, store, "scoring.partitions=2"))
+    env = airflowkit.airflow_env(root / "home", airflowkit.REPO / "conf" / "schedulers",
+                                 recsys_home=str(airflowkit.REPO), recsys_conf=str(conf),
+                                 recsys_spark_master="local[2]")
+    env["RECSYS_SHUFFLE_PARTITIONS"] = "4"
+    subprocess.run([str(executable), "db", "migrate"], env=env, check=True, timeout=300,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return executable, env, root, data
+
+
+def _dags_test(airflow, date: str) -> tuple[int | None, str]:
+    """(exit code, output) of ``airflow dags test`` for ``date``; (None, output) if the task went up for retry.
+
+    ``dags test`` waits out a retry's delay (10 minutes) in-process, so a retried task is seen in the
+    output and the run is stopped there rather than waited for.
+    """
+    executable, env, root, _ = airflow
+    proc = subprocess.Popen([str(executable), "dags", "test", DAG_ID, date], env=env, cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            # dags test's own loop, reading the task back from its database once the retry state is committed
+            if "unrunnable tasks" in line and "[up_for_retry]" in line:
+                proc.kill()                   # the task's process has ended; only the retry's wait is left
+                proc.wait(timeout=60)
+                return None, "".join(lines)
+        return proc.wait(timeout=600), "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        proc.stdout.close()
+
+
+def _task_instances(airflow, date: str) -> list[tuple[str, int]]:
+    _, _, root, _ = airflow
+    with sqlite3.connect(root / "home" / "airflow.db") as db:
+        return db.execute(
+            "select ti.state, ti.try_number from task_instance ti join dag_run r on r.run_id = ti.run_id "
+            "and r.dag_id = ti.dag_id where ti.dag_id = ? and ti.task_id = ? and date(r.logical_date) = ?",
+            (DAG_ID, TASK_ID, date)).fetchall()
+
+
+LOAD_DAG = """
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(sys.argv[1])
+dag = bag.dags.get("recsys_nightly")
+task = dag.get_task("recommend") if dag else None
+print("RESULT " + json.dumps({
+    "import_errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags),
+    "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
+    "retries": task and task.retries, "bash_command": task and task.bash_command}))
+"""
+
+
+def test_the_dag_loads_without_import_errors_and_its_command_line_parses_as_the_jobs(airflow):
+    import re
+    import shlex
+
+    from recsys.cli import build_parser
+
+    executable, env, root, _ = airflow
+    run = subprocess.run([str(executable.parent / "python"), "-c", LOAD_DAG, env["AIRFLOW__CORE__DAGS_FOLDER"]],
+                         env=env, cwd=root, timeout=300, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    dag = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert dag["import_errors"] == {} and dag["dags"] == [DAG_ID]
+    assert dag["max_active_runs"] == 1 and dag["catchup"] is True and dag["retries"] >= 1
+
+    # the task's command, templates filled in: spark-submit.sh's options, then a job file and its arguments
+    argv = shlex.split(re.sub(r"\{\{[^}]*\}\}", lambda m: "2024-05-08" if "ds" == m.group(0)[2:-2].strip() else "X",
+                              dag["bash_command"]))
+    assert argv[0] == "./spark-submit.sh" and (airflowkit.REPO / "spark-submit.sh").is_file()
+    job = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+    assert argv[1:job] == ["--master", "X"] and (airflowkit.REPO / argv[job]).is_file()
+    assert argv[job] == "jobs/nightly_recommendations.py"
+    args = build_parser().parse_args(["recommend", *argv[job + 1:]])      # exits 2 on an unknown argument
+    assert str(args.date) == "2024-05-08" and args.conf == "X"
+
+
+def test_one_dag_run_publishes_the_date_through_spark_submit(airflow):
+    _, _, _, data = airflow
+    code, log = _dags_test(airflow, str(RUN_DATE))
+    assert code == 0, log[-6000:]
+    partition = data / "recommendations" / f"dt={RUN_DATE}"
+    manifest = json.loads((partition / "_manifest.json").read_text())
+    assert manifest["date"] == str(RUN_DATE) and manifest["counts"]["rows"] == N_USERS
+    assert (partition / "_SUCCESS").is_file()
+    assert f"--date {RUN_DATE}" in log                      # the logical date reached the job as --date
+    assert "recsys recommend finished with exit code 0" in log
+    assert _task_instances(airflow, str(RUN_DATE)) == [("success", 1)]
+
+
+def test_a_run_on_bad_input_fails_at_once_without_a_retry(airflow):
+    code, log = _dags_test(airflow, BAD_DATE)
+    assert code is not None, "exit code 2 was retried:\n" + log[-4000:]
+    assert code != 0
+    assert "recsys exited with code 2, not retried" in log, log[-6000:]
+    assert "finished with exit code 2" in log and "no events between" in log   # the job's reason, not a usage error
+    assert _task_instances(airflow, BAD_DATE) == [("failed", 1)]
+
+
+def test_a_run_whose_date_is_locked_by_another_run_is_retried(airflow):
+    from recsys.publish.lock import DateLock
+
+    _, _, _, data = airflow
+    with DateLock(str(data / "recommendations"), dt.date(2024, 5, 9), "another-run"):   # a live holder: this process
+        code, log = _dags_test(airflow, "2024-05-09")
+    assert code is None, f"exit code 4 was not retried (airflow exited {code}):\n" + log[-4000:]
+    assert "finished with exit code 4" in log
+    assert _task_instances(airflow, "2024-05-09") == [("up_for_retry", 1)]
