@@ -1,0 +1,406 @@
+"""The on-demand path: score any set of users now, on the warm backend, with the nightly job's stages.
+
+What a request needs and what it costs:
+
+- **Histories** come from a DataFrame cached in the backend (``WarmWindow``): for every user with
+  events in the window ``[as_of - history.window_days, as_of)``, their newest ``history.max_items``
+  distinct items with the time and tie-break key they were ranked by, range-partitioned and sorted
+  by ``user_id``. It is built once (one pass over the window) and rebuilt only when the window
+  moves (a new day) or its partitions change (a new or rewritten file). A request filters it by
+  user id: Spark's in-memory scan skips the cached batches whose ``user_id`` range holds none of
+  them, so a request reads a few batches, not the window. Events of the partitions from ``as_of``
+  on ("today") are read for the requested users only and merged on top, by the same history
+  definition (``recsys.data.history.build_histories``) the nightly job uses.
+- **Model, candidates and fallback** are resolved as the nightly job resolves them (the alias,
+  the newest catalog snapshot on or before the date, popularity over the window's histories) and
+  checked again every ``serve.refresh_s``; the workers' cache key (model version, candidate-set
+  digest) makes the next batch after a change load the new ones.
+- **Scoring** is the nightly job's stage (``recsys.scoring.stage.score_histories``) on one
+  partition per batch; the rows are collected instead of written.
+
+So for a user the nightly job scored for date D, a request served ``as_of`` D (with no events of D
+yet) returns the row the job published: same history, candidates, fallback, model and scorer.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from recsys.config import Config
+
+log = logging.getLogger(__name__)
+
+ENTRIES = "_entries"   # array<struct<ts, tie, item_id>>, newest first, at most history.max_items
+
+
+class BackendUnavailable(Exception):
+    """The Spark Connect server cannot be reached (down, restarted, or the session is gone)."""
+
+
+class BatchFailed(Exception):
+    """The backend answered, but the batch's Spark job failed."""
+
+
+_UNAVAILABLE_MARKERS = ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed",
+                        "RetriesExceeded", "INVALID_HANDLE.SESSION", "SESSION_CLOSED", "SESSION_NOT_FOUND",
+                        "Cannot invoke RPC on closed channel", "connection reset", "Broken pipe",
+                        "DEADLINE_EXCEEDED", "GOAWAY", "Stream removed")
+
+
+def is_backend_unavailable(exc: BaseException) -> bool:
+    """Connection-level failures (retrying on another backend may help) vs failures of the job itself."""
+    import grpc
+
+    if isinstance(exc, BackendUnavailable):
+        return True
+    if isinstance(exc, grpc.RpcError):
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    return any(marker.lower() in text.lower() for marker in _UNAVAILABLE_MARKERS)
+
+
+def connect(url: str, backend_timeout_s: float):
+    """A Spark Connect session on ``url`` whose lost-connection retries stop after ~``backend_timeout_s``.
+
+    The client's default policy retries an unreachable server for about ten minutes; a request
+    would hang that long. Backoff starts at 100 ms and is capped at 1 s, so the retry budget is
+    about one retry per second of ``backend_timeout_s``.
+    """
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    spark = SparkSession.builder.remote(url).create()
+    spark.release_session_on_close = False   # stop() closes the channel; the warm server session stays
+    retries = max(1, math.ceil(backend_timeout_s))
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=retries, initial_backoff=100, backoff_multiplier=2.0,
+                                                   max_backoff=1000, jitter=0)])
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    return spark
+
+
+def newest_entries(events, *, max_items: int, tie_break_seed: int):
+    """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
+
+    The same ranking as ``build_histories`` (latest time per item, ties by the seeded hash), kept
+    with its keys so that newer events can be merged on top and re-ranked exactly.
+    """
+    from pyspark.sql import functions as F
+
+    latest = events.groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
+    tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
+    entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
+    return latest.groupBy("user_id").agg(
+        F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES))
+
+
+def entries_to_histories(entries):
+    """-> user_id, history (oldest first): what ``build_histories`` yields for the same events."""
+    from pyspark.sql import functions as F
+
+    from recsys.data.history import HISTORY_COLUMN
+
+    return entries.select("user_id", F.transform(F.reverse(ENTRIES), lambda e: e["item_id"]).alias(HISTORY_COLUMN))
+
+
+def entries_to_events(entries):
+    from pyspark.sql import functions as F
+
+    return entries.select("user_id", F.explode(ENTRIES).alias("e")).select(
+        "user_id", F.col("e.item_id").alias("item_id"), F.col("e.ts").alias("ts"))
+
+
+@dataclass
+class WarmWindow:
+    """The window's per-user entries, cached in the backend, and what they were built from."""
+
+    as_of: dt.date
+    key: tuple            # (as_of, window partitions and their files): a change means a rebuild
+    frame: Any            # cached DataFrame: user_id, _entries
+    users: int
+    build_s: float
+    today: tuple[str, ...]   # partition paths from as_of on: read per request for the requested users
+
+
+@dataclass(frozen=True)
+class ScoringContext:
+    """Model, candidates and fallback for the current window: what the workers' cache is keyed by."""
+
+    spec: Any             # ScoringSpec
+    model_version: str
+    model_uri: str
+    catalog_snapshot: dt.date
+    key: tuple
+
+
+@dataclass
+class BatchResult:
+    rows: dict[int, dict[str, Any]]
+    figures: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _files_key(fs, parts) -> tuple:
+    from recsys.data.readers import with_files
+
+    out = []
+    for part in parts:
+        files = with_files(fs, part).files
+        if files:
+            out.append((str(part.date), tuple(files)))
+    return tuple(out)
+
+
+class OnDemand:
+    """The backend side of ``recsys serve``: one Connect session, the warm window, the scoring context.
+
+    Thread-safe: batches run from several threads at once (each is one Spark job); ``refresh``
+    runs from the frontend's maintenance thread and swaps the window and context atomically.
+    """
+
+    def __init__(self, cfg: Config, url: str):
+        self.cfg = cfg
+        self.url = url
+        self.spark = None
+        self.window: WarmWindow | None = None
+        self.context: ScoringContext | None = None
+        self._lock = threading.RLock()
+        self._model_checked = 0.0
+        self._model = None
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        with self._lock:
+            self.close()
+            try:
+                self.spark = connect(self.url, self.cfg.serve.backend_timeout_s)
+                self.spark.sql("SELECT 1").collect()
+            except Exception as exc:
+                self.spark = None
+                raise BackendUnavailable(f"cannot reach the backend at {self._where()}: {_first_line(exc)}") from None
+            self.window = None
+            self.context = None
+            self._model = None
+
+    def close(self) -> None:
+        spark, self.spark = self.spark, None
+        if spark is not None:
+            try:
+                spark.stop()
+            except Exception:  # a dead backend cannot be told goodbye
+                pass
+
+    def ping(self) -> None:
+        spark = self.spark
+        if spark is None:
+            raise BackendUnavailable("not connected to the backend")
+        try:
+            spark.sql("SELECT 1").collect()
+        except Exception as exc:
+            raise BackendUnavailable(f"the backend at {self._where()} does not answer: {_first_line(exc)}") from None
+
+    def _where(self) -> str:
+        return self.url.split("/;", 1)[0]
+
+    # -- what requests are scored against ------------------------------------------------------
+
+    def as_of(self) -> dt.date:
+        if self.cfg.serve.as_of:
+            return dt.date.fromisoformat(self.cfg.serve.as_of)
+        return dt.datetime.now(dt.timezone.utc).date()
+
+    def refresh(self, *, force_model: bool = False) -> bool:
+        """Rebuild what changed (window, model, catalog); True if anything did. Raises on failure."""
+        with self._lock:
+            spark = self.spark
+            if spark is None:
+                raise BackendUnavailable("not connected to the backend")
+            changed = self._refresh_window(spark)
+            changed = self._refresh_context(spark, force_model=force_model or changed) or changed
+            return changed
+
+    def _refresh_window(self, spark) -> bool:
+        from pyspark import StorageLevel
+
+        from recsys.data import history as hist
+        from recsys.data.readers import events_window, list_partitions, read_events
+
+        cfg = self.cfg
+        as_of = self.as_of()
+        start = as_of - dt.timedelta(days=cfg.history.window_days)
+        fs, parts = list_partitions(cfg.paths.events, "events")
+        window_key = (str(as_of), _files_key(fs, [p for p in parts if start <= p.date < as_of]))
+        today = tuple(p.path for p in parts if p.date >= as_of)
+        if self.window is not None and self.window.key == window_key:
+            self.window.today = today
+            return False
+        started = time.perf_counter()
+        events = read_events(spark, cfg.paths.events, lambda d: start <= d < as_of)
+        if events is None:
+            frame = spark.createDataFrame([], f"user_id BIGINT, {ENTRIES} ARRAY<STRUCT<ts: TIMESTAMP, tie: BIGINT, "
+                                              f"item_id: BIGINT>>")
+        else:
+            window = hist.drop_null_ids(events_window(events, as_of, cfg.history.window_days,
+                                                      cfg.history.event_types))
+            frame = newest_entries(window, max_items=cfg.history.max_items, tie_break_seed=cfg.history.tie_break_seed)
+        # range-partitioned and sorted by user: a request's filter skips the batches that cannot hold its users
+        partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "8")))
+        frame = frame.repartitionByRange(partitions, "user_id").sortWithinPartitions("user_id")
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        users = frame.count()
+        old, self.window = self.window, WarmWindow(as_of, window_key, frame, users, time.perf_counter() - started, today)
+        if old is not None:
+            try:
+                old.frame.unpersist()
+            except Exception:  # the backend that held it may be gone
+                pass
+        log.info("warm window %s..%s: %d users cached in %.1fs", start, as_of, users, self.window.build_s)
+        return True
+
+    def _refresh_context(self, spark, *, force_model: bool) -> bool:
+        from recsys.last_model import resolve_or_remembered
+
+        cfg = self.cfg
+        now = time.monotonic()
+        if self._model is None or force_model or now - self._model_checked >= cfg.serve.refresh_s:
+            self._model, _ = resolve_or_remembered(cfg.mlflow, cfg.paths.work)
+            self._model_checked = now
+        model = self._model
+        snapshot = _newest_snapshot(cfg.paths.catalog, self.window.as_of)
+        key = (model.uri, model.version, model.source, snapshot, self.window.key)
+        if self.context is not None and self.context.key == key:
+            return False
+        spec, snapshot_date = build_spec(spark, cfg, self.window, model)
+        self.context = ScoringContext(spec, model.version, model.uri, snapshot_date, key)
+        log.info("scoring context: model %s version %s, catalog snapshot %s, %d candidates",
+                 model.name, model.version, snapshot_date, len(spec.candidates_item_ids))
+        return True
+
+    # -- a batch ---------------------------------------------------------------------------------
+
+    def histories_for(self, user_ids: Sequence[int]):
+        """user_id, history for exactly these users (an empty history for users without events)."""
+        from pyspark.sql import functions as F
+
+        from recsys.data import history as hist
+        from recsys.data.readers import read_events
+
+        spark, window, cfg = self.spark, self.window, self.cfg
+        ids = [int(u) for u in user_ids]
+        wanted = spark.createDataFrame(pa.table({"user_id": pa.array(ids, pa.int64())}))
+        entries = window.frame.filter(F.col("user_id").isin(ids))
+        if window.today:
+            today = read_events(spark, cfg.paths.events, lambda d: d >= window.as_of)
+            recent = hist.drop_null_ids(today.filter(F.col("user_id").isin(ids)))
+            if cfg.history.event_types:
+                recent = recent.filter(F.col("event_type").isin(list(cfg.history.event_types)))
+            merged = entries_to_events(entries).unionByName(recent.select("user_id", "item_id", "ts"))
+            known = hist.build_histories(merged, max_items=cfg.history.max_items,
+                                         tie_break_seed=cfg.history.tie_break_seed)
+        else:
+            known = entries_to_histories(entries)
+        joined = wanted.join(F.broadcast(known), "user_id", "left")
+        return joined.select("user_id", F.coalesce(F.col(hist.HISTORY_COLUMN), F.array().cast("array<bigint>"))
+                             .alias(hist.HISTORY_COLUMN)).coalesce(1)
+
+    def score(self, user_ids: Sequence[int]) -> BatchResult:
+        """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
+        from recsys.scoring.stage import score_histories, worker_figures
+
+        spark, context = self.spark, self.context
+        if spark is None or context is None or self.window is None:
+            raise BackendUnavailable("the backend is not connected or not warm yet")
+        started = time.perf_counter()
+        try:
+            scored, observation = score_histories(self.histories_for(user_ids), context.spec, 0)
+            table = scored.toArrow()
+            figures = worker_figures(observation)
+        except Exception as exc:
+            if is_backend_unavailable(exc):
+                raise BackendUnavailable(f"the backend at {self._where()} failed: {_first_line(exc)}") from None
+            raise BatchFailed(f"the Spark job for {len(user_ids)} user(s) failed: {_first_line(exc)}") from exc
+        rows = {}
+        for row in table.to_pylist():
+            rows[row["user_id"]] = row
+        return BatchResult(rows, figures, time.perf_counter() - started)
+
+
+def _first_line(exc: BaseException) -> str:
+    from recsys.config import redact_text
+
+    text = str(exc).strip().splitlines()
+    return redact_text(f"{type(exc).__name__}: {text[0] if text else ''}")[:500]
+
+
+def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
+    from recsys.data.readers import list_partitions, with_files
+
+    fs, parts = list_partitions(root, "catalog")
+    for part in reversed([p for p in parts if p.date <= as_of]):
+        part = with_files(fs, part)
+        if part.files:
+            return f"{part.date}:{','.join(part.files)}"
+    return None
+
+
+def build_spec(spark, cfg: Config, window: WarmWindow, model) -> tuple[Any, dt.date]:
+    """The nightly job's catalog -> candidates -> popularity fallback -> ScoringSpec, for ``window``."""
+    from pyspark.sql import functions as F
+
+    from recsys.data.history import HISTORY_COLUMN
+    from recsys.data.readers import catalog_figures, read_catalog_snapshot
+    from recsys.errors import InputDataError
+    from recsys.scoring.core import popularity_fallback
+    from recsys.scoring.udf import ScoringSpec
+    from recsys.sequences import Vocabulary
+
+    vocab = Vocabulary(np.load(model.local_dir / "item_ids.npy", allow_pickle=False))
+    catalog = read_catalog_snapshot(spark, cfg.paths.catalog, window.as_of, cfg.catalog.max_age_days)
+    _, available_ids = catalog_figures(catalog, cfg.paths.catalog)
+    cand_index_all = vocab.index_of(available_ids)
+    known = cand_index_all > 0
+    order = np.argsort(cand_index_all[known], kind="stable")
+    cand_index = cand_index_all[known][order]
+    cand_ids = available_ids[known][order]
+    if len(cand_index) == 0:
+        raise InputDataError(f"none of the {len(available_ids)} available items in catalog snapshot {catalog.date} "
+                             f"is known to model version {model.version}; retrain the model or check the catalog")
+    histories = entries_to_histories(window.frame)
+    counted = histories.select(F.explode(HISTORY_COLUMN).alias("item_id")).groupBy("item_id").count().toArrow()
+    ids = counted.column("item_id").to_numpy()
+    counts = counted.column("count").to_numpy()
+    per_cand = np.zeros(len(cand_ids), dtype=np.int64)
+    if len(ids):
+        pos = np.minimum(np.searchsorted(cand_ids, ids), len(cand_ids) - 1)
+        is_cand = cand_ids[pos] == ids
+        np.add.at(per_cand, pos[is_cand], counts[is_cand])
+    fallback = popularity_fallback(cand_ids, per_cand, cfg.scoring.top_n)
+    digest = hashlib.sha256(np.ascontiguousarray(cand_index).tobytes()).hexdigest()[:16]
+    spec = ScoringSpec(
+        model_dir=str(model.local_dir),
+        model_version=model.version,
+        model_key=f"{model.name}/{model.version}@{model.source}",
+        candidates_index=cand_index.astype(np.int64),
+        candidates_item_ids=cand_ids.astype(np.int64),
+        candidates_digest=f"{catalog.date}:{digest}",
+        fallback_item_ids=fallback.item_ids,
+        fallback_scores=fallback.scores,
+        fallback_name=fallback.name,
+        top_n=cfg.scoring.top_n,
+        chunk_size=cfg.scoring.chunk_size,
+        device=cfg.scoring.device,
+        dtype=cfg.scoring.dtype,
+        item_tile=cfg.scoring.item_tile,
+        max_tile_mb=cfg.scoring.max_tile_mb,
+        cache_size=cfg.scoring.cache_size,
+    )
+    return spec, catalog.date
