@@ -128,6 +128,7 @@ class WarmWindow:
     users: int
     build_s: float
     today: tuple[str, ...]   # partition paths from as_of on: read per request for the requested users
+    name: str = ""           # the cached temporary view in the backend session
 
 
 @dataclass(frozen=True)
@@ -244,26 +245,42 @@ class OnDemand:
             self.window.today = today
             return False
         started = time.perf_counter()
-        events = read_events(spark, cfg.paths.events, lambda d: start <= d < as_of)
-        if events is None:
-            frame = spark.createDataFrame([], f"user_id BIGINT, {ENTRIES} ARRAY<STRUCT<ts: TIMESTAMP, tie: BIGINT, "
-                                              f"item_id: BIGINT>>")
+        # The cached window is a temporary view of the backend's session named after what it holds:
+        # a restarted frontend joining the same session finds it cached and builds nothing.
+        key_text = repr((window_key, cfg.paths.events, cfg.history.max_items, cfg.history.tie_break_seed,
+                         cfg.history.event_types))
+        name = "recsys_window_" + hashlib.sha256(key_text.encode()).hexdigest()[:16]
+        if spark.catalog.tableExists(name) and spark.catalog.isCached(name):
+            frame = spark.table(name)
+            reused = True
         else:
-            window = hist.drop_null_ids(events_window(events, as_of, cfg.history.window_days,
-                                                      cfg.history.event_types))
-            frame = newest_entries(window, max_items=cfg.history.max_items, tie_break_seed=cfg.history.tie_break_seed)
-        # range-partitioned and sorted by user: a request's filter skips the batches that cannot hold its users
-        partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "8")))
-        frame = frame.repartitionByRange(partitions, "user_id").sortWithinPartitions("user_id")
-        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+            events = read_events(spark, cfg.paths.events, lambda d: start <= d < as_of)
+            if events is None:
+                frame = spark.createDataFrame([], f"user_id BIGINT, {ENTRIES} ARRAY<STRUCT<ts: TIMESTAMP, "
+                                                  f"tie: BIGINT, item_id: BIGINT>>")
+            else:
+                window = hist.drop_null_ids(events_window(events, as_of, cfg.history.window_days,
+                                                          cfg.history.event_types))
+                frame = newest_entries(window, max_items=cfg.history.max_items,
+                                       tie_break_seed=cfg.history.tie_break_seed)
+            # range-partitioned and sorted by user: a request's filter skips the batches that cannot hold its users
+            partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "8")))
+            frame = frame.repartitionByRange(partitions, "user_id").sortWithinPartitions("user_id")
+            frame.createOrReplaceTempView(name)
+            spark.catalog.cacheTable(name, StorageLevel.MEMORY_AND_DISK)
+            frame = spark.table(name)
+            reused = False
         users = frame.count()
-        old, self.window = self.window, WarmWindow(as_of, window_key, frame, users, time.perf_counter() - started, today)
-        if old is not None:
+        old, self.window = self.window, WarmWindow(as_of, window_key, frame, users, time.perf_counter() - started,
+                                                   today, name)
+        if old is not None and old.name != name:
             try:
-                old.frame.unpersist()
+                spark.catalog.uncacheTable(old.name)
+                spark.catalog.dropTempView(old.name)
             except Exception:  # the backend that held it may be gone
                 pass
-        log.info("warm window %s..%s: %d users cached in %.1fs", start, as_of, users, self.window.build_s)
+        log.info("warm window %s..%s: %d users %s in %.1fs", start, as_of, users,
+                 "found cached in the backend" if reused else "cached", self.window.build_s)
         return True
 
     def _refresh_context(self, spark, *, force_model: bool) -> bool:
