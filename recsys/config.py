@@ -14,12 +14,12 @@ import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from recsys.errors import ConfigError
+from recsys.uris import is_local_path, redact_uri, validate_path
 
 
 class _Section(BaseModel):
@@ -346,58 +346,3 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
         key = ".".join(str(p) for p in err["loc"])
         problems.append(f"config key {key!r} = {err.get('input')!r}: {err['msg']}")
     return "invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set KEY=VALUE)"
-
-
-_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
-def validate_path(value: str) -> str:
-    """Reject paths that cannot be what the user meant, before any data is read or written."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("path must be a non-empty string")
-    if "\x00" in value or "\n" in value:
-        raise ValueError(f"path {value!r} holds a control character")
-    if _SCHEME.match(value):
-        return value
-    if ".." in Path(value).parts:
-        raise ValueError(f"path {value!r} must not contain '..'; give it relative to the working directory or absolute")
-    if Path(value).resolve() == Path("/"):
-        raise ValueError("path must not be the filesystem root")
-    return value
-
-
-def is_local_path(path: str) -> bool:
-    return not _SCHEME.match(path) or path.startswith("file://")
-
-
-def local_path(path: str) -> Path:
-    """Absolute local path for a local path or file:// URI."""
-    if path.startswith("file://"):
-        return Path(urlsplit(path).path)
-    return Path(path).resolve()
-
-
-_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@'\"]+@")
-_SECRET_QUERY_VALUE = re.compile(r"(?i)((?:token|password|secret|key|sig|signature)=)[^&;\s'\"]*")
-
-
-def redact_text(text: str) -> str:
-    """Redact credentials in every URI inside free text (error messages, log lines).
-
-    Client libraries quote the URL they failed to reach in their errors, credentials included;
-    those messages reach the job's log, so they are cleaned as a whole, not parsed as one URI.
-    """
-    return _SECRET_QUERY_VALUE.sub(r"\1***", _CREDENTIALS_IN_URL.sub(r"\1***@", text))
-
-
-def redact_uri(uri: str) -> str:
-    """Drop user:password@ and secret-looking query values from a URI before it is logged."""
-    try:
-        parts = urlsplit(uri)
-    except ValueError:
-        return "<unparseable uri>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    # secrets also hide in path parameters, e.g. Spark Connect's sc://host:15002/;token=...
-    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))

@@ -13,7 +13,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from recsys.config import Config, local_path
+from recsys.config import Config
+from recsys.uris import local_path
 from recsys.errors import ConfigError, ExitCode
 
 log = logging.getLogger(__name__)

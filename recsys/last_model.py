@@ -18,9 +18,10 @@ import json
 import logging
 from pathlib import Path
 
-from recsys.config import MlflowConfig, local_path
+from recsys.config import MlflowConfig
+from recsys.uris import local_path
 from recsys.errors import TrackingUnavailable
-from recsys.publish import fs as rfs
+from recsys import fs as rfs
 from recsys.tracking import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)

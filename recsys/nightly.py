@@ -26,7 +26,8 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from recsys import __version__, pause, tracking
-from recsys.config import Config, redact_uri
+from recsys.config import Config
+from recsys.uris import redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import OUTPUT_SPARK_DDL, parse_date, partition_name
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
@@ -34,7 +35,7 @@ from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_
 from recsys.errors import ConfigError, ExitCode, InputDataError, ValidationFailed
 from recsys.last_model import resolve_or_remembered
 from recsys.progress import StageTimer
-from recsys.publish import fs as rfs
+from recsys import fs as rfs
 from recsys.publish.lock import DateLock
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       read_manifest, recover)

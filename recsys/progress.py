@@ -69,7 +69,7 @@ class RedactingFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from recsys.config import redact_text
+        from recsys.uris import redact_text
 
         message = record.getMessage()
         clean = redact_text(message)

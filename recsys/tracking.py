@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from recsys.config import MlflowConfig, is_local_path, local_path, redact_text, redact_uri
+from recsys.config import MlflowConfig
+from recsys.uris import is_local_path, local_path, redact_text, redact_uri
 from recsys.errors import ModelNotFoundError, TrackingUnavailable
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ import numpy as np
 from pyspark.sql import SparkSession
 
 from recsys import __version__, tracking
-from recsys.config import Config, ModelConfig, TrainConfig, redact_uri
+from recsys.config import Config, ModelConfig, TrainConfig
+from recsys.uris import redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
@@ -242,7 +243,7 @@ def _first_line(exc: BaseException) -> str:
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
     from mlflow import MlflowClient
 
-    from recsys.config import local_path
+    from recsys.uris import local_path
     from recsys.model.io import load_model
 
     mv = MlflowClient().get_model_version(cfg.mlflow.model_name, version)

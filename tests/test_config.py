@@ -1,6 +1,7 @@
 import pytest
 
-from recsys.config import load_config, redact_uri
+from recsys.config import load_config
+from recsys.uris import redact_uri
 from recsys.errors import ConfigError, ExitCode
 
 

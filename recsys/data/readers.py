@@ -30,7 +30,7 @@ from pyspark.sql import types as T
 
 from recsys.data.contracts import PARTITION_COLUMN, partition_name
 from recsys.errors import InputDataError
-from recsys.publish import fs as rfs
+from recsys import fs as rfs
 
 # column -> accepted Spark types (the first is the contract's; the others are cast losslessly)
 EVENTS_COLUMNS: dict[str, tuple[type[T.DataType], ...]] = {

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from recsys import __version__, tracking
-from recsys.config import Config, redact_uri
+from recsys.config import Config
+from recsys.uris import redact_uri
 from recsys.errors import ConfigError, InputDataError
 from recsys.evaluation import protocols
 from recsys.evaluation.protocols import EvalSplit, Phase

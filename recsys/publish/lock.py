@@ -41,10 +41,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from recsys.config import is_local_path, local_path
+from recsys.uris import is_local_path, local_path
 from recsys.data.contracts import partition_name
 from recsys.errors import LockHeld
-from recsys.publish import fs as rfs
+from recsys import fs as rfs
 
 log = logging.getLogger(__name__)
 

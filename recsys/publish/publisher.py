@@ -27,11 +27,12 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from recsys.config import PathsConfig, is_local_path, local_path
+from recsys.config import PathsConfig
+from recsys.uris import is_local_path, local_path
 from recsys.data.contracts import MANIFEST_NAME, SUCCESS_MARKER, partition_name
 from recsys.errors import ConfigError
 from recsys.pause import pause_point
-from recsys.publish import fs as rfs
+from recsys import fs as rfs
 from recsys.publish import swap
 
 log = logging.getLogger(__name__)

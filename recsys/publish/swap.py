@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Literal
 from urllib.parse import urlsplit
 
-from recsys.config import is_local_path
+from recsys.uris import is_local_path
 
 Method = Literal["exchange", "rename", "copy"]
 

@@ -10,7 +10,7 @@ import uuid
 
 import pyarrow.fs as pafs
 
-from recsys.config import is_local_path, local_path
+from recsys.uris import is_local_path, local_path
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
