@@ -234,7 +234,7 @@ class Service:
             job.exit_code = int(overall_exit_code(results))
             job.state = "succeeded"
         except Exception as exc:
-            from recsys.config import redact_text
+            from recsys.uris import redact_text
 
             job.exit_code = int(exc.exit_code) if isinstance(exc, RecsysError) else 1
             job.error = redact_text(f"{type(exc).__name__}: {exc}")[:2000]

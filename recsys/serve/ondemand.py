@@ -352,7 +352,7 @@ class OnDemand:
 
 
 def _first_line(exc: BaseException) -> str:
-    from recsys.config import redact_text
+    from recsys.uris import redact_text
 
     text = str(exc).strip().splitlines()
     return redact_text(f"{type(exc).__name__}: {text[0] if text else ''}")[:500]
