@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -30,6 +31,7 @@ pytest.importorskip("fastapi")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from recsys.config import load_config  # noqa: E402
+from recsys.data.contracts import EVENTS_SCHEMA, write_partition  # noqa: E402
 from recsys.serve import backend  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -206,6 +208,42 @@ def test_a_request_for_users_the_nightly_job_scored_returns_the_same_lists(stack
             [r["score"] for r in expected["recommendations"]], rel=1e-5, abs=1e-6)
         assert (row["source"], row["model_version"]) == (expected["source"], expected["model_version"])
     assert response.json()["model_version"] == stack["store"].version
+
+
+def test_todays_events_count_for_users_the_window_does_not_know(stack):
+    """A user who signed up today: no row in the nightly partition, a model row on demand."""
+    front, root = stack["front"], stack["root"]
+    newcomer = 5000
+    first = front.recommend({"user_ids": [newcomer]})
+    assert first.json()["rows"][0]["source"] == "popularity"
+    events = pa.Table.from_pylist([dict(user_id=newcomer, item_id=i, event_type="view",
+                                        ts=dt.datetime(2024, 5, 8, 9, i, tzinfo=dt.timezone.utc)) for i in (3, 4, 5)],
+                                  schema=EVENTS_SCHEMA)
+    write_partition(events, root / "events", RUN_DATE)
+    row = _until(lambda: (r := front.recommend({"user_ids": [newcomer]}).json()["rows"][0])["source"] == "model"
+                 and r, 60, "today's partition to be picked up")
+    assert not {3, 4, 5} & {r["item_id"] for r in row["recommendations"]}   # seen today: not recommended
+
+
+def test_a_failed_batch_answers_500_to_its_requests_and_the_next_batch_runs(stack):
+    """An unreadable file in today's partition fails the batches that read it, and only them."""
+    front, root = stack["front"], stack["root"]
+    bad = root / "events" / f"dt={RUN_DATE}" / "zz-upload-in-progress.parquet"
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_bytes(b"not parquet")
+    try:
+        def failed_together():
+            with ThreadPoolExecutor(2) as pool:
+                responses = list(pool.map(front.recommend, [{"user_ids": [1]}, {"user_ids": [2]}]))
+            return [r.status_code for r in responses] == [500, 500] and responses
+        before = front.metrics().get("recsys_serve_errors_total{reason=batch_failed}", 0)
+        responses = _until(failed_together, 60, "a batch reading the bad file")
+        assert "zz-upload-in-progress.parquet" in responses[0].json()["detail"]
+        assert front.metrics()["recsys_serve_errors_total{reason=batch_failed}"] - before >= 2
+        assert front.client.get("/readyz").status_code == 200         # the backend is fine
+    finally:
+        bad.unlink()
+    assert front.recommend({"user_ids": [1]}).status_code == 200     # the next batch runs
 
 
 def test_a_full_queue_answers_429_with_retry_after(stack):

@@ -39,6 +39,7 @@ from recsys.config import Config
 
 log = logging.getLogger(__name__)
 
+WINDOW_PARTITION_BYTES = 64 << 20
 ENTRIES = "_entries"   # array<struct<ts, tie, item_id>>, newest first, at most history.max_items
 
 
@@ -263,8 +264,12 @@ class OnDemand:
                                                           cfg.history.event_types))
                 frame = newest_entries(window, max_items=cfg.history.max_items,
                                        tie_break_seed=cfg.history.tie_break_seed)
-            # range-partitioned and sorted by user: a request's filter skips the batches that cannot hold its users
-            partitions = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "8")))
+            # Range-partitioned and sorted by user: a request's filter skips the batches that cannot hold
+            # its users. One partition per ~64 MB of window files: every partition is a task per request.
+            files = [f for _, names in window_key[1] for f in names]
+            size = sum(info.size or 0 for info in fs.get_file_info(files)) if files else 0
+            most = max(1, int(spark.conf.get("spark.sql.shuffle.partitions", "8")))
+            partitions = max(1, min(most, math.ceil(size / WINDOW_PARTITION_BYTES)))
             frame = frame.repartitionByRange(partitions, "user_id").sortWithinPartitions("user_id")
             frame.createOrReplaceTempView(name)
             spark.catalog.cacheTable(name, StorageLevel.MEMORY_AND_DISK)
