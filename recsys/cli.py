@@ -159,6 +159,20 @@ def _config(args: argparse.Namespace):
     return load_config(args.conf, args.overrides)
 
 
+def _launch():
+    """The environment's session settings (SPARK_REMOTE, RECSYS_SHUFFLE_PARTITIONS), read here, once."""
+    from recsys.config import load_launch_settings
+
+    return load_launch_settings()
+
+
+def _hooks():
+    """Test and game-day hooks (RECSYS_PAUSE_AT, RECSYS_FAULT_INJECTION; docs/faults.md), read here, once."""
+    from recsys.config import load_hooks
+
+    return load_hooks()
+
+
 def _dataset_root(cfg, out: Path | None) -> Path:
     if out is not None:
         return out
@@ -194,7 +208,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys.train import run_training
 
     cfg = _config(args)
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train")
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
     try:
         result = run_training(spark, cfg, args.date or _today(), force=args.force)
     finally:
@@ -228,9 +242,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     dates = recommend_dates(args)
     cfg = _config(args)
-    spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-nightly")
+    hooks = _hooks()
+    spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch())
     try:
-        results = run_dates(spark, cfg, dates, force=args.force)
+        results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
         spark.stop()
     for result in results:
@@ -247,7 +262,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     check_dataset_root(args.data)
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate")
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch())
     try:
         result = run_evaluation(spark, cfg, args.data, protocol=args.protocol, ks=tuple(args.k) if args.k else None,
                                 tie_break_seed=args.tie_seed, split_date=args.split_date, test_days=args.test_days,
@@ -264,7 +279,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from recsys.demo import run_demo
 
     cfg = _config(args)
-    return int(run_demo(cfg, data=args.data, synthetic=args.synthetic))
+    return int(run_demo(cfg, data=args.data, synthetic=args.synthetic, launch=_launch()))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

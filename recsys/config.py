@@ -2,7 +2,9 @@
 
 Entry points call :func:`load_config` exactly once and pass the resulting :class:`Config` (or the
 section a function needs) down explicitly. Nothing else reads YAML or the environment for
-settings, so a run is fully described by the resolved config that is logged with it.
+settings, so a run is fully described by the resolved config that is logged with it. The few
+environment variables the project honours are read here too (:func:`load_launch_settings`,
+:func:`load_hooks`), once, by the entry points.
 """
 from __future__ import annotations
 
@@ -13,13 +15,16 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from recsys.errors import ConfigError
 from recsys.uris import is_local_path, redact_uri, validate_path
+
+if TYPE_CHECKING:
+    from recsys.hooks import Hooks
 
 
 class _Section(BaseModel):
@@ -257,6 +262,41 @@ class Config(_Section):
         if data["spark"]["remote"]:
             data["spark"]["remote"] = redact_uri(data["spark"]["remote"])
         return data
+
+
+# Environment variables the project honours, all read here and nowhere else (docs/configuration.md):
+SPARK_REMOTE_ENV = "SPARK_REMOTE"                       # Spark Connect URL when spark.remote is unset
+SHUFFLE_PARTITIONS_ENV = "RECSYS_SHUFFLE_PARTITIONS"    # spark.sql.shuffle.partitions of local sessions
+
+
+class LaunchSettings(_Section):
+    """How this process was launched: environment settings that shape the session, not the output.
+
+    Kept out of :class:`Config` (and so out of its digest): where the job ran does not change what
+    it publishes, and moving a job to Spark Connect must not make every date look changed.
+    """
+
+    spark_remote: str | None = None
+    shuffle_partitions: int = Field(default=8, ge=1)
+
+
+def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSettings:
+    """``SPARK_REMOTE`` and ``RECSYS_SHUFFLE_PARTITIONS`` from the environment, validated."""
+    env = os.environ if environ is None else environ
+    raw = env.get(SHUFFLE_PARTITIONS_ENV, "").strip()
+    try:
+        return LaunchSettings(spark_remote=env.get(SPARK_REMOTE_ENV, "").strip() or None,
+                              shuffle_partitions=int(raw) if raw else 8)
+    except (ValueError, ValidationError):
+        raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer") from None
+
+
+def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
+    """Test and game-day hooks from ``RECSYS_PAUSE_AT``, ``RECSYS_PAUSE_MAX_S`` and
+    ``RECSYS_FAULT_INJECTION`` (docs/faults.md); all unset: no hooks. Called once, at the entry point."""
+    from recsys.hooks import Hooks
+
+    return Hooks.from_environ(os.environ if environ is None else environ)
 
 
 def default_config_text() -> str:

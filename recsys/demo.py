@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from recsys.config import Config
+from recsys.config import Config, LaunchSettings
 from recsys.uris import local_path
 from recsys.errors import ConfigError, ExitCode
 
@@ -35,8 +35,10 @@ def find_movielens() -> Path | None:
     return None
 
 
-def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, spark=None) -> ExitCode:
-    """``spark``: an existing session to use (and leave running); by default the demo builds its own."""
+def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, spark=None,
+             launch: LaunchSettings | None = None) -> ExitCode:
+    """``spark``: an existing session to use (and leave running); by default the demo builds its own
+    (with ``launch``, the environment's session settings)."""
     from recsys.nightly import run_nightly
     from recsys.spark_session import apply_runtime_settings, build_session
     from recsys.train import run_training
@@ -46,7 +48,7 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
     print(f"\n== recsys demo: data in {root}, producing recommendations for {date} ==\n", flush=True)
     own_session = spark is None
     if own_session:
-        spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo")
+        spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo", launch=launch)
     else:
         apply_runtime_settings(spark, cfg.scoring)
     try:

@@ -90,6 +90,21 @@ def pad_left(seqs: Sequences, max_len: int, pad: int = 0) -> np.ndarray:
     return out
 
 
+def lookup_sorted(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``values`` sits in the sorted, unique ``keys``: (positions, found).
+
+    The one binary-search id lookup of the project (vocabularies, candidate sets, user lists):
+    ``positions[i]`` is the index of ``values[i]`` in ``keys`` where ``found[i]``, and a valid
+    but meaningless index elsewhere (clipped into range, 0 for empty ``keys``).
+    """
+    keys = np.asarray(keys)
+    values = np.asarray(values)
+    if len(keys) == 0:
+        return np.zeros(len(values), dtype=np.int64), np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(keys, values), len(keys) - 1)
+    return pos, keys[pos] == values
+
+
 class Vocabulary:
     """A model's item vocabulary: external item id <-> model index (1-based; 0 is padding).
 
@@ -112,8 +127,7 @@ class Vocabulary:
         ids = np.asarray(ids, dtype=np.int64)
         if len(self._sorted) == 0:
             return np.zeros(len(ids), dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._sorted, ids), len(self._sorted) - 1)
-        known = self._sorted[pos] == ids
+        pos, known = lookup_sorted(self._sorted, ids)
         return np.where(known, self._order[pos] + 1, 0)
 
     def map_sequences(self, seqs: Sequences) -> tuple[Sequences, int]:

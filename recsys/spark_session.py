@@ -2,7 +2,8 @@
 
 - under ``spark-submit`` (``spark-submit.sh``): the session spark-submit configured, untouched
   apart from the job's runtime SQL settings;
-- with ``spark.remote`` set (or ``SPARK_REMOTE``): a Spark Connect client session;
+- with ``spark.remote`` set (or ``SPARK_REMOTE``, passed in as ``LaunchSettings``): a Spark Connect
+  client session;
 - otherwise (``recsys ...`` on a laptop or in CI): a local session on ``spark.master``.
 """
 from __future__ import annotations
@@ -13,17 +14,23 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from recsys.config import ScoringConfig, SparkConfig
+from recsys.config import LaunchSettings, ScoringConfig, SparkConfig
 
 log = logging.getLogger(__name__)
 
 
-def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, app_name: str | None = None):
-    """Create or join the session and apply the settings every recsys job relies on."""
+def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, app_name: str | None = None,
+                  launch: LaunchSettings | None = None):
+    """Create or join the session and apply the settings every recsys job relies on.
+
+    ``launch``: the environment's settings (``recsys.config.load_launch_settings``, read by the entry
+    point); None: none (no ``SPARK_REMOTE``, 8 shuffle partitions).
+    """
     from pyspark.sql import SparkSession
 
+    launch = launch or LaunchSettings()
     builder = SparkSession.builder.appName(app_name or spark_cfg.app_name)
-    remote = spark_cfg.remote or os.environ.get("SPARK_REMOTE")
+    remote = spark_cfg.remote or launch.spark_remote
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if remote:
         builder = builder.remote(remote)
@@ -34,7 +41,7 @@ def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
         builder = builder.config("spark.ui.showConsoleProgress", "false")
-        builder = builder.config("spark.sql.shuffle.partitions", os.environ.get("RECSYS_SHUFFLE_PARTITIONS", "8"))
+        builder = builder.config("spark.sql.shuffle.partitions", str(launch.shuffle_partitions))
     for key, value in spark_cfg.conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

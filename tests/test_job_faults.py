@@ -51,10 +51,11 @@ def _users(partition: Path) -> list[int]:
 @pytest.mark.parametrize("fault", ["fail_first_attempt", "kill_worker_first_attempt"])
 def test_a_task_that_fails_or_loses_its_python_worker_is_retried_and_the_output_is_complete(
         spark, base, tmp_path, monkeypatch, fault):
+    from recsys.hooks import Hooks
     from recsys.nightly import run_nightly
 
-    monkeypatch.setenv("RECSYS_FAULT_INJECTION", fault)
-    result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
+    result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE,
+                         hooks=Hooks(faults=(fault,)))
     assert result.exit_code == ExitCode.OK
     assert _users(tmp_path / "recommendations" / PART) == list(range(1, N_USERS + 1))   # every user once
     m = result.metrics
@@ -174,15 +175,15 @@ def test_output_failing_validation_is_not_published_and_the_mlflow_run_is_failed
     from mlflow import MlflowClient
     from pyspark.sql import functions as F
 
-    from recsys import nightly
+    from recsys import stages
 
-    real = nightly.score_histories
+    real = stages.score_histories
 
     def reversed_lists(histories, spec, partitions=0):   # a scoring bug: worst items first
         scored, observation = real(histories, spec, partitions)
         return scored.withColumn("recommendations", F.reverse("recommendations")), observation
 
-    monkeypatch.setattr(nightly, "score_histories", reversed_lists)
+    monkeypatch.setattr(stages, "score_histories", reversed_lists)
     before = _with_old_partition(base, tmp_path)
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
                                            *jobkit.recommend_args(tmp_path, base.store, inputs=base.data)])

@@ -64,7 +64,7 @@ def test_force_on_the_command_line_reaches_the_job(monkeypatch):
 
     seen = {}
 
-    def fake_run_dates(spark, cfg, dates, *, force=False):
+    def fake_run_dates(spark, cfg, dates, *, force=False, hooks=None):
         seen.update(dates=dates, force=force)
         return [NightlyResult(d, None, "out", {}, status="skipped", reason="r") for d in dates]
 
@@ -94,10 +94,10 @@ def test_a_second_run_while_the_first_holds_the_date_exits_4_and_leaves_its_lock
 
 
 def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base, tmp_path, monkeypatch):
-    from recsys import nightly
+    from recsys import nightly, stages
     from recsys.errors import LockHeld
 
-    real = nightly.validate_recommendations
+    real = stages.validate_recommendations
     lock = tmp_path / "recommendations" / "_locks" / f"{PART}.lock"
 
     def validate_then_lose_the_lock(*args, **kwargs):   # e.g. the run stalled past its ttl and was replaced
@@ -107,7 +107,7 @@ def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base
                                     "pid": os.getpid(), "ttl_s": 600}))
         return report
 
-    monkeypatch.setattr(nightly, "validate_recommendations", validate_then_lose_the_lock)
+    monkeypatch.setattr(stages, "validate_recommendations", validate_then_lose_the_lock)
     with pytest.raises(LockHeld, match="lost the lock on dt=2024-05-08 .*the-new-holder.*nothing was published"):
         nightly.run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
     assert jobkit.partitions(tmp_path / "recommendations") == []

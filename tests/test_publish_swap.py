@@ -109,9 +109,10 @@ def test_staging_without_success_marker_is_never_published(tmp_path):
 
 _CHILD = """
 import sys
+from recsys.config import load_hooks
 from recsys.publish.publisher import PartitionLayout, publish
 publish(PartitionLayout(sys.argv[1], __import__("datetime").date.fromisoformat(sys.argv[2]), sys.argv[3]),
-        {"run_id": sys.argv[3]}, sys.argv[4])
+        {"run_id": sys.argv[3]}, sys.argv[4], load_hooks())
 print("published", flush=True)
 """
 

@@ -74,14 +74,14 @@ def test_no_code_in_the_package_unpickles_or_evaluates_data():
 
 
 def test_credentials_in_uris_never_reach_run_parameters_or_the_stored_config():
-    from recsys.nightly import _params
+    from recsys.stages import run_params
     from recsys.tracking import ResolvedModel
 
     cfg = load_config(overrides=["mlflow.tracking_uri=https://bob:s3cret@mlflow.example.com/?token=t0ken",
                                  "paths.events=s3://AKIAKEY:s3cret@bucket/events",
                                  "spark.remote=sc://bob:s3cret@spark:15002/;token=t0ken"])
     model = ResolvedModel("m", "champion", "3", None, "s3://AKIAKEY:s3cret@bucket/model", Path("/tmp/m"))
-    params = _params(cfg, dt.date(2024, 5, 8), model)
+    params = run_params(cfg, dt.date(2024, 5, 8), model, cfg.digest())
     stored = str(params) + str(cfg.redacted_dict())
     assert "s3cret" not in stored and "t0ken" not in stored
     assert params["tracking_uri"] == "https://***@mlflow.example.com/?token=***"

@@ -56,6 +56,11 @@ OUTPUT_SPARK_DDL = (
     "user_id BIGINT, recommendations ARRAY<STRUCT<item_id: BIGINT, score: FLOAT>>, "
     "source STRING, model_version STRING"
 )
+# The per-user histories the job builds (recsys.data.history) and scores: user_id BIGINT plus this
+# column, array<bigint> of external item ids, oldest first. Internal, but shared by history building,
+# scoring and validation, so it is defined once here.
+HISTORY_COLUMN = "history"
+
 SOURCE_MODEL = "model"
 SOURCE_POPULARITY = "popularity"
 

@@ -20,9 +20,11 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from recsys.data.contracts import HISTORY_COLUMN
 from recsys.sequences import Sequences
 
-HISTORY_COLUMN = "history"
+__all__ = ["HISTORY_COLUMN", "build_histories", "drop_null_ids", "histories_to_sequences", "history_metrics",
+           "input_quality_metrics"]
 
 
 def input_quality_metrics() -> list[Column]:

@@ -183,6 +183,11 @@ def check_columns(df: DataFrame, expected: dict[str, tuple[type[T.DataType], ...
     return df.withColumns(casts) if casts else df
 
 
+def window_start(date: dt.date, window_days: int) -> dt.date:
+    """First day of the history window of a run for ``date``: the window is [start, date)."""
+    return date - dt.timedelta(days=window_days)
+
+
 def read_events_window(
     spark: SparkSession, root: str, date: dt.date, window_days: int, event_types: tuple[str, ...] = ()
 ) -> DataFrame:
@@ -190,7 +195,7 @@ def read_events_window(
 
     Only the window's partitions are listed, checked and read.
     """
-    start = date - dt.timedelta(days=window_days)
+    start = window_start(date, window_days)
     events = read_events(spark, root, lambda d: start <= d < date)
     if events is None:
         raise InputDataError(
@@ -213,7 +218,7 @@ def read_events(spark: SparkSession, root: str, keep: Callable[[dt.date], bool] 
 
 
 def events_window(events: DataFrame, date: dt.date, window_days: int, event_types: tuple[str, ...] = ()) -> DataFrame:
-    start = date - dt.timedelta(days=window_days)
+    start = window_start(date, window_days)
     day_start = dt.datetime.combine(date, dt.time())
     window = events.filter(
         (F.col(PARTITION_COLUMN) >= F.lit(start)) & (F.col(PARTITION_COLUMN) < F.lit(date))

@@ -31,7 +31,7 @@ from recsys.config import PathsConfig
 from recsys.uris import is_local_path, local_path
 from recsys.data.contracts import MANIFEST_NAME, SUCCESS_MARKER, partition_name
 from recsys.errors import ConfigError
-from recsys.pause import pause_point
+from recsys.hooks import NO_HOOKS, Hooks
 from recsys import fs as rfs
 from recsys.publish import swap
 
@@ -115,11 +115,13 @@ def publish_method(layout: PartitionLayout) -> swap.Method:
     return method
 
 
-def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Method | None = None) -> str:
+def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Method | None = None,
+            hooks: Hooks = NO_HOOKS) -> str:
     """Put the validated staging directory in place as the date's partition; returns its path.
 
     The manifest goes into the staging directory first, so the partition appears with it. On
-    return the replaced partition is gone and nothing of this run is left in staging.
+    return the replaced partition is gone and nothing of this run is left in staging. ``hooks``
+    may hold the publish at a pause point (tests and game days, :mod:`recsys.hooks`).
     """
     method = method or publish_method(layout)
     fs, staging = rfs.resolve(layout.staging_dir)
@@ -128,39 +130,39 @@ def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Meth
         raise RuntimeError(f"staging directory {layout.staging_dir} has no {SUCCESS_MARKER}; refusing to publish")
     text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
     if method == "copy":
-        _publish_by_copy(fs, staging, final, text)
+        _publish_by_copy(fs, staging, final, text, hooks)
     else:
         rfs.write_text_atomic(fs, rfs.join(staging, MANIFEST_NAME), text)
-        pause_point("before_swap")
+        hooks.pause("before_swap")
         if method == "exchange":
-            _publish_by_exchange(staging, final)
+            _publish_by_exchange(staging, final, hooks)
         else:
-            _publish_by_renames(fs, staging, final, rfs.resolve(layout.trash_dir)[1])
+            _publish_by_renames(fs, staging, final, rfs.resolve(layout.trash_dir)[1], hooks)
     _remove_if_empty(fs, rfs.resolve(layout.staging_root)[1])
     return layout.final_dir
 
 
-def _publish_by_exchange(staging: str, final: str) -> None:
+def _publish_by_exchange(staging: str, final: str, hooks: Hooks) -> None:
     try:
         swap.exchange(staging, final)      # staging now holds the old partition
     except FileNotFoundError:
         swap.rename_noreplace(staging, final)   # first publish of this date
         return
-    pause_point("after_swap")
+    hooks.pause("after_swap")
     rfs.delete_dir_if_exists(pafs.LocalFileSystem(), staging)
 
 
-def _publish_by_renames(fs: pafs.FileSystem, staging: str, final: str, trash: str) -> None:
+def _publish_by_renames(fs: pafs.FileSystem, staging: str, final: str, trash: str, hooks: Hooks) -> None:
     if rfs.exists(fs, final):
         fs.create_dir(trash.rsplit("/", 1)[0], recursive=True)
         fs.move(final, trash)
-        pause_point("between_renames")
+        hooks.pause("between_renames")
     fs.move(staging, final)
-    pause_point("after_swap")
+    hooks.pause("after_swap")
     rfs.delete_dir_if_exists(fs, trash)
 
 
-def _publish_by_copy(fs: pafs.FileSystem, staging: str, final: str, manifest_text: str) -> None:
+def _publish_by_copy(fs: pafs.FileSystem, staging: str, final: str, manifest_text: str, hooks: Hooks) -> None:
     """Object stores: remove the old partition, copy the data, then manifest and ``_SUCCESS`` last."""
     rfs.delete_dir_if_exists(fs, final)
     fs.create_dir(final, recursive=True)
@@ -170,7 +172,7 @@ def _publish_by_copy(fs: pafs.FileSystem, staging: str, final: str, manifest_tex
             fs.copy_file(info.path, rfs.join(final, info.path[len(staging):]))
     with fs.open_output_stream(rfs.join(final, MANIFEST_NAME)) as f:
         f.write(manifest_text.encode())
-    pause_point("after_swap")
+    hooks.pause("after_swap")
     with fs.open_output_stream(rfs.join(final, SUCCESS_MARKER)) as f:
         f.write(b"")
     rfs.delete_dir_if_exists(fs, staging)

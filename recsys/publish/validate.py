@@ -14,7 +14,7 @@ import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from recsys.data.contracts import SOURCE_MODEL
+from recsys.data.contracts import HISTORY_COLUMN, SOURCE_MODEL
 
 # check name -> what a violation means (the report and the README use the same words)
 CHECKS = {
@@ -82,10 +82,10 @@ def validate_recommendations(
     )
     is_fallback = F.col("source") == F.lit(fallback_name)
     expected_len = F.when(is_fallback, F.lit(min(top_n, fallback_len))).otherwise(
-        F.least(F.lit(top_n), F.greatest(F.lit(n_candidates) - F.size("history"), F.lit(0)))
+        F.least(F.lit(top_n), F.greatest(F.lit(n_candidates) - F.size(HISTORY_COLUMN), F.lit(0)))
     )
     r = recs.withColumn("_in_output", F.lit(True))
-    h = histories.select("user_id", "history").withColumn("_in_window", F.lit(True))
+    h = histories.select("user_id", HISTORY_COLUMN).withColumn("_in_window", F.lit(True))
     joined = r.join(h, on="user_id", how="full_outer")
     in_output = F.col("_in_output").isNotNull()
     in_window = F.col("_in_window").isNotNull()
@@ -99,7 +99,7 @@ def validate_recommendations(
         F.count_if(in_output & (size > top_n)).alias("too_long_lists"),
         F.count_if(in_output & in_window & (size < expected_len)).alias("short_lists_unexplained"),
         F.count_if(in_output & (F.size(F.array_distinct(ids)) != size)).alias("duplicate_items"),
-        F.count_if(in_output & in_window & (F.size(F.array_intersect(ids, F.col("history"))) > 0)).alias("seen_items"),
+        F.count_if(in_output & in_window & (F.size(F.array_intersect(ids, F.col(HISTORY_COLUMN))) > 0)).alias("seen_items"),
         F.count_if(in_output & F.exists(scores, lambda s: s.isNull() | F.isnan(s) | (F.abs(s) == F.lit(float("inf"))))).alias("nonfinite_scores"),
         F.count_if(in_output & ~F.forall(pairs, lambda ok: ok)).alias("unordered_scores"),
         F.count_if(in_output & ~F.col("source").isin(SOURCE_MODEL, fallback_name)).alias("unknown_source"),

@@ -21,7 +21,7 @@ import torch
 
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
 from recsys.model.base import SequenceRecommender
-from recsys.sequences import Sequences, Vocabulary
+from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,6 +60,34 @@ class Candidates:
             raise ValueError("candidate index and item_ids must have the same length")
         if len(self.index) and np.any(np.diff(self.index) <= 0):
             raise ValueError("candidate indices must be sorted and unique")
+
+
+def candidate_set(available_ids: np.ndarray, vocab: Vocabulary) -> tuple[Candidates, int]:
+    """The catalog's available items that the model knows -> (candidates, how many it does not know).
+
+    Candidates are ordered by model index (the scorer's column order); an item the model has never
+    seen cannot be scored, so it is left out and counted.
+    """
+    available_ids = np.asarray(available_ids, dtype=np.int64)
+    index = vocab.index_of(available_ids)
+    known = index > 0
+    order = np.argsort(index[known], kind="stable")
+    return Candidates(index[known][order], available_ids[known][order]), int((~known).sum())
+
+
+def counts_per_candidate(candidate_ids: np.ndarray, item_ids: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """(item id, count) pairs -> one count per candidate, aligned with ``candidate_ids``; other items ignored.
+
+    ``candidate_ids`` are in the scorer's column order (model index order), which need not be id
+    order: a model's vocabulary may list its items in any order. Used for the users per item in the
+    window (the popularity fallback) and the times each item was recommended (the long-tail plot).
+    """
+    candidate_ids = np.asarray(candidate_ids, dtype=np.int64)
+    by_id = np.argsort(candidate_ids, kind="stable")
+    pos, found = lookup_sorted(candidate_ids[by_id], np.asarray(item_ids, dtype=np.int64))
+    out = np.zeros(len(candidate_ids), dtype=np.int64)
+    np.add.at(out, by_id[pos[found]], np.asarray(counts, dtype=np.int64)[found])
+    return out
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from pyspark.sql import functions as F
 
 from recsys.scoring.udf import SCORED_DDL, STATS_COLUMN, ScoringSpec, make_partition_scorer
 
+# run totals and per-worker figures; see worker_figures for the keys
+WorkerFigures = dict[str, Any]
+
 _SUMMED = ("users", "model_users", "fallback_users", "nonfinite_users", "short_lists", "chunks", "history_items",
            "unknown_items", "encode_s", "score_s", "to_arrow_s", "model_hits", "model_misses", "model_load_s",
            "scorer_hits", "scorer_misses", "scorer_load_s", "task_s")
@@ -35,7 +38,7 @@ def score_histories(histories: DataFrame, spec: ScoringSpec, partitions: int = 0
     return scored.filter(F.col("user_id").isNotNull()).drop(STATS_COLUMN), observation
 
 
-def worker_figures(observation: Observation) -> dict[str, Any]:
+def worker_figures(observation: Observation) -> WorkerFigures:
     """Per-task statistics rows -> run totals and per-worker cache figures."""
     rows = [json.loads(s) for s in observation.get["worker_stats"]]
     per_worker: dict[tuple, dict[str, float]] = defaultdict(lambda: defaultdict(float))

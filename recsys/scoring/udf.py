@@ -15,7 +15,6 @@ those rows before writing.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,16 +24,11 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from recsys.data.contracts import OUTPUT_SPARK_DDL
+from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
+from recsys.hooks import NO_HOOKS, Hooks
 
 STATS_COLUMN = "_stats"
 SCORED_DDL = OUTPUT_SPARK_DDL + f", {STATS_COLUMN} STRING"
-HISTORY_COLUMN = "history"   # array<bigint> of external item ids, oldest first (recsys.data.history)
-
-# Fault injection for tests and game days (documented in docs/faults.md): a comma-separated list.
-# "fail_first_attempt" makes every scoring task fail on its first attempt, so Spark retries it.
-# "kill_worker_first_attempt" makes the Python worker exit abruptly on a task's first attempt.
-FAULT_ENV = "RECSYS_FAULT_INJECTION"
 
 
 @dataclass(frozen=True)
@@ -61,7 +55,7 @@ class ScoringSpec:
     dtype: str
     item_tile: int
     cache_size: int
-    faults: tuple[str, ...] = ()
+    hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
     max_tile_mb: float = 0.0
 
 
@@ -80,7 +74,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         task_start = time.perf_counter()
         ctx = TaskContext.get()
         attempt = ctx.attemptNumber() if ctx else 0
-        _inject_faults(spec.faults, attempt)
+        spec.hooks.inject_faults(attempt)
         gpus = list(ctx.resources()["gpu"].addresses) if ctx and "gpu" in ctx.resources() else []
         device = resolve_device(spec.device, gpus)
         threads = max(1, ctx.cpus() if ctx else 1)
@@ -209,20 +203,3 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def faults_from_env() -> tuple[str, ...]:
-    """Read on the driver and shipped in the spec, so local and cluster workers see the same faults."""
-    known = {"fail_first_attempt", "kill_worker_first_attempt"}
-    faults = tuple(f.strip() for f in os.environ.get(FAULT_ENV, "").split(",") if f.strip())
-    unknown = set(faults) - known
-    if unknown:
-        raise ValueError(f"{FAULT_ENV} holds unknown faults {sorted(unknown)}; known: {sorted(known)}")
-    return faults
-
-
-def _inject_faults(faults: tuple[str, ...], attempt: int) -> None:
-    if attempt == 0 and "fail_first_attempt" in faults:
-        raise RuntimeError(f"injected fault: fail_first_attempt ({FAULT_ENV}); Spark should retry this task")
-    if attempt == 0 and "kill_worker_first_attempt" in faults:
-        os._exit(137)

@@ -1,0 +1,121 @@
+"""Test and game-day hooks: pause points and injected faults, as one explicit value, off by default.
+
+A :class:`Hooks` value is built once at the entry point (``recsys.config.load_hooks`` reads the
+environment variables below; nothing else does) and passed down to the stages that honour it.
+``Hooks()`` does nothing, which is what every production run and every library caller gets.
+The reference is docs/faults.md.
+
+Pause points (``RECSYS_PAUSE_AT=<point>``): the job prints ``recsys-pause: <point> pid=<pid>`` on
+stderr when it gets there, then waits (at most ``RECSYS_PAUSE_MAX_S`` seconds, default 600, then
+carries on). A test reads the job's stderr until the line appears and sends SIGKILL: the kill lands
+at a known point without sleeping and hoping. Points, in the order a run reaches them:
+
+- ``writing``: inside a scoring task on the workers, after its first rows went to the Parquet
+  writer of the staging directory (other tasks keep writing): a kill in the middle of the write;
+- ``staged``: the staged output is written, not yet validated;
+- ``before_swap``: validated, ``_manifest.json`` written into staging, the partition not yet replaced;
+- ``between_renames``: only with the two-rename publish (no ``renameat2``): the old partition is in
+  ``_trash/``, the new one not yet in place;
+- ``after_swap``: the new partition is in place, the old copy not yet deleted, the lock not released.
+
+Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring tasks:
+
+- ``fail_first_attempt``: every scoring task fails on its first attempt, so Spark retries it;
+- ``kill_worker_first_attempt``: the Python worker exits abruptly on a task's first attempt.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping
+
+from recsys.errors import ConfigError
+
+PAUSE_ENV = "RECSYS_PAUSE_AT"
+PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
+FAULT_ENV = "RECSYS_FAULT_INJECTION"
+POINTS = ("writing", "staged", "before_swap", "between_renames", "after_swap")
+FAULTS = ("fail_first_attempt", "kill_worker_first_attempt")
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Which pause point to hold at (if any), for how long, and which faults to inject (if any).
+
+    Small and picklable: the scoring tasks receive it inside their closure, so workers on a
+    cluster see the same hooks as the driver without reading their own environment.
+    """
+
+    pause_at: str | None = None
+    pause_max_s: float = 600.0
+    faults: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.pause_at is not None and self.pause_at not in POINTS:
+            raise ConfigError(f"{PAUSE_ENV}={self.pause_at!r} is not a pause point; known: {', '.join(POINTS)}")
+        unknown = sorted(set(self.faults) - set(FAULTS))
+        if unknown:
+            raise ConfigError(f"{FAULT_ENV} holds unknown faults {unknown}; known: {sorted(FAULTS)}")
+        if not self.pause_max_s >= 0:
+            raise ConfigError(f"{PAUSE_MAX_ENV}={self.pause_max_s!r} must be a number of seconds >= 0")
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "Hooks":
+        """The hooks the variables in ``environ`` ask for (``recsys.config.load_hooks`` passes ``os.environ``)."""
+        raw_max = environ.get(PAUSE_MAX_ENV, "").strip() or "600"
+        try:
+            pause_max_s = float(raw_max)
+        except ValueError:
+            raise ConfigError(f"{PAUSE_MAX_ENV}={raw_max!r} must be a number of seconds") from None
+        return cls(
+            pause_at=environ.get(PAUSE_ENV, "").strip() or None,
+            pause_max_s=pause_max_s,
+            faults=tuple(f.strip() for f in environ.get(FAULT_ENV, "").split(",") if f.strip()),
+        )
+
+    def pause(self, point: str) -> None:
+        """Hold here if these hooks ask for ``point``; a no-op otherwise."""
+        if point == self.pause_at:
+            _hold(point, self.pause_max_s)
+
+    def writing_pause(self) -> Callable | None:
+        """The ``mapInArrow`` pass-through that holds the ``writing`` point, or None when not asked for.
+
+        It holds partition 0's first attempt after its first batch. Added to the plan only when the
+        pause is requested, so normal runs do not carry it.
+        """
+        if self.pause_at != "writing":
+            return None
+        max_s = self.pause_max_s
+
+        def passthrough(batches: Iterator) -> Iterator:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            hold = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+            for batch in batches:
+                yield batch
+                if hold:
+                    _hold("writing", max_s)
+                    hold = False
+            if hold:   # an empty partition: hold anyway, the other tasks are writing
+                _hold("writing", max_s)
+
+        return passthrough
+
+    def inject_faults(self, attempt: int) -> None:
+        """Called by each scoring task, on the worker, with its attempt number."""
+        if attempt == 0 and "fail_first_attempt" in self.faults:
+            raise RuntimeError(f"injected fault: fail_first_attempt ({FAULT_ENV}); Spark should retry this task")
+        if attempt == 0 and "kill_worker_first_attempt" in self.faults:
+            os._exit(137)
+
+
+NO_HOOKS = Hooks()
+
+
+def _hold(name: str, max_s: float) -> None:
+    print(f"recsys-pause: {name} pid={os.getpid()}", file=sys.stderr, flush=True)
+    threading.Event().wait(max_s)

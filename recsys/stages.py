@@ -1,0 +1,394 @@
+"""The stages of the nightly path, each a function with typed inputs and a small frozen result.
+
+    read_catalog -> read_histories -> popularity_fallback_stage -> score -> validate -> publish -> record
+
+``recsys.nightly.run_nightly`` calls them in that order, one call each, under the date's lock and
+an MLflow run. An on-demand request for a few users calls the same functions: ``read_histories``
+takes a user filter, and ``scoring_spec`` + ``score_users`` score any histories DataFrame without
+writing or publishing anything. Data flows one way: a stage reads only the results handed to it.
+
+The figures of a run (MLflow metrics, the manifest's ``metrics`` and ``counts``) are assembled from
+the stage results in one place, :func:`run_metrics`; the per-stage log lines show the same numbers.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from recsys import __version__, tracking
+from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
+from recsys.uris import redact_uri
+from recsys.data import history as hist
+from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
+from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
+                                 read_events_window, window_start)
+from recsys.errors import InputDataError, ValidationFailed
+from recsys.hooks import NO_HOOKS, Hooks
+from recsys.model.io import ITEM_IDS_FILE
+from recsys.publish.validate import ValidationReport, validate_recommendations
+from recsys.scoring.core import Candidates, Fallback, candidate_set, counts_per_candidate, popularity_fallback
+from recsys.scoring.stage import WorkerFigures, score_histories, worker_figures
+from recsys.scoring.udf import ScoringSpec
+from recsys.sequences import Vocabulary
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------
+# read the catalog
+
+
+@dataclass(frozen=True)
+class CatalogStage:
+    """The catalog snapshot the run uses and the candidate set it yields for the model."""
+
+    snapshot: CatalogSnapshot
+    candidates: Candidates            # available in the snapshot and known to the model, model-index order
+    figures: Mapping[str, int]        # rows, null_item_ids, distinct_items, available_items,
+                                      # available_unknown_to_model, candidate_items
+
+    @property
+    def digest(self) -> str:
+        """Identifies the candidate set in the workers' scorer cache key."""
+        values = np.ascontiguousarray(self.candidates.index)
+        return f"{self.snapshot.date}:{hashlib.sha256(values.tobytes()).hexdigest()[:16]}"
+
+
+def load_vocabulary(model: tracking.ResolvedModel) -> Vocabulary:
+    """The resolved model's item vocabulary, read from its files without loading the weights."""
+    return Vocabulary(np.load(model.local_dir / ITEM_IDS_FILE, allow_pickle=False))
+
+
+def read_catalog(spark: SparkSession, paths: PathsConfig, catalog_max_age_days: int, date: dt.date,
+                 vocab: Vocabulary, model_version: str) -> CatalogStage:
+    """The newest catalog snapshot on or before ``date``, checked, and its candidates for the model."""
+    snapshot = read_catalog_snapshot(spark, paths.catalog, date, catalog_max_age_days)
+    figures, available_ids = catalog_figures(snapshot, paths.catalog)
+    candidates, unknown = candidate_set(available_ids, vocab)
+    if len(candidates.index) == 0:
+        raise InputDataError(
+            f"none of the {len(available_ids)} available items in catalog snapshot {snapshot.date} is known to "
+            f"model version {model_version}; retrain the model or check the catalog"
+        )
+    figures = {**figures, "available_unknown_to_model": unknown, "candidate_items": int(len(candidates.index))}
+    return CatalogStage(snapshot, candidates, figures)
+
+
+# ------------------------------------------------------------------------------------------------
+# read events, build histories
+
+
+@dataclass(frozen=True)
+class HistoryStage:
+    """Per-user histories of the window (``user_id``, ``history``), and the counts seen building them."""
+
+    histories: DataFrame              # read back from where they were written: computed once
+    figures: Mapping[str, int]        # events_read, dropped_null_*, users_in_window, history_items, history_max_len
+    window_start: dt.date             # first day of the window; the window ends before the run date
+
+
+def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConfig, date: dt.date, out_dir: str,
+                   users: Iterable[int] | None = None) -> HistoryStage:
+    """Events of the ``history.window_days`` days before ``date`` -> histories written to ``out_dir``.
+
+    ``users``: only these user ids (an on-demand request); None: every user with events in the window.
+    Refuses a window without usable events, naming the path and the settings to check.
+    """
+    obs_events, obs_hist = Observation("events"), Observation("histories")
+    raw = read_events_window(spark, paths.events, date, history.window_days, history.event_types)
+    if users is not None:
+        raw = raw.filter(F.col("user_id").isin([int(u) for u in users]))
+    events = hist.drop_null_ids(raw.observe(obs_events, *hist.input_quality_metrics()))
+    histories = hist.build_histories(events, max_items=history.max_items, tie_break_seed=history.tie_break_seed)
+    with read_errors_as_input_errors("events", paths.events):
+        histories.observe(obs_hist, *hist.history_metrics()).write.mode("overwrite").parquet(out_dir)
+        observed = {
+            **_observed(obs_events, lambda: raw.agg(*hist.input_quality_metrics()).first().asDict()),
+            **_observed(obs_hist, lambda: spark.read.parquet(out_dir).agg(*hist.history_metrics()).first().asDict()),
+        }
+    figures = {k: int(v or 0) for k, v in observed.items()}
+    start = window_start(date, history.window_days)
+    if figures["users_in_window"] == 0 and users is None:
+        raise InputDataError(
+            f"no usable events between {start} and {date} (exclusive) under {redact_uri(paths.events)!r} "
+            f"({figures['events_read']} rows read, {figures['dropped_null_user_id']} without a user, "
+            f"{figures['dropped_null_item_id']} without an item); check the events path, "
+            f"history.window_days and history.event_types"
+        )
+    return HistoryStage(spark.read.parquet(out_dir), figures, start)
+
+
+def _observed(observation: Observation, recompute) -> dict[str, Any]:
+    """``observation.get``, or the same figures recomputed when Spark lost them.
+
+    With adaptive execution, a query whose first shuffle turns out empty (e.g. every event had a
+    null id) is re-planned as an empty relation without its observed metrics, and
+    ``Observation.get`` fails an assertion in ``PythonSQLUtils.toPyRow`` (seen with Spark 4.x).
+    Recomputing costs one more pass over the input, only in that case.
+    """
+    try:
+        return observation.get
+    except Exception as exc:
+        if "toPyRow" not in str(exc):
+            raise
+        log.info("Spark's adaptive execution dropped observed metrics of an empty query; recomputing them")
+        return recompute()
+
+
+# ------------------------------------------------------------------------------------------------
+# popularity fallback
+
+
+@dataclass(frozen=True)
+class FallbackStage:
+    """The list users get when the model cannot score them, and the popularity it was ranked by."""
+
+    fallback: Fallback
+    popularity: np.ndarray            # [C] users per candidate in the window, aligned with candidates.item_ids
+
+
+def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_n: int) -> FallbackStage:
+    """Users per item in ``histories``, restricted to the candidates -> the popularity fallback."""
+    counted = histories.select(F.explode(HISTORY_COLUMN).alias("item_id")).groupBy("item_id").count().toArrow()
+    per_candidate = counts_per_candidate(candidates.item_ids, counted.column("item_id").to_numpy(),
+                                         counted.column("count").to_numpy())
+    return FallbackStage(popularity_fallback(candidates.item_ids, per_candidate, top_n), per_candidate)
+
+
+# ------------------------------------------------------------------------------------------------
+# score
+
+
+def scoring_spec(model: tracking.ResolvedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
+                 hooks: Hooks = NO_HOOKS) -> ScoringSpec:
+    """What every scoring task needs, minted once on the driver."""
+    return ScoringSpec(
+        model_dir=str(model.local_dir),
+        model_version=model.version,
+        model_key=f"{model.name}/{model.version}@{model.source}",
+        candidates_index=catalog.candidates.index.astype(np.int64),
+        candidates_item_ids=catalog.candidates.item_ids.astype(np.int64),
+        candidates_digest=catalog.digest,
+        fallback_item_ids=fallback.item_ids,
+        fallback_scores=fallback.scores,
+        fallback_name=fallback.name,
+        top_n=scoring.top_n,
+        chunk_size=scoring.chunk_size,
+        device=scoring.device,
+        dtype=scoring.dtype,
+        item_tile=scoring.item_tile,
+        max_tile_mb=scoring.max_tile_mb,
+        cache_size=scoring.cache_size,
+        hooks=hooks,
+    )
+
+
+def score_users(histories: DataFrame, spec: ScoringSpec, partitions: int = 0) -> tuple[DataFrame, Observation]:
+    """Any histories DataFrame -> scored rows (lazy) and the Observation of the workers' figures.
+
+    The nightly job writes the rows (:func:`score`); an on-demand request may collect them instead.
+    """
+    return score_histories(histories, spec, partitions)
+
+
+@dataclass(frozen=True)
+class ScoreStage:
+    """The scored rows written to ``output_dir`` (staging), and what the workers reported."""
+
+    output_dir: str
+    worker: WorkerFigures
+    write_seconds: float
+
+    @property
+    def users_per_s(self) -> float:
+        return self.worker["users"] / self.write_seconds if self.write_seconds > 0 else 0.0
+
+
+def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
+          hooks: Hooks = NO_HOOKS) -> ScoreStage:
+    """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten)."""
+    scored, observation = score_users(histories, spec, partitions)
+    holder = hooks.writing_pause()
+    if holder is not None:
+        scored = scored.mapInArrow(holder, OUTPUT_SPARK_DDL)
+    started = time.perf_counter()
+    scored.write.mode("overwrite").parquet(output_dir)
+    seconds = time.perf_counter() - started
+    return ScoreStage(output_dir, worker_figures(observation), seconds)
+
+
+# ------------------------------------------------------------------------------------------------
+# validate
+
+
+def validate(spark: SparkSession, scored: ScoreStage, history: HistoryStage, catalog: CatalogStage,
+             fallback: FallbackStage, *, top_n: int, model_version: str, date: dt.date) -> ValidationReport:
+    """Check the staged rows; raises ValidationFailed (nothing is published) when a check fails."""
+    report = validate_recommendations(
+        spark.read.parquet(scored.output_dir), history.histories, candidate_ids=catalog.candidates.item_ids,
+        top_n=top_n, fallback_name=fallback.fallback.name, fallback_len=len(fallback.fallback.item_ids),
+        model_version=model_version, users_in_window=history.figures["users_in_window"],
+    )
+    if not report.passed:
+        raise ValidationFailed(
+            f"validation failed for {date}, nothing published: " + "; ".join(report.failures()),
+            report.as_dict(),
+        )
+    return report
+
+
+# ------------------------------------------------------------------------------------------------
+# the run's figures, in one place
+
+
+def run_metrics(catalog: CatalogStage, history: HistoryStage, scored: ScoreStage,
+                report: ValidationReport) -> dict[str, float]:
+    """Every figure of a run that MLflow and the manifest carry, from the stage results.
+
+    Later entries win on a shared name, in stage order (e.g. ``short_lists`` is the validation's
+    count of the written rows, not the workers').
+    """
+    worker = scored.worker
+    return {
+        **{f"catalog_{k}": v for k, v in catalog.figures.items()},
+        **history.figures,
+        "users_scored": worker["model_users"],
+        "fallback_users": worker["fallback_users"],
+        "users_per_s": scored.users_per_s,
+        **{k: v for k, v in worker.items() if not isinstance(v, (list, dict, str))},
+        **report.figures,
+    }
+
+
+def run_params(cfg: Config, date: dt.date, model: tracking.ResolvedModel, config_digest: str) -> dict[str, Any]:
+    """The run's MLflow parameters: what it was asked to do (paths and URIs without credentials)."""
+    return {
+        "date": str(date),
+        "model_uri": model.uri,
+        "model_version": model.version,
+        "model_source": redact_uri(model.source),
+        "top_n": cfg.scoring.top_n,
+        "chunk_size": cfg.scoring.chunk_size,
+        "device": cfg.scoring.device,
+        "dtype": cfg.scoring.dtype,
+        "item_tile": cfg.scoring.item_tile,
+        "max_tile_mb": cfg.scoring.max_tile_mb,
+        "arrow_batch_size": cfg.scoring.arrow_batch_size,
+        "window_days": cfg.history.window_days,
+        "max_history_items": cfg.history.max_items,
+        "event_types": ",".join(cfg.history.event_types) or "all",
+        "events_path": redact_uri(cfg.paths.events),
+        "catalog_path": redact_uri(cfg.paths.catalog),
+        "output_path": redact_uri(cfg.paths.output),
+        "config_digest": config_digest,
+        "tracking_uri": redact_uri(cfg.mlflow.tracking_uri),
+        "recsys_version": __version__,
+    }
+
+
+def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog: CatalogStage,
+             metrics: Mapping[str, float], timings: Mapping[str, float], report: ValidationReport, *,
+             run_id: str | None, tracking_error: str | None, job_run: str, method: str,
+             config_digest: str, model_resolution_error: str | None) -> dict[str, Any]:
+    """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged."""
+    return {
+        "format_version": 1,
+        "date": str(date),
+        "run_id": run_id,
+        "job_run": job_run,
+        "publish_method": method,
+        "published_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "recsys_version": __version__,
+        "model": {"uri": model.uri, "name": model.name, "alias": model.alias, "version": model.version,
+                  "source": redact_uri(model.source),
+                  "resolution": f"remembered: {model_resolution_error}" if model_resolution_error else "registry"},
+        "catalog_snapshot": str(catalog.snapshot.date),
+        "config_digest": config_digest,
+        "counts": {
+            "rows": report.figures["rows"],
+            "users_in_window": int(metrics.get("users_in_window", 0)),
+            "model_users": int(metrics.get("users_scored", 0)),
+            "fallback_users": int(metrics.get("fallback_users", 0)),
+            "candidate_items": int(metrics.get("catalog_candidate_items", 0)),
+            "events_read": int(metrics.get("events_read", 0)),
+        },
+        "validation": report.as_dict()["violations"],
+        "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        "timings": dict(timings),
+        "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
+                     "error": tracking_error},
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# record
+
+
+def record(recorder: tracking.RunRecorder, spark: SparkSession, cfg: Config, published_dir: str,
+           published_manifest: Mapping[str, Any], metrics: Mapping[str, float], scored: ScoreStage,
+           report: ValidationReport, catalog: CatalogStage, fallback: FallbackStage) -> None:
+    """Metrics, per-worker cache figures, artifacts and plots; each call degrades, never raises."""
+    import yaml
+
+    from recsys import plots
+
+    recorder.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    for step, w in enumerate(scored.worker["per_worker"]):   # one point per worker: a per-worker series in the UI
+        recorder.log_metrics({"worker_model_misses": w["model_misses"], "worker_model_hits": w["model_hits"],
+                              "worker_model_load_s": w["model_load_s"], "worker_tasks": w["tasks"]}, step=step)
+    recorder.log_dict(published_manifest, "manifest.json")
+    recorder.log_text(yaml.safe_dump(cfg.redacted_dict(), sort_keys=False), "config.yaml")
+    recorder.log_dict({"workers": scored.worker["per_worker"]}, "worker_stats.json")
+    recorder.log_dict(report.as_dict(), "validation_report.json")
+    recorder.set_tags({"recsys.status": "published", "recsys.output": redact_uri(published_dir),
+                       "recsys.model_version": published_manifest["model"]["version"]})
+    if recorder.failed or recorder.run_id is None:
+        return
+    published = spark.read.parquet(published_dir)
+    recorder.log_text(_recommendation_sample(published, catalog.snapshot), "recommendations_sample.csv")
+    scores = published.select(F.posexplode(F.transform("recommendations", lambda x: x["score"])).alias("rank", "score"))
+    sample_scores = scores.sample(False, min(1.0, 20000 / max(1, report.figures["recommended_items"])), seed=0).toArrow()
+    fig = plots.score_distribution(sample_scores.column("score").to_numpy(), sample_scores.column("rank").to_numpy(),
+                                   cfg.scoring.top_n)
+    recorder.log_figure(fig, "plots/score_distribution.png")
+    _close(fig)
+    rec_ids, rec_times = report.item_counts
+    times = counts_per_candidate(catalog.candidates.item_ids, rec_ids, rec_times)
+    fig = plots.popularity_long_tail(times, fallback.popularity)
+    recorder.log_figure(fig, "plots/popularity_long_tail.png")
+    _close(fig)
+
+
+def _close(fig: Any) -> None:
+    """pyplot keeps every figure until closed: a backfill of many dates in one process would pile them up."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users: int = 20) -> str:
+    """A CSV of a few users' lists with item titles, for eyeballing a run in the MLflow UI."""
+    rows = published.orderBy("user_id").limit(users).select(
+        "user_id", "source", F.posexplode("recommendations").alias("rank", "rec")
+    ).select("user_id", "source", (F.col("rank") + 1).alias("rank"), "rec.item_id", "rec.score")
+    described = [c for c in ("title", "category") if c in catalog.frame.columns]
+    if described:
+        rows = rows.join(catalog.frame.select("item_id", *described).dropDuplicates(["item_id"]), "item_id", "left")
+    pdf = rows.orderBy("user_id", "rank").toPandas()
+    buf = io.StringIO()
+    pdf.to_csv(buf, index=False)
+    return buf.getvalue()
+
+
+__all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "ScoreStage", "load_vocabulary", "manifest",
+           "popularity_fallback_stage", "read_catalog", "read_histories", "record", "run_metrics", "run_params",
+           "score", "score_users", "scoring_spec", "validate"]
