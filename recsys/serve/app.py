@@ -116,6 +116,7 @@ class Service:
 
     cfg: Config
     url_provider: Callable[[], str]
+    hooks: Any = None                 # recsys.hooks.Hooks for game days (docs/faults.md); None: none
     metrics: ServeMetrics = field(default_factory=ServeMetrics)
     backend: OnDemand | None = None
     batcher: Batcher | None = None
@@ -157,7 +158,7 @@ class Service:
         if self.backend is None or not self.ready:
             if self.backend is not None:
                 self.backend.close()
-            backend = OnDemand(cfg, self.url_provider())
+            backend = OnDemand(cfg, self.url_provider(), self.hooks)
             backend.connect()
             self.metrics.backend_reconnects.inc()
             self.backend = backend
@@ -220,6 +221,7 @@ class Service:
 
     def _run_job(self, job: JobState, dates: list[dt.date], force: bool) -> None:
         from recsys.errors import RecsysError
+        from recsys.hooks import NO_HOOKS
         from recsys.nightly import overall_exit_code, run_dates
 
         job.state = "running"
@@ -227,7 +229,7 @@ class Service:
             backend = self.backend
             if backend is None or backend.spark is None:
                 raise BackendUnavailable(f"the backend is not connected: {self.not_ready_reason}")
-            results = run_dates(backend.spark, self.cfg, dates, force=force)
+            results = run_dates(backend.spark, self.cfg, dates, force=force, hooks=self.hooks or NO_HOOKS)
             job.run_ids = [r.run_id for r in results]
             job.published = [r.output_dir for r in results if r.status == "published"]
             job.skipped = [r.output_dir for r in results if r.status == "skipped"]
@@ -243,8 +245,8 @@ class Service:
         self.metrics.nightly_jobs.labels(job.state).inc()
 
 
-def create_app(cfg: Config, url_provider: Callable[[], str]) -> FastAPI:
-    service = Service(cfg, url_provider)
+def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) -> FastAPI:
+    service = Service(cfg, url_provider, hooks)
     serve = cfg.serve
 
     @asynccontextmanager

@@ -82,7 +82,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 raise backend.BackendError(f"no backend recorded under {cfg.serve.backend_dir}")
             return state.url
 
-    app = create_app(cfg, url_provider)
+    from recsys.config import load_hooks
+
+    app = create_app(cfg, url_provider, load_hooks())   # RECSYS_FAULT_INJECTION etc., read once here
     uvicorn.run(app, host=args.host or cfg.serve.host, port=args.port if args.port is not None else cfg.serve.port,
                 log_level="info", access_log=False, timeout_graceful_shutdown=None)
     return ExitCode.OK

@@ -10,13 +10,15 @@ What a request needs and what it costs:
   user id: Spark's in-memory scan skips the cached batches whose ``user_id`` range holds none of
   them, so a request reads a few batches, not the window. Events of the partitions from ``as_of``
   on ("today") are read for the requested users only and merged on top, by the same history
-  definition (``recsys.data.history.build_histories``) the nightly job uses.
-- **Model, candidates and fallback** are resolved as the nightly job resolves them (the alias,
-  the newest catalog snapshot on or before the date, popularity over the window's histories) and
+  definition the nightly job uses (``recsys.data.history``: ``build_histories`` is
+  ``entries_to_histories(newest_entries(...))``).
+- **Model, candidates and fallback** come from the nightly job's stages (``recsys.stages``:
+  ``read_catalog``, ``popularity_fallback_stage``, ``scoring_spec``) on the same inputs (the alias,
+  the newest catalog snapshot on or before the date, popularity over the window's histories), 
   checked again every ``serve.refresh_s``; the workers' cache key (model version, candidate-set
   digest) makes the next batch after a change load the new ones.
-- **Scoring** is the nightly job's stage (``recsys.scoring.stage.score_histories``) on one
-  partition per batch; the rows are collected instead of written.
+- **Scoring** is the nightly job's ``recsys.stages.score_users`` on one partition per batch; the
+  rows are collected instead of written.
 
 So for a user the nightly job scored for date D, a request served ``as_of`` D (with no events of D
 yet) returns the row the job published: same history, candidates, fallback, model and scorer.
@@ -32,7 +34,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from recsys.config import Config
@@ -40,7 +41,6 @@ from recsys.config import Config
 log = logging.getLogger(__name__)
 
 WINDOW_PARTITION_BYTES = 64 << 20
-ENTRIES = "_entries"   # array<struct<ts, tie, item_id>>, newest first, at most history.max_items
 
 
 class BackendUnavailable(Exception):
@@ -86,37 +86,6 @@ def connect(url: str, backend_timeout_s: float):
                                                    max_backoff=1000, jitter=0)])
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     return spark
-
-
-def newest_entries(events, *, max_items: int, tie_break_seed: int):
-    """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
-
-    The same ranking as ``build_histories`` (latest time per item, ties by the seeded hash), kept
-    with its keys so that newer events can be merged on top and re-ranked exactly.
-    """
-    from pyspark.sql import functions as F
-
-    latest = events.groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
-    tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
-    entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
-    return latest.groupBy("user_id").agg(
-        F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES))
-
-
-def entries_to_histories(entries):
-    """-> user_id, history (oldest first): what ``build_histories`` yields for the same events."""
-    from pyspark.sql import functions as F
-
-    from recsys.data.history import HISTORY_COLUMN
-
-    return entries.select("user_id", F.transform(F.reverse(ENTRIES), lambda e: e["item_id"]).alias(HISTORY_COLUMN))
-
-
-def entries_to_events(entries):
-    from pyspark.sql import functions as F
-
-    return entries.select("user_id", F.explode(ENTRIES).alias("e")).select(
-        "user_id", F.col("e.item_id").alias("item_id"), F.col("e.ts").alias("ts"))
 
 
 @dataclass
@@ -168,9 +137,10 @@ class OnDemand:
     runs from the frontend's maintenance thread and swaps the window and context atomically.
     """
 
-    def __init__(self, cfg: Config, url: str):
+    def __init__(self, cfg: Config, url: str, hooks=None):
         self.cfg = cfg
         self.url = url
+        self.hooks = hooks   # recsys.hooks.Hooks: fault injection for game days (docs/faults.md); None: none
         self.spark = None
         self.window: WarmWindow | None = None
         self.context: ScoringContext | None = None
@@ -257,13 +227,13 @@ class OnDemand:
         else:
             events = read_events(spark, cfg.paths.events, lambda d: start <= d < as_of)
             if events is None:
-                frame = spark.createDataFrame([], f"user_id BIGINT, {ENTRIES} ARRAY<STRUCT<ts: TIMESTAMP, "
+                frame = spark.createDataFrame([], f"user_id BIGINT, {hist.ENTRIES_COLUMN} ARRAY<STRUCT<ts: TIMESTAMP, "
                                                   f"tie: BIGINT, item_id: BIGINT>>")
             else:
                 window = hist.drop_null_ids(events_window(events, as_of, cfg.history.window_days,
                                                           cfg.history.event_types))
-                frame = newest_entries(window, max_items=cfg.history.max_items,
-                                       tie_break_seed=cfg.history.tie_break_seed)
+                frame = hist.newest_entries(window, max_items=cfg.history.max_items,
+                                            tie_break_seed=cfg.history.tie_break_seed)
             # Range-partitioned and sorted by user: a request's filter skips the batches that cannot hold
             # its users. One partition per ~64 MB of window files: every partition is a task per request.
             files = [f for _, names in window_key[1] for f in names]
@@ -301,7 +271,7 @@ class OnDemand:
         key = (model.uri, model.version, model.source, snapshot, self.window.key)
         if self.context is not None and self.context.key == key:
             return False
-        spec, snapshot_date = build_spec(spark, cfg, self.window, model)
+        spec, snapshot_date = build_spec(spark, cfg, self.window, model, self.hooks)
         self.context = ScoringContext(spec, model.version, model.uri, snapshot_date, key)
         log.info("scoring context: model %s version %s, catalog snapshot %s, %d candidates",
                  model.name, model.version, snapshot_date, len(spec.candidates_item_ids))
@@ -325,25 +295,26 @@ class OnDemand:
             recent = hist.drop_null_ids(today.filter(F.col("user_id").isin(ids)))
             if cfg.history.event_types:
                 recent = recent.filter(F.col("event_type").isin(list(cfg.history.event_types)))
-            merged = entries_to_events(entries).unionByName(recent.select("user_id", "item_id", "ts"))
+            merged = hist.entries_to_events(entries).unionByName(recent.select("user_id", "item_id", "ts"))
             known = hist.build_histories(merged, max_items=cfg.history.max_items,
                                          tie_break_seed=cfg.history.tie_break_seed)
         else:
-            known = entries_to_histories(entries)
+            known = hist.entries_to_histories(entries)
         joined = wanted.join(F.broadcast(known), "user_id", "left")
         return joined.select("user_id", F.coalesce(F.col(hist.HISTORY_COLUMN), F.array().cast("array<bigint>"))
                              .alias(hist.HISTORY_COLUMN)).coalesce(1)
 
     def score(self, user_ids: Sequence[int]) -> BatchResult:
         """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
-        from recsys.scoring.stage import score_histories, worker_figures
+        from recsys.scoring.stage import worker_figures
+        from recsys.stages import score_users
 
         spark, context = self.spark, self.context
         if spark is None or context is None or self.window is None:
             raise BackendUnavailable("the backend is not connected or not warm yet")
         started = time.perf_counter()
         try:
-            scored, observation = score_histories(self.histories_for(user_ids), context.spec, 0)
+            scored, observation = score_users(self.histories_for(user_ids), context.spec, 0)
             table = scored.toArrow()
             figures = worker_figures(observation)
         except Exception as exc:
@@ -374,55 +345,15 @@ def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
     return None
 
 
-def build_spec(spark, cfg: Config, window: WarmWindow, model) -> tuple[Any, dt.date]:
-    """The nightly job's catalog -> candidates -> popularity fallback -> ScoringSpec, for ``window``."""
-    from pyspark.sql import functions as F
+def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tuple[Any, dt.date]:
+    """The nightly job's stages for ``window``: catalog -> candidates, popularity fallback -> ScoringSpec."""
+    from recsys import stages
+    from recsys.data.history import entries_to_histories
+    from recsys.hooks import NO_HOOKS
 
-    from recsys.data.history import HISTORY_COLUMN
-    from recsys.data.readers import catalog_figures, read_catalog_snapshot
-    from recsys.errors import InputDataError
-    from recsys.scoring.core import popularity_fallback
-    from recsys.scoring.udf import ScoringSpec
-    from recsys.sequences import Vocabulary
-
-    vocab = Vocabulary(np.load(model.local_dir / "item_ids.npy", allow_pickle=False))
-    catalog = read_catalog_snapshot(spark, cfg.paths.catalog, window.as_of, cfg.catalog.max_age_days)
-    _, available_ids = catalog_figures(catalog, cfg.paths.catalog)
-    cand_index_all = vocab.index_of(available_ids)
-    known = cand_index_all > 0
-    order = np.argsort(cand_index_all[known], kind="stable")
-    cand_index = cand_index_all[known][order]
-    cand_ids = available_ids[known][order]
-    if len(cand_index) == 0:
-        raise InputDataError(f"none of the {len(available_ids)} available items in catalog snapshot {catalog.date} "
-                             f"is known to model version {model.version}; retrain the model or check the catalog")
-    histories = entries_to_histories(window.frame)
-    counted = histories.select(F.explode(HISTORY_COLUMN).alias("item_id")).groupBy("item_id").count().toArrow()
-    ids = counted.column("item_id").to_numpy()
-    counts = counted.column("count").to_numpy()
-    per_cand = np.zeros(len(cand_ids), dtype=np.int64)
-    if len(ids):
-        pos = np.minimum(np.searchsorted(cand_ids, ids), len(cand_ids) - 1)
-        is_cand = cand_ids[pos] == ids
-        np.add.at(per_cand, pos[is_cand], counts[is_cand])
-    fallback = popularity_fallback(cand_ids, per_cand, cfg.scoring.top_n)
-    digest = hashlib.sha256(np.ascontiguousarray(cand_index).tobytes()).hexdigest()[:16]
-    spec = ScoringSpec(
-        model_dir=str(model.local_dir),
-        model_version=model.version,
-        model_key=f"{model.name}/{model.version}@{model.source}",
-        candidates_index=cand_index.astype(np.int64),
-        candidates_item_ids=cand_ids.astype(np.int64),
-        candidates_digest=f"{catalog.date}:{digest}",
-        fallback_item_ids=fallback.item_ids,
-        fallback_scores=fallback.scores,
-        fallback_name=fallback.name,
-        top_n=cfg.scoring.top_n,
-        chunk_size=cfg.scoring.chunk_size,
-        device=cfg.scoring.device,
-        dtype=cfg.scoring.dtype,
-        item_tile=cfg.scoring.item_tile,
-        max_tile_mb=cfg.scoring.max_tile_mb,
-        cache_size=cfg.scoring.cache_size,
-    )
-    return spec, catalog.date
+    vocab = stages.load_vocabulary(model)
+    catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, window.as_of, vocab, model.version)
+    fallback = stages.popularity_fallback_stage(entries_to_histories(window.frame), catalog.candidates,
+                                                cfg.scoring.top_n)
+    spec = stages.scoring_spec(model, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS)
+    return spec, catalog.snapshot.date
