@@ -1,6 +1,7 @@
 """The frontend's queue: coalesce small requests into one Spark job, split large ones, bound the wait.
 
-- A request's users join a FIFO queue. The dispatcher starts a job when the oldest request has
+- A request's users join a FIFO queue. (``max_wait_ms`` = 0 turns coalescing off: one request, or
+  one part of a large one, per job.) The dispatcher starts a job when the oldest request has
   waited ``max_wait_ms`` or the queue holds ``max_batch_users`` users, whichever comes first, and
   takes up to ``max_batch_users`` users from the head: several small requests share one job; a
   larger request is cut into parts that run as separate jobs, in parallel up to
@@ -211,6 +212,8 @@ class Batcher:
             batch.append((pending, part))
             if not pending.todo:
                 self.queue.pop(0)
+            if self.settings.max_wait_ms == 0:
+                break   # no coalescing: one request (or one part of a large one) per job
         self._recount()
         return batch
 
