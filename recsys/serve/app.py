@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from recsys.config import Config
 from recsys.serve.batching import BatchSettings, Batcher, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.metrics import ServeMetrics
-from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand
+from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
+from recsys.uris import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -197,12 +198,16 @@ class Service:
             try:
                 await loop.run_in_executor(self._maint_pool, self._maintain_step)
             except Exception as exc:
-                reason = str(exc) if isinstance(exc, BackendUnavailable) else f"{type(exc).__name__}: {exc}"
-                self.mark_down(reason[:500])
-                if self.batcher is not None:
-                    self.batcher.fail_queued(BackendUnavailable(reason))
-                if not isinstance(exc, BackendUnavailable):
-                    log.warning("refresh failed: %s", reason)
+                reason = redact_text(str(exc) if isinstance(exc, BackendUnavailable) else f"{type(exc).__name__}: {exc}")
+                if self.ready and not is_backend_unavailable(exc):
+                    # bad new input (a broken catalog snapshot, an unreadable model): keep serving
+                    # with what was loaded before, and say so
+                    self.metrics.errors.labels("refresh_failed").inc()
+                    log.warning("refresh failed, still serving the previous model and catalog: %s", reason[:500])
+                else:
+                    self.mark_down(reason[:500])
+                    if self.batcher is not None:
+                        self.batcher.fail_queued(BackendUnavailable(reason))
             interval = max(0.5, self.cfg.serve.refresh_s) if self.ready else 1.0
             self._wake.clear()
             try:
@@ -236,8 +241,6 @@ class Service:
             job.exit_code = int(overall_exit_code(results))
             job.state = "succeeded"
         except Exception as exc:
-            from recsys.uris import redact_text
-
             job.exit_code = int(exc.exit_code) if isinstance(exc, RecsysError) else 1
             job.error = redact_text(f"{type(exc).__name__}: {exc}")[:2000]
             job.state = "failed"
