@@ -81,6 +81,9 @@ def run_cell(url: str, users: np.ndarray, clients: int, k: int, max_requests: in
     sent = [0]
     deadline = time.monotonic() + max_seconds
 
+    pool = [int(u) for u in users]
+    unknown_from = max(pool) + 1
+
     def client_loop(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         with httpx.Client(base_url=url, timeout=max_seconds + 60) as client:
@@ -89,8 +92,11 @@ def run_cell(url: str, users: np.ndarray, clients: int, k: int, max_requests: in
                     if sent[0] >= max_requests:
                         return
                     sent[0] += 1
-                body = {"user_ids": [int(u) for u in rng.sample(list(users), k)] if k < len(users) else
-                        [int(u) for u in users[:k]]}
+                if k <= len(users):
+                    ids = [int(u) for u in rng.sample(pool, k)]
+                else:   # more ids than users in the window: the rest are unknown users (the fallback)
+                    ids = pool + list(range(unknown_from, unknown_from + k - len(pool)))
+                body = {"user_ids": ids}
                 if timeout_ms:
                     body["timeout_ms"] = timeout_ms
                 t0 = time.monotonic()
@@ -218,13 +224,13 @@ def main(argv=None) -> int:
             print(f"{mode}: first answer {cold:.1f}s after the frontend started", flush=True)
             for k in [int(x) for x in args.k.split(",")]:
                 for c in [int(x) for x in args.clients.split(",")]:
-                    cell = run_cell(url, users, c, min(k, len(users)), args.requests, args.seconds)
+                    cell = run_cell(url, users, c, k, args.requests, args.seconds)
                     cell["mode"] = mode
                     results["cells"].append(cell)
                     print(json.dumps(cell), flush=True)
             if mode == "batched" and args.overload_clients:
                 k = max(int(x) for x in args.k.split(","))
-                cell = run_overload(url, users, args.overload_clients, min(k, len(users)), args.requests * 2,
+                cell = run_overload(url, users, args.overload_clients, k, args.requests * 2,
                                     args.seconds, args.overload_timeout_ms)
                 cell["mode"] = "overload"
                 results["cells"].append(cell)
