@@ -58,8 +58,8 @@ fi
 workdir="$(mktemp -d "${TMPDIR:-/tmp}/recsys-submit.XXXXXX")"
 trap 'rm -rf "$workdir"' EXIT
 # Directory entries are written too: zipimport finds a package without __init__.py (a namespace
-# package, e.g. recsys/scoring) only through its directory entry; without it the import falls
-# through to whatever recsys is installed on the machine, or fails on a cluster.
+# package; every recsys package has one today, this keeps a new one from breaking) only through
+# its directory entry; without it the import falls through to whatever recsys is installed.
 (cd "$here" && "$python" - "$workdir/recsys.zip" <<'PY'
 import pathlib, sys, zipfile
 with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:

@@ -248,11 +248,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
         spark.stop()
+    from recsys.uris import redact_uri
+
     for result in results:
         if result.status == "skipped":
-            print(f"skipped {result.output_dir}: {result.reason} (pass --force to recompute)")
+            print(f"skipped {redact_uri(result.output_dir)}: {result.reason} (pass --force to recompute)")
         else:
-            print(f"published {result.output_dir} (run {result.run_id or 'untracked'})")
+            print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
 
 

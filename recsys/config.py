@@ -15,10 +15,10 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from recsys.errors import ConfigError
 from recsys.uris import is_local_path, redact_uri, validate_path
@@ -86,19 +86,36 @@ class ScoringConfig(_Section):
         return value
 
 
-class SASRecSection(_Section):
-    dim: int = Field(ge=4, le=4096)
-    layers: int = Field(ge=1, le=24)
-    heads: int = Field(ge=1, le=64)
-    max_len: int = Field(ge=1, le=4096)
-    dropout: float = Field(ge=0.0, lt=1.0)
+class _ModelSection(_Section):
+    """Hyperparameters of one model type. The rules live in the model's config dataclass
+    (:mod:`recsys.model.configs`), applied here when the config is loaded: one definition, checked
+    before any data is read instead of when training starts."""
+
+    _dataclass: ClassVar[str]
+
+    @model_validator(mode="after")
+    def _valid_for_the_model(self):
+        from recsys.model import configs
+
+        getattr(configs, self._dataclass)(num_items=1, **self.model_dump())
+        return self
 
 
-class GRU4RecSection(_Section):
-    dim: int = Field(ge=4, le=4096)
-    layers: int = Field(ge=1, le=8)
-    max_len: int = Field(ge=1, le=4096)
-    dropout: float = Field(ge=0.0, lt=1.0)
+class SASRecSection(_ModelSection):
+    _dataclass: ClassVar[str] = "SASRecConfig"
+    dim: int
+    layers: int
+    heads: int
+    max_len: int
+    dropout: float
+
+
+class GRU4RecSection(_ModelSection):
+    _dataclass: ClassVar[str] = "GRU4RecConfig"
+    dim: int
+    layers: int
+    max_len: int
+    dropout: float
 
 
 ModelType = Literal["sasrec", "gru4rec"]

@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from recsys.config import Config, LaunchSettings
-from recsys.uris import local_path
+from recsys.uris import local_path, redact_uri
 from recsys.errors import ConfigError, ExitCode
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def _show(cfg: Config, result, trained) -> None:
         print(f"\n   user {row['user_id']} ({row['source']}):")
         for rank, rec in enumerate(row["recommendations"][:5], 1):
             print(f"     {rank}. {titles.get(rec['item_id'], '?')}  (item {rec['item_id']}, score {rec['score']:.3f})")
-    uri = cfg.mlflow.tracking_uri
+    uri = redact_uri(cfg.mlflow.tracking_uri)
     print("\n== next ==")
     print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open http://127.0.0.1:5000)")
     print(f"   rerun the job:  .venv/bin/recsys recommend --date {result.date}")
@@ -133,9 +133,9 @@ def _show(cfg: Config, result, trained) -> None:
 
 
 def _titles(cfg: Config, snapshot: str) -> dict[int, str]:
-    path = local_path(cfg.paths.catalog) / f"dt={snapshot}"
-    try:
-        table = ds.dataset(path, format="parquet").to_table(columns=["item_id", "title"])
-    except Exception:  # titles are a nicety: a catalog without them still demos
+    """item_id -> title of the snapshot; {} for a catalog without titles (they are optional there)."""
+    dataset = ds.dataset(local_path(cfg.paths.catalog) / f"dt={snapshot}", format="parquet")
+    if "title" not in dataset.schema.names:
         return {}
+    table = dataset.to_table(columns=["item_id", "title"])
     return dict(zip(table.column("item_id").to_pylist(), table.column("title").to_pylist()))

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Mapping
 
 from recsys.errors import ConfigError
 
@@ -78,32 +78,11 @@ class Hooks:
     def pause(self, point: str) -> None:
         """Hold here if these hooks ask for ``point``; a no-op otherwise."""
         if point == self.pause_at:
-            _hold(point, self.pause_max_s)
+            hold(point, self.pause_max_s)
 
-    def writing_pause(self) -> Callable | None:
-        """The ``mapInArrow`` pass-through that holds the ``writing`` point, or None when not asked for.
-
-        It holds partition 0's first attempt after its first batch. Added to the plan only when the
-        pause is requested, so normal runs do not carry it.
-        """
-        if self.pause_at != "writing":
-            return None
-        max_s = self.pause_max_s
-
-        def passthrough(batches: Iterator) -> Iterator:
-            from pyspark import TaskContext
-
-            ctx = TaskContext.get()
-            hold = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
-            for batch in batches:
-                yield batch
-                if hold:
-                    _hold("writing", max_s)
-                    hold = False
-            if hold:   # an empty partition: hold anyway, the other tasks are writing
-                _hold("writing", max_s)
-
-        return passthrough
+    def holds_while_writing(self) -> bool:
+        """Whether a scoring task should hold at ``writing`` (the Spark glue adds the pass-through that does)."""
+        return self.pause_at == "writing"
 
     def inject_faults(self, attempt: int) -> None:
         """Called by each scoring task, on the worker, with its attempt number."""
@@ -116,6 +95,7 @@ class Hooks:
 NO_HOOKS = Hooks()
 
 
-def _hold(name: str, max_s: float) -> None:
+def hold(name: str, max_s: float) -> None:
+    """Say where the job is on stderr, then wait up to ``max_s`` seconds (a test kills it meanwhile)."""
     print(f"recsys-pause: {name} pid={os.getpid()}", file=sys.stderr, flush=True)
     threading.Event().wait(max_s)

@@ -78,7 +78,9 @@ def recall(work_root: str, model_name: str, alias: str) -> ResolvedModel | None:
     except (ValueError, KeyError, TypeError, OSError) as exc:
         log.warning("ignoring the unreadable model resolution memo %s: %s", path, exc)
         return None
-    if not (model.local_dir / "config.json").is_file():
+    from recsys.model.io import CONFIG_FILE   # here: model.io imports torch, which this module does not need
+
+    if not (model.local_dir / CONFIG_FILE).is_file():
         log.warning("the remembered model files %s are gone; cannot fall back to version %s",
                     model.local_dir, model.version)
         return None

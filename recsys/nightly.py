@@ -18,6 +18,7 @@ import datetime as dt
 import logging
 import uuid
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Sequence
 
 from pyspark.sql import SparkSession
@@ -32,6 +33,7 @@ from recsys.last_model import resolve_or_remembered
 from recsys.progress import StageTimer
 from recsys import fs as rfs
 from recsys.publish.lock import DateLock
+from recsys.spark_session import job_description
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       read_manifest, recover)
 
@@ -108,7 +110,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
     config_digest = cfg.digest()
     run_key = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     layout = PartitionLayout(cfg.paths.output, date, run_key)
-    timer = StageTimer(spark, job=f"recommend {date}")
+    timer = StageTimer(partial(job_description, spark), job=f"recommend {date}")
 
     with DateLock(cfg.paths.output, date, run_key) as lock:
         for note in recover(layout):

@@ -45,7 +45,10 @@ def popularity_long_tail(recommended_counts: np.ndarray, popularity_counts: np.n
     ax.plot(np.arange(1, len(order) + 1), np.asarray(recommended_counts)[order], ".", ms=2, alpha=0.6,
             label="times recommended")
     ax.set_xscale("log")
-    ax.set_yscale("symlog")
+    # counts are >= 0 and many are 0: linear up to 1, log above; without a floor at 0 the margin
+    # matplotlib adds below the zeros shows up as a negative tick (-10^0) on a count axis
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("item popularity rank in the history window (1 = most popular)")
     ax.set_ylabel("times recommended")
     head = max(1, len(order) // 10)

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("recsys")
 
+# label(text) -> a context under which the work a stage starts carries ``text`` (e.g. the Spark UI's
+# job description: ``functools.partial(recsys.spark_session.job_description, spark)``)
+JobLabel = Callable[[str], AbstractContextManager]
+
 
 class StageTimer:
-    def __init__(self, spark: Any | None = None, job: str = "recsys"):
-        self.spark = spark
+    """Times named stages and logs one line per stage; ``label`` names the stage's work elsewhere too.
+
+    Knows nothing of Spark: the pipeline hands in how to label a stage's jobs.
+    """
+
+    def __init__(self, label: JobLabel | None = None, job: str = "recsys"):
+        self.label = label
         self.job = job
         self.seconds: dict[str, float] = {}
         self._started = time.perf_counter()
@@ -27,13 +36,7 @@ class StageTimer:
         label = description or name
         log.info("[%s] %s ...", self.job, label)
         start = time.perf_counter()
-        if self.spark is not None:
-            from recsys.spark_session import job_description
-
-            ctx = job_description(self.spark, f"{self.job}: {label}")
-        else:
-            ctx = _null()
-        with ctx:
+        with self.label(f"{self.job}: {label}") if self.label is not None else nullcontext():
             yield counts
         elapsed = time.perf_counter() - start
         self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
@@ -46,11 +49,6 @@ class StageTimer:
 
     def as_metrics(self) -> dict[str, float]:
         return {f"stage_{k.replace(' ', '_')}_s": round(v, 3) for k, v in self.seconds.items()}
-
-
-@contextmanager
-def _null() -> Iterator[None]:
-    yield
 
 
 def _fmt(value: Any) -> str:

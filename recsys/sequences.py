@@ -13,10 +13,12 @@ import pyarrow as pa
 
 @dataclass(frozen=True)
 class Sequences:
-    """Item-index sequences, oldest first: user ``u`` owns ``items[offsets[u]:offsets[u + 1]]``.
+    """Per-user item sequences, oldest first: user ``u`` owns ``items[offsets[u]:offsets[u + 1]]``.
 
-    Item indices are positions in a model's vocabulary, shifted by one: 0 is padding, so real
-    items are ``1..num_items``.
+    What ``items`` holds depends on the stage, and the variable name should say which: external
+    item ids (histories as read, what the scoring core is given) or model indices (after
+    :meth:`Vocabulary.map_sequences`: positions in a model's vocabulary shifted by one, 0 being
+    padding, so real items are ``1..num_items``; what models train on).
     """
 
     offsets: np.ndarray  # [U + 1] int64, offsets[0] == 0, non-decreasing
@@ -50,10 +52,7 @@ class Sequences:
             array = array.combine_chunks() if array.num_chunks != 1 else array.chunk(0)
         if array.null_count:
             array = array.fill_null(pa.scalar([], type=array.type))
-        if pa.types.is_large_list(array.type):
-            offsets = array.offsets.to_numpy().astype(np.int64)
-        else:
-            offsets = array.offsets.to_numpy().astype(np.int64)
+        offsets = array.offsets.to_numpy().astype(np.int64)   # int32 (list) or int64 (large_list)
         values = array.values.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         start, end = offsets[0], offsets[-1]
         return cls(offsets - start, values[start:end])

@@ -217,13 +217,34 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
           hooks: Hooks = NO_HOOKS) -> ScoreStage:
     """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten)."""
     scored, observation = score_users(histories, spec, partitions)
-    holder = hooks.writing_pause()
-    if holder is not None:
-        scored = scored.mapInArrow(holder, OUTPUT_SPARK_DDL)
+    if hooks.holds_while_writing():
+        scored = scored.mapInArrow(_hold_first_task_while_writing(hooks.pause_max_s), OUTPUT_SPARK_DDL)
     started = time.perf_counter()
     scored.write.mode("overwrite").parquet(output_dir)
     seconds = time.perf_counter() - started
     return ScoreStage(output_dir, worker_figures(observation), seconds)
+
+
+def _hold_first_task_while_writing(max_s: float):
+    """A ``mapInArrow`` pass-through holding partition 0's first attempt after its first batch (the
+    ``writing`` pause point, :mod:`recsys.hooks`); in the plan only when that pause is asked for."""
+
+    def passthrough(batches):
+        from pyspark import TaskContext
+
+        from recsys.hooks import hold
+
+        ctx = TaskContext.get()
+        holding = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+        for batch in batches:
+            yield batch
+            if holding:
+                hold("writing", max_s)
+                holding = False
+        if holding:   # an empty partition: hold anyway, the other tasks are writing
+            hold("writing", max_s)
+
+    return passthrough
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,8 +320,12 @@ def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog:
              metrics: Mapping[str, float], timings: Mapping[str, float], report: ValidationReport, *,
              run_id: str | None, tracking_error: str | None, job_run: str, method: str,
              config_digest: str, model_resolution_error: str | None) -> dict[str, Any]:
-    """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged."""
-    return {
+    """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged.
+
+    Every string in it is redacted here (not only the URIs known to hold credentials), so the copy
+    next to the data and the one in MLflow are the same document and neither holds a secret.
+    """
+    return tracking.redact_values({
         "format_version": 1,
         "date": str(date),
         "run_id": run_id,
@@ -326,7 +351,7 @@ def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog:
         "timings": dict(timings),
         "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
                      "error": tracking_error},
-    }
+    })
 
 
 # ------------------------------------------------------------------------------------------------

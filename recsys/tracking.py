@@ -23,9 +23,10 @@ from recsys.errors import ModelNotFoundError, TrackingUnavailable
 log = logging.getLogger(__name__)
 
 # An unreachable tracking server should cost seconds, not MLflow's default minutes of retries.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+# MLflow reads these variables on every request; they are set (unless the user set them) when the
+# job points MLflow at its store, never at import, so importing this module changes nothing.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
 # MLflow error codes that mean "the store answered: no such model or alias" (anything else: not reachable)
 _NOT_FOUND_CODES = frozenset({"RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"})
@@ -67,6 +68,8 @@ def point_at(cfg: MlflowConfig) -> None:
     """Use the configured store for tracking and the registry (no network call)."""
     import mlflow
 
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     uri = cfg.tracking_uri
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -99,7 +102,7 @@ def resolve_model(cfg: MlflowConfig, download_root: Path) -> ResolvedModel:
     except Exception as exc:  # connection errors that MLflow did not wrap
         raise TrackingUnavailable(f"cannot resolve {where}: {type(exc).__name__}: {_first_line(exc)}") from None
     try:
-        local_dir = _local_model_dir(mv.source, download_root / cfg.model_name / str(mv.version))
+        local_dir = local_model_dir(mv.source, download_root / cfg.model_name / str(mv.version))
     except Exception as exc:
         raise TrackingUnavailable(f"cannot download the files of {where} version {mv.version}: "
                                   f"{type(exc).__name__}: {_first_line(exc)}") from None
@@ -113,12 +116,23 @@ def resolve_model(cfg: MlflowConfig, download_root: Path) -> ResolvedModel:
     )
 
 
-def _local_model_dir(source: str, target: Path) -> Path:
+def model_version_dir(model_name: str, version: str, download_root: Path) -> Path:
+    """The files of a registered model version (by number, not alias), downloaded under ``download_root`` if remote."""
+    from mlflow import MlflowClient
+
+    mv = MlflowClient().get_model_version(model_name, version)
+    return local_model_dir(mv.source, download_root / model_name / str(version))
+
+
+def local_model_dir(source: str, target: Path) -> Path:
+    """A local directory with the files at ``source``: the source itself when local, else a download to ``target``."""
+    from recsys.model.io import CONFIG_FILE   # here: model.io imports torch, which recording a run does not need
+
     if source.startswith("file://") or "://" not in source:
         path = local_path(source)
         if path.is_dir():
             return path
-    if target.is_dir() and (target / "config.json").is_file():
+    if target.is_dir() and (target / CONFIG_FILE).is_file():
         return target  # model versions are immutable: a previous download is still valid
     import mlflow
 
@@ -204,6 +218,9 @@ class RunRecorder:
         except Exception as exc:
             self._fail(exc)
 
+    # Everything below passes through redaction: whatever a caller hands over (an error message, a
+    # path, a config), credentials in URIs never reach the tracking store.
+
     def log_params(self, params: Mapping[str, Any]) -> None:
         self._call("log_params", {k: _param_value(v) for k, v in params.items()})
 
@@ -212,13 +229,13 @@ class RunRecorder:
         self._call("log_metrics", clean, step=step)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
-        self._call("set_tags", {k: str(v) for k, v in tags.items()})
+        self._call("set_tags", {k: redact_text(str(v))[:5000] for k, v in tags.items()})
 
     def log_dict(self, data: Mapping[str, Any], name: str) -> None:
-        self._call("log_dict", dict(data), name)
+        self._call("log_dict", redact_values(dict(data)), name)
 
     def log_text(self, text: str, name: str) -> None:
-        self._call("log_text", text, name)
+        self._call("log_text", redact_text(text), name)
 
     def log_figure(self, figure: Any, name: str) -> None:
         self._call("log_figure", figure, name)
@@ -254,7 +271,18 @@ def metric_name(name: str) -> str:
 
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return text[:6000]
+    return redact_text(text)[:6000]
+
+
+def redact_values(data: Any) -> Any:
+    """``data`` (JSON-like) with credentials removed from every string in it, keys included."""
+    if isinstance(data, str):
+        return redact_text(data)
+    if isinstance(data, Mapping):
+        return {redact_values(k): redact_values(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [redact_values(v) for v in data]
+    return data
 
 
 def _is_number(value: Any) -> bool:

@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,14 @@ from pyspark.sql import SparkSession
 
 from recsys import __version__, tracking
 from recsys.config import Config, ModelConfig, TrainConfig
-from recsys.uris import redact_uri
+from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
 from recsys.errors import GateError, InputDataError, TrackingFailed
 from recsys.progress import StageTimer
 from recsys.sequences import Sequences, Vocabulary
+from recsys.spark_session import job_description
 
 log = logging.getLogger(__name__)
 
@@ -111,13 +113,13 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     from recsys.scoring.core import resolve_device
 
     date = parse_date(date)
-    timer = StageTimer(spark, job=f"train {date}")
+    timer = StageTimer(partial(job_description, spark), job=f"train {date}")
     with timer.stage("read", "read events and build histories") as c:
         user_ids, id_seqs = load_training_data(spark, cfg, date)
         c.update(users=len(user_ids), interactions=len(id_seqs.items))
     if len(id_seqs.items) == 0:
         raise InputDataError(f"no events before {date} within history.window_days={cfg.history.window_days} "
-                             f"under {cfg.paths.events!r}; nothing to train on")
+                             f"under {redact_uri(cfg.paths.events)!r}; nothing to train on")
 
     with timer.stage("prepare", "split and build vocabulary") as c:
         split = split_last_item(id_seqs)
@@ -179,7 +181,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
                            "recsys.gate": decision})
         recorder.end("FINISHED")
     except BaseException as exc:
-        recorder.set_tags({"recsys.error": str(exc)[:4000]})
+        recorder.set_tags({"recsys.error": redact_text(str(exc))[:4000]})
         recorder.end("FAILED")
         raise
     finally:
@@ -241,13 +243,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
-    from mlflow import MlflowClient
-
     from recsys.uris import local_path
     from recsys.model.io import load_model
 
-    mv = MlflowClient().get_model_version(cfg.mlflow.model_name, version)
-    local = tracking._local_model_dir(mv.source, local_path(cfg.paths.work) / "models" / cfg.mlflow.model_name / version)
+    local = tracking.model_version_dir(cfg.mlflow.model_name, version, local_path(cfg.paths.work) / "models")
     loaded = load_model(local, device=device)
     return score_on_split(loaded.model, loaded.item_ids, split, device)
 

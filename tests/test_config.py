@@ -84,3 +84,12 @@ def test_a_moved_model_key_says_where_it_lives_now(tmp_path):
     conf.write_text("train:\n  model:\n    heads: 4\n")
     with pytest.raises(ConfigError, match="moved to train.model.<type>.heads"):
         load_config(conf)
+
+
+def test_model_hyperparameters_follow_the_model_s_own_rules_when_the_config_is_loaded():
+    # one definition (recsys.model.configs): what the model would refuse at training time, the config refuses now
+    with pytest.raises(ConfigError, match=r"train\.model\.sasrec.*dim \(10\) must be a multiple of heads \(3\)"):
+        load_config(overrides=["train.model.sasrec.dim=10", "train.model.sasrec.heads=3"])
+    with pytest.raises(ConfigError, match=r"train\.model\.gru4rec.*layers must be at most 8"):
+        load_config(overrides=["train.model.gru4rec.layers=9"])
+    assert load_config(overrides=["train.model.sasrec.dim=12", "train.model.sasrec.heads=3"]).train.model.sasrec.dim == 12

@@ -143,8 +143,9 @@ def test_config_rejects_nonsense(bad):
         SASRecConfig(**{"num_items": 5, **bad})
 
 
-def test_model_modules_import_without_spark_mlflow_pydantic_or_yaml():
-    code = ("import sys, recsys.model.sasrec, recsys.model.io, recsys.model.training, recsys.evaluation.metrics\n"
+def test_model_and_scoring_core_modules_import_without_spark_mlflow_pydantic_or_yaml():
+    code = ("import sys, recsys.model.sasrec, recsys.model.io, recsys.model.training, recsys.evaluation.metrics, "
+            "recsys.scoring.core, recsys.sequences, recsys.model.configs\n"
             "bad = [m for m in ('pyspark', 'mlflow', 'pydantic', 'yaml') if m in sys.modules]\n"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, env={"PYTHONPATH": str(REPO)})

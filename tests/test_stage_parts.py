@@ -50,7 +50,7 @@ def test_hooks_are_off_unless_the_environment_asks_and_unknown_names_are_refused
     hooks = Hooks.from_environ({"RECSYS_PAUSE_AT": "staged", "RECSYS_PAUSE_MAX_S": "5",
                                 "RECSYS_FAULT_INJECTION": "fail_first_attempt, kill_worker_first_attempt"})
     assert hooks == Hooks("staged", 5.0, ("fail_first_attempt", "kill_worker_first_attempt"))
-    assert NO_HOOKS.writing_pause() is None and Hooks(pause_at="writing").writing_pause() is not None
+    assert not NO_HOOKS.holds_while_writing() and Hooks(pause_at="writing").holds_while_writing()
     with pytest.raises(ConfigError, match="RECSYS_FAULT_INJECTION holds unknown faults"):
         Hooks.from_environ({"RECSYS_FAULT_INJECTION": "fail_everything"})
     with pytest.raises(ConfigError, match="is not a pause point"):
@@ -58,3 +58,18 @@ def test_hooks_are_off_unless_the_environment_asks_and_unknown_names_are_refused
     with pytest.raises(RuntimeError, match="injected fault"):
         Hooks(faults=("fail_first_attempt",)).inject_faults(attempt=0)
     Hooks(faults=("fail_first_attempt",)).inject_faults(attempt=1)    # the retry goes through
+
+
+def test_the_long_tail_plot_has_no_negative_counts_on_its_axis():
+    from recsys import plots
+
+    recommended = np.array([120, 40, 0, 3, 0, 1, 0, 0, 9, 0])
+    popularity = np.arange(10, 0, -1)
+    fig = plots.popularity_long_tail(recommended, popularity)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    ticks = [t for t in ax.get_yticks() if low <= t <= high]
+    assert low == 0 and high >= 120
+    assert ticks and min(ticks) >= 0, ticks
+    plots._pyplot().close(fig)

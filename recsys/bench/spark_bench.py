@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from recsys.data.contracts import HISTORY_COLUMN
 from recsys.bench.shapes import BenchShape, item_ids
 from recsys.scoring.stage import score_histories, worker_figures
 from recsys.scoring.udf import ScoringSpec
@@ -31,7 +32,7 @@ def write_histories(path: Path, user_ids: np.ndarray, seqs: Sequences, files: in
     for f, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
         part = seqs.take(np.arange(lo, hi))
         history = pa.ListArray.from_arrays(pa.array(part.offsets.astype(np.int32)), pa.array(part.items))
-        table = pa.table({"user_id": pa.array(user_ids[lo:hi]), "history": history})
+        table = pa.table({"user_id": pa.array(user_ids[lo:hi]), HISTORY_COLUMN: history})
         pq.write_table(table, path / f"part-{f:04d}.parquet", compression="zstd")
 
 
@@ -92,7 +93,7 @@ class PredictBatch:
 
     def run(self, spark: SparkSession, histories_path: Path) -> float:
         df = spark.read.parquet(str(histories_path))
-        return _noop(df.select("user_id", self.udf("history").alias("top")))
+        return _noop(df.select("user_id", self.udf(HISTORY_COLUMN).alias("top")))
 
 
 class AlsBaseline:
@@ -106,7 +107,7 @@ class AlsBaseline:
         from pyspark.ml.recommendation import ALS
 
         interactions = (spark.read.parquet(str(histories_path))
-                        .select(F.col("user_id").cast("int").alias("user"), F.explode("history").alias("item_id"))
+                        .select(F.col("user_id").cast("int").alias("user"), F.explode(HISTORY_COLUMN).alias("item_id"))
                         .select("user", F.col("item_id").cast("int").alias("item"), F.lit(1.0).alias("rating")))
         als = ALS(rank=shape.dim, maxIter=1, regParam=0.1, implicitPrefs=True, alpha=1.0, userCol="user",
                   itemCol="item", ratingCol="rating", seed=shape.seed, coldStartStrategy="drop")

@@ -1,4 +1,4 @@
-"""The user-visible data contracts (DESIGN.md section 4), in one place.
+"""The user-visible data contracts (docs/data-contracts.md), in one place.
 
 Inputs and outputs are Parquet datasets with Hive-style date partitions ``dt=YYYY-MM-DD``.
 Changing anything here is a breaking change for users: it needs a migration note in the README.

@@ -1,6 +1,6 @@
 """Import MovieLens ratings (and movie metadata) into the events and catalog contracts.
 
-MovieLens is the public yardstick the project measures itself on (DESIGN.md section 5), so the
+MovieLens is the public yardstick the project measures itself on (docs/quality.md), so the
 importer keeps every rating and changes only the shape:
 
 - every rating becomes one ``event_type = "rating"`` event at its Unix timestamp (UTC); the

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from recsys.uris import redact_text, redact_uri
 from recsys.data.contracts import PARTITION_COLUMN, partition_name
 from recsys.errors import InputDataError
 from recsys import fs as rfs
@@ -83,9 +84,9 @@ def list_partitions(root: str, name: str) -> tuple[pafs.FileSystem, list[Partiti
     fs, base = rfs.resolve(root)
     info = fs.get_file_info(base)
     if info.type == pafs.FileType.NotFound:
-        raise InputDataError(f"{name} path {root!r} does not exist; check paths.{name} in the configuration")
+        raise InputDataError(f"{name} path {redact_uri(root)!r} does not exist; check paths.{name} in the configuration")
     if info.type != pafs.FileType.Directory:
-        raise InputDataError(f"{name} path {root!r} is not a directory; expected {name}/dt=YYYY-MM-DD/*.parquet")
+        raise InputDataError(f"{name} path {redact_uri(root)!r} is not a directory; expected {name}/dt=YYYY-MM-DD/*.parquet")
     parts = []
     for entry in fs.get_file_info(pafs.FileSelector(base)):
         match = _DT_DIR.match(entry.base_name)
@@ -154,13 +155,14 @@ def read_errors_as_input_errors(name: str, root: str) -> Iterator[None]:
         if not any(marker in text for marker in _READ_FAILURE_MARKERS):
             raise
         found = _FILE_IN_MESSAGE.search(text)
-        where = found.group(1) if found else f"a file under {root!r}"
+        where = found.group(1) if found else f"a file under {redact_uri(root)!r}"
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         causes = [line.removeprefix("Caused by:").strip() for line in lines if line.startswith("Caused by:")]
         marked = [line for line in lines if any(m in line for m in _READ_FAILURE_MARKERS)]
         reason = (causes or marked or [type(exc).__name__])[-1 if causes else 0]
         raise InputDataError(
-            f"{name}: Spark cannot read {where} ({reason[:300]}); rewrite or remove the file and rerun"
+            f"{name}: Spark cannot read {redact_text(where)} ({redact_text(reason[:300])}); rewrite or remove the file "
+            f"and rerun"
         ) from None
 
 
@@ -170,13 +172,13 @@ def check_columns(df: DataFrame, expected: dict[str, tuple[type[T.DataType], ...
     missing = [c for c in expected if c not in fields]
     if missing:
         raise InputDataError(
-            f"{name} at {root!r} lacks column(s) {missing}; found {sorted(fields)}. "
+            f"{name} at {redact_uri(root)!r} lacks column(s) {missing}; found {sorted(fields)}. "
             f"The contract needs {list(expected)} (docs/data-contracts.md)"
         )
     for col, accepted in expected.items():
         if not isinstance(fields[col], accepted):
             raise InputDataError(
-                f"{name} column {col!r} at {root!r} has type {fields[col].simpleString()}, "
+                f"{name} column {col!r} at {redact_uri(root)!r} has type {fields[col].simpleString()}, "
                 f"expected {accepted[0]().simpleString()} (docs/data-contracts.md)"
             )
     casts = {c: F.col(c).cast(accepted[0]()) for c, accepted in expected.items() if not isinstance(fields[c], accepted[0])}
@@ -199,7 +201,7 @@ def read_events_window(
     events = read_events(spark, root, lambda d: start <= d < date)
     if events is None:
         raise InputDataError(
-            f"no events between {start} and {date} (exclusive) under {root!r}: no dt= partition in that range holds "
+            f"no events between {start} and {date} (exclusive) under {redact_uri(root)!r}: no dt= partition in that range holds "
             f"files; check paths.events and history.window_days, or that the upstream export ran"
         )
     return events_window(events, date, window_days, event_types)
@@ -239,7 +241,7 @@ def read_catalog_snapshot(spark: SparkSession, root: str, date: dt.date, max_age
             break
     if snapshot is None:
         raise InputDataError(
-            f"no catalog snapshot on or before {date} under {root!r}; "
+            f"no catalog snapshot on or before {date} under {redact_uri(root)!r}; "
             f"write catalog/{partition_name(date)}/ or run for a later date"
         )
     if max_age_days and (date - snapshot.date).days > max_age_days:
@@ -269,7 +271,7 @@ def catalog_figures(catalog: CatalogSnapshot, root: str) -> tuple[dict[str, int]
             F.count_distinct(F.when(F.col("available"), F.col("item_id"))).alias("available_items"),
         ).first().asDict()
     figures = {k: int(v or 0) for k, v in counts.items()}
-    where = f"catalog snapshot {catalog.date} under {root!r}"
+    where = f"catalog snapshot {catalog.date} under {redact_uri(root)!r}"
     if figures["rows"] == 0:
         raise InputDataError(f"{where} is empty; nothing can be recommended - fix the catalog export")
     if figures["null_item_ids"]:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from recsys.errors import InputDataError
-from recsys.sequences import Sequences
+from recsys.sequences import Sequences, lookup_sorted
 
 PROTOCOLS = ("loo", "temporal")
 LOO_MIN_ITEMS = 3             # one for training, one for validation, one for the test
@@ -140,9 +140,8 @@ def _member(users_a: np.ndarray, items_a: np.ndarray, users_b: np.ndarray, items
     if len(items_a) == 0 or len(items_b) == 0:
         return np.zeros(len(items_a), dtype=bool)
     a = np.rec.fromarrays([users_a, items_a])
-    b = np.unique(np.rec.fromarrays([users_b, items_b]))
-    pos = np.minimum(np.searchsorted(b, a), len(b) - 1)
-    return b[pos] == a
+    _, found = lookup_sorted(np.unique(np.rec.fromarrays([users_b, items_b])), a)
+    return found
 
 
 def _drop_positions(seqs: Sequences, positions: np.ndarray) -> Sequences:
@@ -268,8 +267,7 @@ def _sorted_by_user(user_ids: np.ndarray, seqs: Sequences) -> tuple[np.ndarray, 
 
 def _align(user_ids: np.ndarray, ids: np.ndarray, seqs: Sequences) -> Sequences:
     """``seqs`` (one row per ``ids``) re-indexed to ``user_ids`` (sorted); users without a row get []."""
-    pos = np.searchsorted(user_ids, ids)
-    inside = (pos < len(user_ids)) & (user_ids[np.minimum(pos, len(user_ids) - 1)] == ids)
+    pos, inside = lookup_sorted(user_ids, ids)
     source = np.full(len(user_ids), len(seqs), dtype=np.int64)         # len(seqs): the empty row appended below
     source[pos[inside]] = np.flatnonzero(inside)
     with_empty = Sequences(np.append(seqs.offsets, seqs.offsets[-1]), seqs.items)

@@ -16,27 +16,12 @@ Device and dtype are the caller's choice: the module creates every tensor on the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 
+from recsys.model.configs import GRU4RecConfig
 
-@dataclass(frozen=True)
-class GRU4RecConfig:
-    num_items: int          # vocabulary size, padding excluded: item indices are 1..num_items
-    dim: int = 64
-    layers: int = 1
-    max_len: int = 50       # most recent items the model reads
-    dropout: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("num_items", "dim", "layers", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GRU4RecConfig.{name} must be a positive integer, got {value!r}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"GRU4RecConfig.dropout must be in [0, 1), got {self.dropout!r}")
+__all__ = ["GRU4Rec", "GRU4RecConfig"]
 
 
 class GRU4Rec(nn.Module):

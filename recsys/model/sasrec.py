@@ -20,11 +20,13 @@ Device and dtype are the caller's choice: the module creates every tensor on the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from recsys.model.configs import SASRecConfig
+
+__all__ = ["SASRec", "SASRecConfig"]
 
 # On CPU, encode() works through a batch this many rows at a time: the intermediates of 64 users
 # ([64 * max_len, 4 * dim] floats, about 3 MB at the defaults) stay in cache and the allocator
@@ -32,26 +34,6 @@ import torch.nn.functional as F
 # at B=4096 on 2 cores: about 8,000 -> 13,000 users/s (benchmarks/sasrec_encode.py). Not applied
 # on accelerators, where large batches are what keeps the device busy.
 CPU_ENCODE_ROWS = 64
-
-
-@dataclass(frozen=True)
-class SASRecConfig:
-    num_items: int          # vocabulary size, padding excluded: item indices are 1..num_items
-    dim: int = 64
-    layers: int = 2
-    heads: int = 2
-    max_len: int = 50       # most recent items the model reads
-    dropout: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("num_items", "dim", "layers", "heads", "max_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"SASRecConfig.{name} must be a positive integer, got {value!r}")
-        if self.dim % self.heads:
-            raise ValueError(f"SASRecConfig.dim ({self.dim}) must be a multiple of heads ({self.heads})")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"SASRecConfig.dropout must be in [0, 1), got {self.dropout!r}")
 
 
 class CausalSelfAttention(nn.Module):

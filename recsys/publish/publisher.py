@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from recsys.config import PathsConfig
-from recsys.uris import is_local_path, local_path
+from recsys.uris import is_local_path, local_path, redact_uri
 from recsys.data.contracts import MANIFEST_NAME, SUCCESS_MARKER, partition_name
 from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
@@ -76,7 +76,8 @@ def check_output_location(paths: PathsConfig) -> None:
         other = _normalised(getattr(paths, key))
         if out == other or out.startswith(other + "/") or other.startswith(out + "/"):
             raise ConfigError(
-                f"paths.output={paths.output!r} overlaps paths.{key}={getattr(paths, key)!r}; publishing replaces "
+                f"paths.output={redact_uri(paths.output)!r} overlaps paths.{key}={redact_uri(getattr(paths, key))!r}; "
+                f"publishing replaces "
                 f"directories under paths.output, so it must be a directory of its own"
             )
 

@@ -97,6 +97,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
                 names=["user_id", "recommendations", "source", "model_version", STATS_COLUMN],
             )
         models_delta = cache.MODELS.snapshot().minus(models_before)
+        loaded_weights = models_delta.misses > 0
         scorers_delta = cache.SCORERS.snapshot().minus(scorers_before)
         payload = {
             **cache.worker_identity(),
@@ -104,8 +105,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "attempt": attempt,
             "device": str(device),
             "threads": threads if device.type == "cpu" else None,
-            # a task either reused weights already in this worker (hit) or loaded them (miss)
-            "model_hits": int(models_delta.misses == 0),
+            # per task: 1 if it found the weights already loaded in this worker, else 0; model_misses
+            # counts the loads. (The scorer cache sits in front of the model cache, so the model
+            # cache's own hit count misses the tasks whose whole scorer was cached.)
+            "model_hits": int(not loaded_weights),
             "model_misses": models_delta.misses,
             "model_load_s": models_delta.load_seconds,
             "scorer_hits": scorers_delta.hits,
