@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import signal
 import subprocess
@@ -214,7 +213,6 @@ def main(argv=None) -> int:
             procs.append(proc)
             url = f"http://127.0.0.1:{port}"
             if users is None:
-                from recsys.data.readers import list_partitions  # noqa: F401  (the data must be readable)
                 import pyarrow.dataset as ds
 
                 table = ds.dataset(cfg.paths.events, format="parquet", partitioning="hive").to_table(columns=["user_id"])

@@ -19,7 +19,6 @@ import asyncio
 import datetime as dt
 import json
 import logging
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -127,6 +126,7 @@ class Service:
     _maint_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-maintain"))
     _jobs_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-nightly"))
     _wake: asyncio.Event | None = None
+    _wake_loop: asyncio.AbstractEventLoop | None = None   # mark_down() wakes the maintenance loop from job threads
     _last_batch: float = 0.0
     _stop: bool = False
 
