@@ -124,7 +124,7 @@ def stack(tmp_path_factory):
     try:
         backend.start(cfg, properties_file=None)
         front = Frontend(root, conf, _free_port())
-        _until(front.ready, 300, "the frontend to be ready")
+        _until(front.ready, 600, "the frontend to be ready")
         yield {"root": root, "cfg": cfg, "front": front, "store": store}
     finally:
         if front is not None:
@@ -322,7 +322,7 @@ def test_backend_killed_then_restarted(stack):
 
     backend.stop(cfg)      # clears the dead server's state
     backend.start(cfg, properties_file=None)
-    _until(front.ready, 300, "the frontend to reconnect")
+    _until(front.ready, 600, "the frontend to reconnect")
     again = front.recommend({"user_ids": [1, 2]})
     assert again.status_code == 200, again.text
     assert front.metrics()["recsys_serve_backend_reconnects_total"] >= 2
