@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", type=Path, help="where temporary data goes (default: the system temp dir)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.set_defaults(func=cmd_bench)
+
+    from recsys.serve.cli import add_commands   # recsys backend start|stop|status, recsys serve
+
+    add_commands(sub, _add_config_args)
     return parser
 
 

@@ -230,6 +230,43 @@ class SparkConfig(_Section):
 class ProgressConfig(_Section):
     interval_s: float = Field(default=30, ge=0)   # a progress line this often while a long stage runs; 0: none
 
+class ServeConfig(_Section):
+    """``recsys backend`` and ``recsys serve`` (docs/on-demand.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    backend_dir: str = ".recsys/backend"
+    backend_port: int = Field(default=0, ge=0, le=65535)
+    max_wait_ms: int = Field(default=20, ge=0, le=60_000)
+    max_batch_users: int = Field(default=2000, ge=1, le=1_000_000)
+    max_concurrent_jobs: int = Field(default=2, ge=1, le=64)
+    max_queue_users: int = Field(default=50_000, ge=1)
+    max_request_users: int = Field(default=10_000, ge=1)
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    backend_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    refresh_s: float = Field(default=10.0, ge=0, le=86_400)
+    as_of: str | None = None
+
+    @field_validator("as_of", mode="before")
+    @classmethod
+    def _as_of_is_a_date(cls, value: Any) -> str | None:
+        if value is not None:
+            import datetime as dt
+
+            if isinstance(value, dt.date):   # YAML reads an unquoted date as a date
+                return value.isoformat()
+            try:
+                dt.date.fromisoformat(str(value))
+            except ValueError:
+                raise ValueError(f"as_of must be a date YYYY-MM-DD or null, got {value!r}") from None
+            return str(value)
+        return value
+
+    @field_validator("backend_dir")
+    @classmethod
+    def _dir_is_sane(cls, value: str) -> str:
+        return os.path.abspath(validate_path(value))
+
 
 class Config(_Section):
     paths: PathsConfig
@@ -241,14 +278,21 @@ class Config(_Section):
     evaluation: EvaluationConfig
     spark: SparkConfig
     progress: ProgressConfig = ProgressConfig()
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
-        """A short stable hash of everything that shapes the output; tied to manifests."""
+        """A short stable hash of everything that shapes the output; tied to manifests.
+
+        ``progress`` and ``serve`` are left out: how often the log says how far a run is, and how the
+        frontend queues and batches, change no published row, and a partition published before those
+        sections existed must still be skipped as up to date.
+        """
         data = self.to_dict()
-        data.pop("progress")   # how often the log says how far a run is changes nothing in its output
+        data.pop("progress", None)
+        data.pop("serve", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -23,8 +23,9 @@ from pyspark.sql import functions as F
 from recsys.data.contracts import HISTORY_COLUMN
 from recsys.sequences import Sequences
 
-__all__ = ["HISTORY_COLUMN", "build_histories", "drop_null_ids", "histories_to_sequences", "history_metrics",
-           "input_quality_metrics"]
+__all__ = ["ENTRIES_COLUMN", "HISTORY_COLUMN", "build_histories", "drop_null_ids", "entries_to_events",
+           "entries_to_histories", "histories_to_sequences", "history_metrics", "input_quality_metrics",
+           "newest_entries"]
 
 
 def input_quality_metrics() -> list[Column]:
@@ -43,12 +44,37 @@ def drop_null_ids(events: DataFrame) -> DataFrame:
 
 def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items)."""
+    return entries_to_histories(newest_entries(events, max_items=max_items, tie_break_seed=tie_break_seed))
+
+
+ENTRIES_COLUMN = "_entries"   # array<struct<ts, tie, item_id>>, newest first
+
+
+def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int) -> DataFrame:
+    """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
+
+    The ranking of a history, kept with its keys (latest time, seeded tie-break hash) so that newer
+    events can be merged on top and ranked again exactly: the on-demand service caches these for
+    the window and adds today's events per request (``entries_to_events`` + ``build_histories``).
+    Keeping only the newest ``max_items`` loses nothing: newer events only push older items down.
+    """
     latest = events.groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
     tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
     entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
-    per_user = latest.groupBy("user_id").agg(F.sort_array(F.collect_list(entry), asc=False).alias("_newest_first"))
-    history = F.transform(F.reverse(F.slice("_newest_first", 1, max_items)), lambda e: e["item_id"])
-    return per_user.select("user_id", history.alias(HISTORY_COLUMN))
+    return latest.groupBy("user_id").agg(
+        F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES_COLUMN))
+
+
+def entries_to_histories(entries: DataFrame) -> DataFrame:
+    """user_id, _entries -> user_id, history (item ids, oldest first)."""
+    history = F.transform(F.reverse(ENTRIES_COLUMN), lambda e: e["item_id"])
+    return entries.select("user_id", history.alias(HISTORY_COLUMN))
+
+
+def entries_to_events(entries: DataFrame) -> DataFrame:
+    """user_id, _entries -> user_id, item_id, ts: one row per kept item, at its latest time."""
+    return entries.select("user_id", F.explode(ENTRIES_COLUMN).alias("e")).select(
+        "user_id", F.col("e.item_id").alias("item_id"), F.col("e.ts").alias("ts"))
 
 
 def history_metrics() -> list[Column]:

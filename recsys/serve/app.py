@@ -1,0 +1,426 @@
+"""``recsys serve``: the HTTP frontend (FastAPI on uvicorn) in front of the warm Spark Connect backend.
+
+Endpoints (the OpenAPI description is at ``/openapi.json``, browsable at ``/docs``):
+
+- ``POST /v1/recommendations`` ``{"user_ids": [...], "top_n": N?, "timeout_ms": T?}``: per user, the
+  row the nightly job would write, computed now (docs/on-demand.md);
+- ``POST /v1/jobs`` ``{"date": "YYYY-MM-DD"}`` or ``{"start_date": ..., "end_date": ...}``: the nightly
+  job for those dates on the warm backend (``recsys.nightly.run_dates``: same lock, skip and publish
+  rules as ``recsys recommend``); ``GET /v1/jobs/{id}``: its state;
+- ``GET /metrics`` (Prometheus), ``GET /healthz`` (the process is up), ``GET /readyz`` (the backend
+  answers and the model is warm).
+
+Nothing a client sends reaches a shell, a file path or a SQL string: ids are validated as 64-bit
+integers and travel to Spark as an Arrow column; dates are parsed into ``datetime.date``.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+
+from recsys.config import Config
+from recsys.serve.batching import BatchSettings, Batcher, DeadlineExceeded, QueueFull, ShuttingDown
+from recsys.serve.metrics import ServeMetrics
+from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
+from recsys.uris import redact_text
+
+log = logging.getLogger(__name__)
+
+INT64 = 2 ** 63
+
+
+class RecommendationRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user_ids: list[StrictInt] = Field(description="users to recommend for (64-bit integers); repeated ids are answered once",
+                                json_schema_extra={"example": [1, 2, 3]})
+    top_n: StrictInt | None = Field(default=None, description="items per user, 1..scoring.top_n (default scoring.top_n)")
+    timeout_ms: StrictInt | None = Field(default=None, description="this request's deadline in ms, at most "
+                                                             "serve.request_timeout_s (default that)")
+
+
+class Recommendation(BaseModel):
+    item_id: int
+    score: float
+
+
+class UserRow(BaseModel):
+    user_id: int
+    recommendations: list[Recommendation]
+    source: str = Field(description="'model', or the fallback's name (e.g. 'popularity') for users the model "
+                                    "cannot score: no history, or none of its items known to the model")
+    model_version: str
+
+
+class RecommendationResponse(BaseModel):
+    rows: list[UserRow]
+    model_version: str
+    catalog_snapshot: str
+    as_of: str = Field(description="histories hold events before this date from the cached window, plus the "
+                                   "events of the partitions from this date on")
+
+
+class JobRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    date: dt.date | None = None
+    start_date: dt.date | None = None
+    end_date: dt.date | None = None
+    force: bool = False
+
+
+class JobState(BaseModel):
+    id: str
+    dates: list[str]
+    state: Literal["queued", "running", "succeeded", "failed"]
+    exit_code: int | None = None
+    run_ids: list[str | None] = []
+    published: list[str] = []
+    skipped: list[str] = []
+    error: str | None = None
+    submitted_at: str
+    finished_at: str | None = None
+
+
+class Problem(BaseModel):
+    error: str
+    detail: str
+
+
+def _problem(code: int, error: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail}, status_code=code, headers=headers)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+MAX_JOB_DAYS = 366
+MAX_BODY_BYTES = 8 * 1024 * 1024   # 10,000 ids of 20 digits are 210 kB
+
+
+@dataclass
+class Service:
+    """What the app's handlers share: the config, the backend side, the queue, the metrics, the jobs."""
+
+    cfg: Config
+    url_provider: Callable[[], str]
+    hooks: Any = None                 # recsys.hooks.Hooks for game days (docs/faults.md); None: none
+    metrics: ServeMetrics = field(default_factory=ServeMetrics)
+    backend: OnDemand | None = None
+    batcher: Batcher | None = None
+    ready: bool = False
+    not_ready_reason: str = "starting"
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    _maint_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-maintain"))
+    _jobs_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-nightly"))
+    _wake: asyncio.Event | None = None
+    _wake_loop: asyncio.AbstractEventLoop | None = None   # mark_down() wakes the maintenance loop from job threads
+    _last_batch: float = 0.0
+    _stop: bool = False
+
+    def run_batch(self, users: list[int]):
+        backend = self.backend
+        if backend is None or not self.ready:
+            raise BackendUnavailable(f"the backend is not ready: {self.not_ready_reason}")
+        try:
+            result = backend.score(users)
+        except BackendUnavailable as exc:
+            self.mark_down(str(exc))
+            raise
+        self._last_batch = time.monotonic()
+        return result
+
+    def mark_down(self, reason: str) -> None:
+        if self.ready:
+            log.warning("backend unavailable: %s", reason)
+        self.ready = False
+        self.not_ready_reason = reason
+        self.metrics.ready.set(0)
+        if self._wake is not None:
+            self._wake_loop.call_soon_threadsafe(self._wake.set)
+
+    # -- maintenance: connect, refresh, keep warm, reconnect --------------------------------------
+
+    def _maintain_step(self) -> None:
+        """Blocking: (re)connect if needed, refresh window/model/catalog, warm the workers."""
+        cfg = self.cfg
+        if self.backend is None or not self.ready:
+            if self.backend is not None:
+                self.backend.close()
+            backend = OnDemand(cfg, self.url_provider(), self.hooks)
+            backend.connect()
+            self.metrics.backend_reconnects.inc()
+            self.backend = backend
+            backend.refresh(force_model=True)
+            self._warm(backend)
+            self.metrics.window_users.set(backend.window.users)
+            self.ready = True
+            self.not_ready_reason = ""
+            self.metrics.ready.set(1)
+            log.info("ready: %d users in the warm window, model version %s", backend.window.users,
+                     backend.context.model_version)
+            return
+        self.backend.ping()
+        if self.backend.refresh():
+            self._warm(self.backend)
+            self.metrics.window_users.set(self.backend.window.users)
+        elif time.monotonic() - self._last_batch > 30:
+            self._warm(self.backend)   # idle Python workers exit after about a minute
+
+    def _warm(self, backend: OnDemand) -> None:
+        """One tiny job per concurrent slot, so every worker a batch may land on has the model loaded."""
+        n = self.cfg.serve.max_concurrent_jobs
+        with ThreadPoolExecutor(n) as pool:
+            results = list(pool.map(lambda _: backend.score([0]), range(n)))
+        for r in results:
+            self.metrics.cache_hits.inc(r.figures.get("model_hits", 0))
+            self.metrics.cache_misses.inc(r.figures.get("model_misses", 0))
+            self.metrics.cache_load_seconds.inc(r.figures.get("model_load_s", 0.0))
+        self._last_batch = time.monotonic()
+
+    async def maintain_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._wake_loop = loop
+        while not self._stop:
+            try:
+                await loop.run_in_executor(self._maint_pool, self._maintain_step)
+            except Exception as exc:
+                reason = redact_text(str(exc) if isinstance(exc, BackendUnavailable) else f"{type(exc).__name__}: {exc}")
+                if self.ready and not is_backend_unavailable(exc):
+                    # bad new input (a broken catalog snapshot, an unreadable model): keep serving
+                    # with what was loaded before, and say so
+                    self.metrics.errors.labels("refresh_failed").inc()
+                    log.warning("refresh failed, still serving the previous model and catalog: %s", reason[:500])
+                else:
+                    self.mark_down(reason[:500])
+                    if self.batcher is not None:
+                        self.batcher.fail_queued(BackendUnavailable(reason))
+            interval = max(0.5, self.cfg.serve.refresh_s) if self.ready else 1.0
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- nightly jobs ---------------------------------------------------------------------------
+
+    def submit_job(self, dates: list[dt.date], force: bool) -> JobState:
+        job = JobState(id=uuid.uuid4().hex[:12], dates=[str(d) for d in dates], state="queued", submitted_at=_now())
+        self.jobs[job.id] = job
+        self.metrics.nightly_jobs.labels("queued").inc()
+        self._jobs_pool.submit(self._run_job, job, dates, force)
+        return job
+
+    def _run_job(self, job: JobState, dates: list[dt.date], force: bool) -> None:
+        from recsys.errors import RecsysError
+        from recsys.hooks import NO_HOOKS
+        from recsys.nightly import overall_exit_code, run_dates
+
+        job.state = "running"
+        try:
+            backend = self.backend
+            if backend is None or backend.spark is None:
+                raise BackendUnavailable(f"the backend is not connected: {self.not_ready_reason}")
+            results = run_dates(backend.spark, self.cfg, dates, force=force, hooks=self.hooks or NO_HOOKS)
+            job.run_ids = [r.run_id for r in results]
+            job.published = [r.output_dir for r in results if r.status == "published"]
+            job.skipped = [r.output_dir for r in results if r.status == "skipped"]
+            job.exit_code = int(overall_exit_code(results))
+            job.state = "succeeded"
+        except Exception as exc:
+            job.exit_code = int(exc.exit_code) if isinstance(exc, RecsysError) else 1
+            job.error = redact_text(f"{type(exc).__name__}: {exc}")[:2000]
+            job.state = "failed"
+        job.finished_at = _now()
+        self.metrics.nightly_jobs.labels(job.state).inc()
+
+
+def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) -> FastAPI:
+    service = Service(cfg, url_provider, hooks)
+    serve = cfg.serve
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.batcher = Batcher(service.run_batch, BatchSettings(serve.max_wait_ms, serve.max_batch_users,
+                                                                    serve.max_concurrent_jobs, serve.max_queue_users),
+                                  service.metrics)
+        service.batcher.start()
+        maint = asyncio.get_running_loop().create_task(service.maintain_forever())
+        try:
+            yield
+        finally:
+            # uvicorn has stopped accepting and answered every open request by now; finish the rest
+            await service.batcher.close()
+            service._stop = True
+            service._wake.set()
+            maint.cancel()
+            service._jobs_pool.shutdown(wait=True)
+            if service.backend is not None:
+                service.backend.close()
+            log.info("stopped")
+
+    app = FastAPI(title="recsys on-demand recommendations", version="1", lifespan=lifespan,
+                  description="Per-user recommendations computed now by the nightly job's stages on a warm "
+                              "Spark Connect backend; nightly jobs on demand. See docs/on-demand.md.")
+    app.state.service = service
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
+        service.metrics.failed(400, "bad_request")
+        return _problem(400, "bad_request", str(exc))
+
+    @app.post("/v1/recommendations", response_model=RecommendationResponse, openapi_extra=_body(RecommendationRequest),
+              responses={400: {"model": Problem}, 429: {"model": Problem}, 500: {"model": Problem},
+                         503: {"model": Problem}, 504: {"model": Problem}})
+    async def recommendations(request: Request) -> Any:
+        arrived = time.monotonic()
+        body = await _parse(request, RecommendationRequest)
+        top_n_max = cfg.scoring.top_n
+        error = _check(body, serve.max_request_users, top_n_max, serve.request_timeout_s)
+        if error:
+            service.metrics.failed(400, "bad_request")
+            return _problem(400, "bad_request", error)
+        if not service.ready or service.backend is None:
+            service.metrics.failed(503, "backend_unavailable")
+            return _problem(503, "backend_unavailable", f"the backend is not ready: {service.not_ready_reason}")
+        users = list(dict.fromkeys(body.user_ids))
+        timeout = (body.timeout_ms / 1000) if body.timeout_ms else serve.request_timeout_s
+        context = service.backend.context
+        try:
+            rows, _ = await service.batcher.submit(users, timeout)
+        except QueueFull as exc:
+            service.metrics.failed(429, "queue_full")
+            return _problem(429, "queue_full", str(exc), {"Retry-After": str(exc.retry_after_s)})
+        except DeadlineExceeded as exc:
+            service.metrics.failed(504, "deadline")
+            return _problem(504, "deadline_exceeded", str(exc))
+        except BackendUnavailable as exc:
+            service.metrics.failed(503, "backend_unavailable")
+            return _problem(503, "backend_unavailable", str(exc))
+        except ShuttingDown as exc:
+            service.metrics.failed(503, "shutting_down")
+            return _problem(503, "shutting_down", str(exc))
+        except BatchFailed as exc:
+            service.metrics.failed(500, "batch_failed")
+            return _problem(500, "batch_failed", str(exc))
+        n = body.top_n or top_n_max
+        out = []
+        for user in users:
+            row = rows[user]
+            out.append({"user_id": user, "recommendations": row["recommendations"][:n], "source": row["source"],
+                        "model_version": row["model_version"]})
+        service.metrics.answered(len(users), time.monotonic() - arrived)
+        return {"rows": out, "model_version": context.model_version, "catalog_snapshot": str(context.catalog_snapshot),
+                "as_of": str(service.backend.window.as_of)}
+
+    @app.post("/v1/jobs", response_model=JobState, status_code=202, openapi_extra=_body(JobRequest),
+              responses={400: {"model": Problem}, 503: {"model": Problem}})
+    async def submit_job(request: Request) -> Any:
+        body = await _parse(request, JobRequest)
+        if body.date is not None and (body.start_date or body.end_date):
+            return _problem(400, "bad_request", "give either date or start_date and end_date, not both")
+        if body.date is not None:
+            dates = [body.date]
+        elif body.start_date and body.end_date:
+            if body.end_date < body.start_date:
+                return _problem(400, "bad_request", f"end_date {body.end_date} is before start_date {body.start_date}")
+            days = (body.end_date - body.start_date).days + 1
+            if days > MAX_JOB_DAYS:
+                return _problem(400, "bad_request", f"a range of {days} days is longer than {MAX_JOB_DAYS}; split it")
+            dates = [body.start_date + dt.timedelta(days=i) for i in range(days)]
+        else:
+            return _problem(400, "bad_request", "date (or start_date and end_date) is required")
+        if service.backend is None or not service.ready:
+            return _problem(503, "backend_unavailable", f"the backend is not ready: {service.not_ready_reason}")
+        return service.submit_job(dates, body.force)
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobState, responses={404: {"model": Problem}})
+    async def job_state(job_id: str) -> Any:
+        job = service.jobs.get(job_id)
+        if job is None:
+            return _problem(404, "not_found", "no job with this id (jobs are kept in memory until the service stops)")
+        return job
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"model": Problem}})
+    async def readyz() -> Any:
+        if service.ready and service.backend is not None and service.backend.context is not None:
+            ctx = service.backend.context
+            return {"ready": True, "model_version": ctx.model_version, "catalog_snapshot": str(ctx.catalog_snapshot),
+                    "window_users": service.backend.window.users}
+        return JSONResponse({"ready": False, "reason": service.not_ready_reason}, status_code=503)
+
+    return app
+
+
+class BadRequest(Exception):
+    """A 400 whose message names the field and what is wrong with it."""
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    """The request body's schema for the OpenAPI description (bodies are parsed by ``_parse``)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
+
+
+async def _parse(request: Request, model: type[BaseModel], limit: int = MAX_BODY_BYTES) -> Any:
+    """JSON body -> ``model``, whatever the Content-Type says; BadRequest naming the field otherwise."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise BadRequest(f"the body is larger than {limit} bytes; send fewer user_ids per request")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the body is not valid JSON; send an object such as {\"user_ids\": [1, 2]}") from None
+    if not isinstance(data, dict):
+        raise BadRequest(f"the body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+            if err.get("type") == "missing":
+                problems.append(f"{where} is required")
+            elif err.get("type") == "extra_forbidden":
+                problems.append(f"{where} is not a known field")
+            else:
+                problems.append(f"{where}: {err.get('msg')}")
+        raise BadRequest("; ".join(problems)) from None
+
+
+def _check(body: RecommendationRequest, max_users: int, top_n_max: int, timeout_max_s: float) -> str | None:
+    """Limits the typed model cannot know (they come from the config); None when the request is fine."""
+    if not body.user_ids:
+        return "user_ids must hold at least one id"
+    if len(body.user_ids) > max_users:
+        return f"user_ids holds {len(body.user_ids)} ids, more than serve.max_request_users={max_users}; split it"
+    for i, user in enumerate(body.user_ids):
+        if not -INT64 <= user < INT64:
+            return f"user_ids[{i}] = {user} is not a 64-bit integer"
+    if body.top_n is not None and not 1 <= body.top_n <= top_n_max:
+        return f"top_n = {body.top_n} is out of range 1..{top_n_max} (scoring.top_n)"
+    if body.timeout_ms is not None and not 1 <= body.timeout_ms <= timeout_max_s * 1000:
+        return f"timeout_ms = {body.timeout_ms} is out of range 1..{int(timeout_max_s * 1000)} (serve.request_timeout_s)"
+    return None

@@ -1,0 +1,90 @@
+"""``recsys backend start|stop|status`` and ``recsys serve``: registered by ``recsys.cli`` in two lines."""
+from __future__ import annotations
+
+import argparse
+import logging
+import uuid
+
+from recsys.errors import ConfigError, ExitCode
+
+log = logging.getLogger("recsys")
+
+
+def add_commands(sub, add_config_args) -> None:
+    p = sub.add_parser("backend", help="start, stop or inspect the warm Spark Connect backend of `recsys serve`")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("--properties-file", metavar="FILE",
+                   help="Spark properties for the server (default: conf/spark-defaults.conf when present)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_backend)
+
+    p = sub.add_parser("serve", help="the HTTP frontend: on-demand recommendations and nightly jobs on the backend")
+    p.add_argument("--remote", metavar="sc://HOST:PORT",
+                   help="the Spark Connect backend (default: the one `recsys backend start` recorded)")
+    p.add_argument("--port", type=int, help="HTTP port (default: serve.port)")
+    p.add_argument("--host", help="HTTP address (default: serve.host, loopback)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def _config(args: argparse.Namespace):
+    from recsys.config import load_config
+
+    return load_config(args.conf, args.overrides)
+
+
+def cmd_backend(args: argparse.Namespace) -> int:
+    from recsys.serve import backend
+
+    cfg = _config(args)
+    if args.action == "start":
+        state = backend.start(cfg, properties_file=args.properties_file)
+        print(f"backend started: {state.remote} (pid {state.pid}, session {state.session_id}); logs in {state.log_dir}")
+        return ExitCode.OK
+    if args.action == "stop":
+        state = backend.stop(cfg)
+        print(f"backend stopped: {state.remote} (pid {state.pid})" if state else "no backend was running")
+        return ExitCode.OK
+    status = backend.status(cfg)
+    print(status.describe())
+    return ExitCode.OK if status.running and status.listening else ExitCode.UNEXPECTED_ERROR
+
+
+def remote_url(remote: str, session_id: str) -> str:
+    """``sc://host:port`` plus a fixed session id, so reconnects find the same warm workers."""
+    if not remote.startswith("sc://"):
+        raise ConfigError(f"--remote {remote!r} must look like sc://HOST:PORT")
+    if "session_id=" in remote:
+        return remote
+    return remote.rstrip("/") + ("" if "/;" in remote else "/") + f";session_id={session_id}"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from recsys.serve import backend
+    from recsys.serve.app import create_app
+
+    cfg = _config(args)
+    if args.remote:
+        url = remote_url(args.remote, str(uuid.uuid4()))
+
+        def url_provider() -> str:
+            return url
+    else:
+        if backend.read_state(cfg.serve.backend_dir) is None:
+            raise ConfigError(f"no backend recorded under {cfg.serve.backend_dir}; run `recsys backend start` "
+                              f"or pass --remote sc://HOST:PORT")
+
+        def url_provider() -> str:   # re-read on every reconnect: a restarted backend may have a new port
+            state = backend.read_state(cfg.serve.backend_dir)
+            if state is None:
+                raise backend.BackendError(f"no backend recorded under {cfg.serve.backend_dir}")
+            return state.url
+
+    from recsys.config import load_hooks
+
+    app = create_app(cfg, url_provider, load_hooks())   # RECSYS_FAULT_INJECTION etc., read once here
+    uvicorn.run(app, host=args.host or cfg.serve.host, port=args.port if args.port is not None else cfg.serve.port,
+                log_level="info", access_log=False, timeout_graceful_shutdown=None)
+    return ExitCode.OK
