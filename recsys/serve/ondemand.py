@@ -264,7 +264,7 @@ class OnDemand:
         cfg = self.cfg
         now = time.monotonic()
         if self._model is None or force_model or now - self._model_checked >= cfg.serve.refresh_s:
-            self._model, _ = resolve_or_remembered(cfg.mlflow, cfg.paths.work)
+            self._model, _ = resolve_or_remembered(cfg.mlflow, cfg.paths.driver_dir)
             self._model_checked = now
         model = self._model
         snapshot = _newest_snapshot(cfg.paths.catalog, self.window.as_of)
@@ -350,10 +350,13 @@ def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tup
     from recsys import stages
     from recsys.data.history import entries_to_histories
     from recsys.hooks import NO_HOOKS
+    from recsys.scoring.shipping import ship_model
 
     vocab = stages.load_vocabulary(model)
     catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, window.as_of, vocab, model.version)
     fallback = stages.popularity_fallback_stage(entries_to_histories(window.frame), catalog.candidates,
                                                 cfg.scoring.top_n)
-    spec = stages.scoring_spec(model, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS)
+    shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
+                         scratch=cfg.paths.driver_dir)   # the backend's executors get the files through Spark
+    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS)
     return spec, catalog.snapshot.date
