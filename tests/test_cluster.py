@@ -243,8 +243,8 @@ def test_a_worker_killed_while_scoring_still_gives_a_complete_identical_partitio
 def test_bad_input_at_the_cluster_edge_fails_fast_in_one_line_and_publishes_nothing(runs, case, code, says):
     done, seconds = runs["edge"][case]
     assert done.returncode == code, done.stderr[-4000:]
-    lines = _error_lines(done.stderr)
-    assert len(lines) == 1 and says in lines[0], done.stderr[-4000:]
+    lines = _error_lines(done.stdout + done.stderr)      # the job logs to stdout, the launcher to stderr
+    assert len(lines) == 1 and says in lines[0], (done.stdout + done.stderr)[-4000:]
     assert "Traceback" not in done.stderr
     assert seconds < (180 if case == "unwritable_work" else 30)
     for name in ("out-unwritable", "out-edge"):

@@ -181,8 +181,8 @@ def test_an_unreachable_tracking_server_s_credentials_stay_out_of_the_manifest_a
     from recsys.tracking import ResolvedModel
 
     store = data.store
-    remember(str(tmp_path / "work"), ResolvedModel(store.model_name, "champion", store.version, None,
-                                                   str(store.model_dir), store.model_dir))
+    remember(str(tmp_path / "driver"),   # jobkit's paths.driver_scratch: where the job looks
+             ResolvedModel(store.model_name, "champion", store.version, None, str(store.model_dir), store.model_dir))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

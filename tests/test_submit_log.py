@@ -59,8 +59,10 @@ def _submit(root: Path, uri: str, *submit_options: str) -> tuple[int, list[str]]
     argv = [str(REPO / "spark-submit.sh"), *submit_options, "jobs/nightly_recommendations.py", "--date", DATE]
     for item in sets:
         argv += ["--set", item]
-    run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, errors="replace", timeout=600)
-    return run.returncode, (run.stdout + run.stderr).splitlines()
+    # one stream, as a scheduler's log keeps it: lines in the order they were written
+    run = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", timeout=600)
+    return run.returncode, run.stdout.splitlines()
 
 
 def test_a_demo_sized_run_under_spark_submit_logs_a_few_dozen_lines_ending_with_the_outcome(demo_sized, tmp_path):
