@@ -95,6 +95,7 @@ class ScoringConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     arrow_batch_size: int = Field(ge=1, le=1_000_000)
     partitions: int = Field(ge=0)
+    users_per_task: int = Field(ge=1)
     cache_size: int = Field(ge=1, le=64)
     item_tile: int = Field(ge=0)
     max_tile_mb: float = Field(ge=0)

@@ -10,12 +10,11 @@ Where the figures come from:
 
 - **classic sessions**: tasks from Spark's status tracker (the jobs started since the stage
   began; their stages' task counts). Users from the stage metrics in Spark's status store: rows
-  read by the stage's last running stage (its input or shuffle read). Measured at 1M users, these
-  advance only when a task finishes, not while it runs, so both the user count and the time left
-  are only as fine as the stage's tasks: with ``scoring.partitions: 0`` a 2-core run scored in 2
-  tasks and the lines said "0/2 tasks, time left unknown yet" for 25 minutes. Set
-  ``scoring.partitions`` to several times the cores for long runs. The time left comes from the
-  users still to read at the rate of the last interval, else from the tasks still to run.
+  read by the stage's last running stage (its input or shuffle read). Measured: these advance only
+  when a task finishes, not while it runs, so the lines are as fine as the stage's tasks; the
+  nightly job sizes its scoring tasks for that (``scoring.users_per_task``,
+  :func:`recsys.scoring.stage.scoring_tasks`). The time left comes from the users still to read
+  at the average rate since the stage began, else from the tasks still to run.
 - **Spark Connect**: there is no status tracker on the client; the server streams per-stage task
   counts and bytes read with each operation (``SparkSession.registerProgressHandler``), so the
   lines show tasks and bytes, and say that user counts are not available over Spark Connect.
@@ -200,7 +199,6 @@ class LiveProgress:
 
     def _loop(self) -> None:
         started = time.monotonic()
-        last_rows, last_t = 0, started
         failed = False
         while not self._stop.wait(self.interval_s):
             try:
@@ -211,12 +209,9 @@ class LiveProgress:
                     failed = True
                 continue
             now = time.monotonic()
-            rate = None
-            if snap.rows is not None:
-                rate = (snap.rows - last_rows) / (now - last_t) if now > last_t else None
-                if rate is not None and rate <= 0:   # no heartbeat since the last line: keep the average
-                    rate = snap.rows / (now - started) if snap.rows else None
-                last_rows, last_t = snap.rows, now
+            # the average since the stage began: rows advance in steps as tasks finish, so the rate of
+            # the last interval swings between 0 and several times the true pace
+            rate = snap.rows / (now - started) if snap.rows and now > started else None
             line = format_line(self.label, snap, elapsed=now - started, expected_users=self.expected_users,
                                users_per_s=rate)
             self.lines.append(line)

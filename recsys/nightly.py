@@ -37,7 +37,7 @@ from recsys import fs as rfs
 from recsys.publish.lock import DateLock
 from recsys.scoring.shipping import ship_model
 from recsys.workdir import check_executors_can_write
-from recsys.spark_session import job_description
+from recsys.spark_session import default_parallelism, job_description
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       read_manifest, recover)
 
@@ -217,11 +217,13 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                              scratch=cfg.paths.driver_dir)
         spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks)
-        scored = stages.score(history.histories, spec, cfg.scoring.partitions, layout.staging_dir, hooks)
+        tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
+                                     users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark))
+        scored = stages.score(history.histories, spec, tasks, layout.staging_dir, hooks)
         w = scored.worker
         c.update(users=w["users"], model_users=w["model_users"], fallback=w["fallback_users"],
                  users_per_s=round(scored.users_per_s), device=w["device"], model_loads=w["model_misses"],
-                 workers=w["workers"], retried_tasks=w["task_retries"])
+                 workers=w["workers"], tasks=w["tasks"], retried_tasks=w["task_retries"])
         if w["task_retries"]:
             log.warning("recommend %s: %d scoring task(s) succeeded only on a retry; their model was loaded again "
                         "(model_misses=%d)", date, w["task_retries"], w["model_misses"])

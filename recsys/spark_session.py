@@ -56,6 +56,17 @@ def apply_runtime_settings(spark, scoring: ScoringConfig | None) -> None:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(scoring.arrow_batch_size))
 
 
+def default_parallelism(spark) -> int | None:
+    """The cores Spark schedules tasks on (``defaultParallelism``); None over Spark Connect, whose
+    client has no SparkContext to ask."""
+    if is_connect(spark):
+        return None
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:   # a stopped context: size tasks without it
+        return None
+
+
 def is_connect(spark) -> bool:
     try:
         from pyspark.sql.utils import is_remote

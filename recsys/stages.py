@@ -36,7 +36,7 @@ from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
 from recsys.scoring.core import Candidates, Fallback, candidate_set, counts_per_candidate, popularity_fallback
-from recsys.scoring.stage import WorkerFigures, score_histories, worker_figures
+from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
 from recsys.scoring.shipping import ShippedModel
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
@@ -438,4 +438,4 @@ def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users
 
 __all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "ScoreStage", "load_vocabulary", "manifest",
            "popularity_fallback_stage", "read_catalog", "read_histories", "record", "run_metrics", "run_params",
-           "score", "score_users", "scoring_spec", "validate"]
+           "score", "score_users", "scoring_spec", "scoring_tasks", "validate"]

@@ -15,6 +15,7 @@ from jobkit import N_USERS, RUN_DATE
 from recsys.errors import ExitCode
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+USERS_PER_TASK = 5                  # automatic task sizing: N_USERS users in tasks of at most 5
 BAD_DATE = dt.date(2024, 4, 20)     # before the only catalog snapshot: exit code 2 after the MLflow run started
 
 
@@ -24,7 +25,8 @@ def recorded(spark, tmp_path_factory):
 
     store = jobkit.make_store(tmp_path_factory.mktemp("store"))
     data = jobkit.write_dataset(tmp_path_factory.mktemp("data"))
-    cfg = jobkit.config(data, store, "progress.interval_s=0.2", "scoring.partitions=4", "scoring.chunk_size=1")
+    cfg = jobkit.config(data, store, "progress.interval_s=0.2", "scoring.partitions=0",
+                        f"scoring.users_per_task={USERS_PER_TASK}", "scoring.chunk_size=1")
     progress, logger = _Capture(), logging.getLogger("recsys")
     level = logger.level
     logger.addHandler(progress)
@@ -122,6 +124,16 @@ def test_a_long_stage_logs_progress_lines_with_tasks_and_time_left(recorded):
             assert int(match.group(2)) <= int(match.group(3))
             counted.append(line)
     assert counted, f"no line counted tasks: {lines}"
+
+
+def test_automatic_task_sizing_splits_scoring_by_users_per_task_in_whole_waves(recorded, spark):
+    import math
+
+    result = recorded[2]
+    cores = spark.sparkContext.defaultParallelism
+    expected = math.ceil(math.ceil(N_USERS / USERS_PER_TASK) / cores) * cores
+    assert result.manifest["metrics"]["tasks"] == expected
+    assert result.manifest["counts"]["rows"] == N_USERS   # hash-split by user: every user once
 
 
 def test_progress_line_reads_tasks_users_rate_and_time_left():

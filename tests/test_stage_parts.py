@@ -108,3 +108,18 @@ def test_the_long_tail_plot_has_no_negative_counts_on_its_axis():
     assert low == 0 and high >= 120
     assert ticks and min(ticks) >= 0, ticks
     plots._pyplot().close(fig)
+
+
+def test_scoring_tasks_sizes_long_runs_and_keeps_small_ones_and_explicit_counts():
+    from recsys.scoring.stage import scoring_tasks
+
+    # explicit partitions win
+    assert scoring_tasks(10, partitions=6, users_per_task=50_000, cores=2) == 6
+    # everything fits in one task's worth: keep Spark's split (one task per file split, at least the cores)
+    assert scoring_tasks(50_000, partitions=0, users_per_task=50_000, cores=2) == 0
+    # the 2-core 1M-user run that scored in 2 tasks: now 18 tasks of <= 50k users, a multiple of the cores
+    assert scoring_tasks(864_120, partitions=0, users_per_task=50_000, cores=2) == 18
+    assert scoring_tasks(50_001, partitions=0, users_per_task=50_000, cores=8) == 8
+    assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=2) == 6
+    # cores unknown (Spark Connect): just enough tasks
+    assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=None) == 5
