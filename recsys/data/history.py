@@ -58,7 +58,10 @@ def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int) ->
     the window and adds today's events per request (``entries_to_events`` + ``build_histories``).
     Keeping only the newest ``max_items`` loses nothing: newer events only push older items down.
     """
-    latest = events.groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
+    # One shuffle by user serves both aggregations below (per user and item, then per user); left to
+    # itself Spark shuffles twice, by (user, item) and then by user. Measured on 21M events (the 1M-user
+    # scale test's window, 2 cores): 22-33 s -> 11-12 s, the same histories.
+    latest = events.repartition("user_id").groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
     tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
     entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
     return latest.groupBy("user_id").agg(
