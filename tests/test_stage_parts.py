@@ -123,3 +123,35 @@ def test_scoring_tasks_sizes_long_runs_and_keeps_small_ones_and_explicit_counts(
     assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=2) == 6
     # cores unknown (Spark Connect): just enough tasks
     assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=None) == 5
+
+
+def test_candidate_index_dense_and_sparse_agree_with_a_plain_lookup():
+    from recsys.scoring.checks import CandidateIndex
+
+    rng = np.random.default_rng(3)
+    dense_ids = np.unique(rng.integers(0, 5_000, 700))
+    sparse_ids = np.unique(rng.integers(0, 2**62, 700))           # too wide for the dense table
+    for ids in (dense_ids, sparse_ids):
+        index = CandidateIndex(ids)
+        assert (index._table is None) == (ids is sparse_ids)
+        probe = np.concatenate([rng.choice(ids, 300), rng.integers(-10, 6_000, 300), [ids[0] - 1, ids[-1] + 1]])
+        where = {int(v): i for i, v in enumerate(ids)}
+        assert index.positions(probe).tolist() == [where.get(int(v), -1) for v in probe]
+    assert CandidateIndex(np.zeros(0, np.int64)).positions(np.array([1, 2])).tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("block_pairs", [8_000_000, 100])       # one block, and blocks of 2 rows
+def test_seen_rows_match_a_row_by_row_check(monkeypatch, block_pairs):
+    from recsys.scoring import checks
+    from recsys.scoring.checks import _rows_with_seen_items
+
+    monkeypatch.setattr(checks, "_SEEN_BLOCK", block_pairs)
+    rng = np.random.default_rng(5)
+    rec_len, hist_len = rng.integers(0, 6, 300), rng.integers(0, 8, 200)
+    rec_ids, hist_ids = rng.integers(0, 40, rec_len.sum()), rng.integers(0, 40, hist_len.sum())
+    in_row = rng.integers(-1, 200, 300)                            # -1: an output row whose user was not read
+    recs = np.split(rec_ids, np.cumsum(rec_len)[:-1])
+    hists = np.split(hist_ids, np.cumsum(hist_len)[:-1])
+    expected = sum(1 for r, h in zip(recs, in_row) if h >= 0 and set(r.tolist()) & set(hists[h].tolist()))
+    assert 0 < expected < 300
+    assert _rows_with_seen_items(rec_len, rec_ids, in_row, hist_len, hist_ids) == expected
