@@ -28,6 +28,7 @@ import os
 import platform
 import sys
 import tarfile
+import time
 import zlib
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
     cache_dir = Path(cache_dir)
     archive = cache_dir / f"{PROJECT}-env-{digest}.tar.gz"
     if archive.is_file() and _sidecar(archive).is_file():
+        _say(f"using {archive} (built before for this environment)")
         return archive
     try:
         import venv_pack
@@ -88,12 +90,15 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
                           "pip install -e '.[dev]')") from None
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cache_dir / f".{archive.name}.{os.getpid()}.tmp.tar.gz"
+    started = time.monotonic()
+    _say(f"packing {prefix} into {archive} (once per environment: a minute or a few)")
     try:
         venv_pack.pack(prefix=str(prefix), output=str(tmp), format="tar.gz", force=True, compress_level=compress_level,
                        python_prefix=python_prefix, filters=[("exclude", p) for p in EXCLUDE])
         _sidecar(tmp).write_text(_sha256(tmp) + "\n")
         tmp.rename(archive)
         _sidecar(tmp).rename(_sidecar(archive))
+        _say(f"packed {archive.stat().st_size / 2**20:,.0f} MiB in {time.monotonic() - started:.0f} s")
         for old in cache_dir.glob(f"{PROJECT}-env-*.tar.gz"):   # archives of environments that are gone
             if old != archive:
                 old.unlink(missing_ok=True)
@@ -132,6 +137,11 @@ def check(archive: Path) -> Path:
         raise ConfigError(f"packed environment {str(archive)!r} holds no bin/python; it is not a packed virtualenv "
                           "(build one with './spark-submit.sh --pack ...')")
     return archive
+
+
+def _say(text: str) -> None:
+    """Progress for whoever runs spark-submit.sh: stderr, since stdout carries the archive's path."""
+    print(f"recsys pack: {text}", file=sys.stderr, flush=True)
 
 
 def _sidecar(archive: Path) -> Path:
