@@ -184,3 +184,27 @@ def test_evaluate_command_line_and_its_errors(tmp_path):
     assert build_parser().parse_args(["evaluate", "--data", "d"]).protocol == "loo"
     # a directory that is not a dataset fails with exit code 2 and says what --data must be
     assert main(["evaluate", "--data", str(tmp_path), "--set", "spark.master=local[1]"]) == ExitCode.BAD_INPUT
+
+
+def test_a_bf16_row_ranks_the_same_model_through_the_jobs_core(spark, dataset):
+    """``--set scoring.dtype=bfloat16`` adds ``sasrec@bfloat16`` right after ``sasrec``: the model
+    that row trained, ranked by the job's core in bf16 (refused on CPUs without bf16 support)."""
+    from recsys.evaluation.evaluate import run_evaluation
+    from recsys.scoring.core import cpu_bf16_supported
+
+    if not cpu_bf16_supported():
+        pytest.skip("this CPU has neither AVX-512-BF16 nor AMX-BF16: the core refuses bf16 here")
+    cfg = load_config(overrides=[
+        f"mlflow.tracking_uri={dataset['cfg'].mlflow.tracking_uri}", f"paths.work={dataset['root'] / 'work'}",
+        f"paths.driver_scratch={dataset['root'] / 'driver'}", f"mlflow.artifact_location={dataset['root'] / 'artifacts'}",
+        "train.device=cpu", "train.epochs=2", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
+        "train.model.sasrec.max_len=8", "evaluation.models=[popularity, sasrec]", "evaluation.bootstrap_resamples=50",
+        "scoring.dtype=bfloat16", "scoring.top_n=10",
+    ])
+    out = dataset["root"] / "bf16.json"
+    result = run_evaluation(spark, cfg, dataset["data"], protocol="loo", ks=(10,), json_path=out)
+    doc = json.loads(out.read_text())
+    assert list(doc["models"]) == ["popularity", "sasrec", "sasrec@bfloat16"]
+    assert "ranked by recsys.scoring.core in bfloat16" in result.comparison.notes["sasrec@bfloat16"]
+    fp32, bf16 = (doc["models"][m]["ndcg@10"] for m in ("sasrec", "sasrec@bfloat16"))
+    assert abs(fp32 - bf16) < 0.05          # the same model: bf16 moves a rank here and there, not the figure

@@ -84,6 +84,7 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
 
     results: dict[str, PhaseResult] = {}
     details: dict[str, Any] = {}
+    extra_rows: dict[str, Any] = {}          # rows ranked by the job's core at scoring.dtype, after their model
     curves: dict[str, list[dict]] = {}
     vocab = train_seqs = None
     for name in ev.models:
@@ -126,13 +127,12 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
                              "valid_ndcg@10": fitted.best_metrics.get(f"ndcg@{SELECTION_K}"),
                              "config": {k: v for k, v in model_cfg.__dict__.items()}}
             scorer = SequenceModelScorer(fitted.model, vocab.item_ids, split.test, device)
-            if cfg.scoring.dtype != "float32":   # the same model through the job's core at that dtype
+            if cfg.scoring.dtype != "float32":   # the same model through the job's core at that dtype, next row
                 from recsys.evaluation.ranking import CoreScorer
 
-                core = CoreScorer(fitted.model, vocab.item_ids, split.test, max(max(ranking_ks), cfg.scoring.top_n),
-                                  cfg.scoring.dtype, device)
-                results[f"{name}@{cfg.scoring.dtype}"] = rank_phase(core, split.test, ranking_ks, device=device)
-                details[f"{name}@{cfg.scoring.dtype}"] = {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype}
+                extra_rows[f"{name}@{cfg.scoring.dtype}"] = CoreScorer(
+                    fitted.model, vocab.item_ids, split.test, max(max(ranking_ks), cfg.scoring.top_n),
+                    cfg.scoring.dtype, device)
         else:  # pragma: no cover - EvaluationConfig validates the names
             raise ConfigError(f"unknown model {name!r} in evaluation.models")
         results[name] = rank_phase(scorer, split.test, ranking_ks, device=device)
@@ -140,6 +140,10 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
         log.info("[evaluate] %s: test %s (%.1f s)", name,
                  ", ".join(f"{k}={v:.4f}" for k, v in results[name].means().items() if k.startswith("ndcg")),
                  details[name]["seconds"])
+        for row, core in extra_rows.items():
+            results[row] = rank_phase(core, split.test, ranking_ks, device=device)
+            details[row] = {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype}
+        extra_rows.clear()
 
     default = cfg.train.model.type if cfg.train.model.type in results else None
     comparison = compare(results, protocol=protocol, ks=ks, candidates=len(split.test.candidates),
@@ -174,7 +178,10 @@ def _notes(details: dict[str, Any]) -> dict[str, str]:
                          "validation interactions")
         if d.get("valid_ndcg@10") is not None:
             parts.append(f"validation ndcg@10 {d['valid_ndcg@10']:.4f}")
-        parts.append(f"{d['seconds']:.0f} s")
+        if "scored_by" in d:   # a row ranked through the job's core at another dtype: no training of its own
+            parts.append(f"the row above's model, ranked by {d['scored_by']} in {d['dtype']}")
+        if "seconds" in d:
+            parts.append(f"{d['seconds']:.0f} s")
         notes[name] = "; ".join(parts)
     return notes
 
