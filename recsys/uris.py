@@ -79,5 +79,8 @@ def redact_uri(uri: str) -> str:
     netloc = parts.netloc
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
-    # secrets also hide in path parameters, e.g. Spark Connect's sc://host:15002/;token=...
-    return redact_text(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
+        uri = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    # Rebuilt only when credentials were cut: urlunsplit is lossy for URIs whose scheme it does not
+    # know, e.g. sqlite:////abs/path came back as sqlite://abs/path.
+    # Secrets also hide in path parameters, e.g. Spark Connect's sc://host:15002/;token=...
+    return redact_text(uri)

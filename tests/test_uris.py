@@ -150,3 +150,12 @@ def test_the_production_example_config_is_valid_as_shipped():
     cfg = load_config(CONFIG_ROOT / "conf" / "production.example.yaml")
     assert cfg.paths.work.startswith("s3") and not is_local_path(cfg.paths.work)
     assert is_local_path(cfg.paths.driver_scratch) and cfg.paths.driver_dir.is_absolute()
+
+
+def test_redaction_keeps_uris_without_secrets_as_they_were():
+    from recsys.uris import redact_uri
+
+    for uri in ("sqlite:////tmp/x/mlflow.db", "sqlite:///mlflow.db", "s3://bucket/a/b", "file:///tmp/x",
+                "http://127.0.0.1:5000"):
+        assert redact_uri(uri) == uri
+    assert redact_uri("https://user:pw@host:5000/p") == "https://***@host:5000/p"
