@@ -96,8 +96,13 @@ def runs(tmp_path_factory):
             "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64", "scoring.device=cpu",
             "train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
             "train.model.sasrec.heads=1", "train.model.sasrec.max_len=10"]
+    # Jobs start only once both executors have registered (all 2 cores): otherwise a fast job (the
+    # probe) can run every task on the executor that unpacked its environment first, and the
+    # "both executors answered" check fails for a reason that is not the one it tests.
     spark_conf = ["--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.memory=1g",
-                  "--conf", "spark.executor.memory=1g", "--conf", "spark.task.maxFailures=4"]
+                  "--conf", "spark.executor.memory=1g", "--conf", "spark.task.maxFailures=4",
+                  "--conf", "spark.cores.max=2", "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+                  "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=120s"]
     out: dict = {"root": root, "shared": shared, "private": private, "secret": secret, "times": {}}
     hidden = [CHECKOUT, Path(sys.prefix), private]
     with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only], fake_gpus=True) as cluster:
