@@ -155,3 +155,27 @@ def test_seen_rows_match_a_row_by_row_check(monkeypatch, block_pairs):
     expected = sum(1 for r, h in zip(recs, in_row) if h >= 0 and set(r.tolist()) & set(hists[h].tolist()))
     assert 0 < expected < 300
     assert _rows_with_seen_items(rec_len, rec_ids, in_row, hist_len, hist_ids) == expected
+
+
+def test_task_checks_count_items_over_chunks_with_equal_candidate_arrays():
+    import pyarrow as pa
+
+    from recsys.data.contracts import RECOMMENDATION_TYPE
+    from recsys.scoring.checks import TaskChecks
+
+    def chunk(users, lists):
+        return pa.RecordBatch.from_arrays(
+            [pa.array(users, pa.int64()),
+             pa.array([[{"item_id": i, "score": 1.0} for i in items] for items in lists], RECOMMENDATION_TYPE),
+             pa.array(["model"] * len(users), pa.string())], names=["user_id", "recommendations", "source"])
+
+    task = TaskChecks()
+    for users, lists in (([1, 2], [[3, 4], [3, 99]]), ([5], [[4, 3]])):
+        task.add_chunk(np.array(users), pa.array([[1]] * len(users), pa.list_(pa.int64())), chunk(users, lists),
+                       candidate_ids_sorted=np.arange(1, 11), top_n=2, fallback_name="popularity", fallback_len=2)
+    figures = task.finish()
+    assert figures["item_counts"] == [[3, 4, 99], [3, 2, 1]]      # 99: not a candidate, still counted
+    assert figures["unavailable_items"] == 1 and figures["seen_items"] == 0
+    with pytest.raises(ValueError, match="candidate set changed"):
+        task.add_chunk(np.array([7]), pa.array([[1]], pa.list_(pa.int64())), chunk([7], [[3, 4]]),
+                       candidate_ids_sorted=np.arange(1, 12), top_n=2, fallback_name="popularity", fallback_len=2)

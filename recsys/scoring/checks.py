@@ -42,9 +42,13 @@ class TaskChecks:
     def add_chunk(self, in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *,
                   candidate_ids_sorted: np.ndarray, top_n: int, fallback_name: str, fallback_len: int) -> None:
         """Check ``out`` (user_id, recommendations, source) against the chunk it was scored from."""
-        if self._index is None or self._index.ids is not candidate_ids_sorted:
+        if self._index is None:
             self._index = CandidateIndex(candidate_ids_sorted)
             self._per_candidate = np.zeros(len(candidate_ids_sorted), dtype=np.int64)
+        elif self._index.ids is not candidate_ids_sorted and not np.array_equal(self._index.ids, candidate_ids_sorted):
+            # counts are kept per candidate position: a task scores against one candidate set
+            raise ValueError("TaskChecks.add_chunk: the candidate set changed within a task "
+                             f"({len(self._index.ids)} -> {len(candidate_ids_sorted)} ids); use one TaskChecks per set")
         flat_ids = _flat_ids(out.column("recommendations"))
         positions = self._index.positions(flat_ids)
         c = check_rows(in_users, histories, out, candidate_ids_sorted=candidate_ids_sorted, top_n=top_n,
