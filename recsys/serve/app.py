@@ -37,6 +37,15 @@ from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
 from recsys.uris import redact_text
 
+# What a request's batch can fail with -> (HTTP status, metrics reason, problem type)
+_REQUEST_FAILURES: dict[type[Exception], tuple[int, str, str]] = {
+    QueueFull: (429, "queue_full", "queue_full"),
+    DeadlineExceeded: (504, "deadline", "deadline_exceeded"),
+    BackendUnavailable: (503, "backend_unavailable", "backend_unavailable"),
+    ShuttingDown: (503, "shutting_down", "shutting_down"),
+    BatchFailed: (500, "batch_failed", "batch_failed"),
+}
+
 log = logging.getLogger(__name__)
 
 INT64 = 2 ** 63
@@ -301,21 +310,11 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
         context = service.backend.context
         try:
             rows, _ = await service.batcher.submit(users, timeout)
-        except QueueFull as exc:
-            service.metrics.failed(429, "queue_full")
-            return _problem(429, "queue_full", str(exc), {"Retry-After": str(exc.retry_after_s)})
-        except DeadlineExceeded as exc:
-            service.metrics.failed(504, "deadline")
-            return _problem(504, "deadline_exceeded", str(exc))
-        except BackendUnavailable as exc:
-            service.metrics.failed(503, "backend_unavailable")
-            return _problem(503, "backend_unavailable", str(exc))
-        except ShuttingDown as exc:
-            service.metrics.failed(503, "shutting_down")
-            return _problem(503, "shutting_down", str(exc))
-        except BatchFailed as exc:
-            service.metrics.failed(500, "batch_failed")
-            return _problem(500, "batch_failed", str(exc))
+        except tuple(_REQUEST_FAILURES) as exc:
+            status, reason, kind = next(v for k, v in _REQUEST_FAILURES.items() if isinstance(exc, k))
+            service.metrics.failed(status, reason)
+            headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFull) else None
+            return _problem(status, kind, str(exc), headers)
         n = body.top_n or top_n_max
         out = []
         for user in users:
