@@ -26,16 +26,17 @@ from pyspark.sql import functions as F
 
 from recsys import __version__, tracking
 from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
-from recsys.uris import redact_uri
+from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
-from recsys.errors import InputDataError, ValidationFailed
+from recsys.errors import ConfigError, InputDataError, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
-from recsys.scoring.core import Candidates, Fallback, candidate_set, counts_per_candidate, popularity_fallback
+from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candidate_set, counts_per_candidate,
+                                 popularity_fallback)
 from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
 from recsys.scoring.shipping import ShippedModel
 from recsys.scoring.udf import ScoringSpec
@@ -228,10 +229,28 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
     checks = row_checks(top_n=spec.top_n, fallback_name=spec.fallback_name, model_version=spec.model_version)
     rows = Observation("row_checks")
     started = time.perf_counter()
-    scored.observe(rows, *checks).write.mode("overwrite").parquet(output_dir)
+    try:
+        scored.observe(rows, *checks).write.mode("overwrite").parquet(output_dir)
+    except Exception as exc:
+        refusal = workers_refusal(exc)
+        if refusal is None:
+            raise
+        raise ConfigError(f"the executors refused scoring.dtype={spec.dtype}: {refusal}") from None
     seconds = time.perf_counter() - started
     observed = _observed(rows, lambda: histories.sparkSession.read.parquet(output_dir).agg(*checks).first().asDict())
     return ScoreStage(output_dir, worker_figures(observation), seconds, observed)
+
+
+def workers_refusal(exc: BaseException) -> str | None:
+    """The reason an executor gave for refusing the scoring configuration (the first line of its
+    :class:`~recsys.scoring.core.UnsupportedDtype`, found in Spark's error text), or None if the
+    failure was anything else. The executors' device decides (a GPU, or a CPU with or without bf16),
+    so the driver cannot check this up front."""
+    marker = f"{UnsupportedDtype.__name__}: "
+    text = str(exc)
+    if marker not in text:
+        return None
+    return redact_text(text.split(marker, 1)[1].splitlines()[0].strip())[:500]
 
 
 def _hold_first_task_while_writing(max_s: float):

@@ -218,3 +218,12 @@ def test_a_backfill_range_that_ends_before_it_starts(monkeypatch, spark, caplog,
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--start-date", "2024-05-09", "--end-date", "2024-05-08",
                                            *jobkit.recommend_args(root, store)])
     assert code == 2 and "--end-date 2024-05-08 is before --start-date 2024-05-09" in jobkit.errors_logged(caplog)[0]
+
+
+def test_a_scoring_dtype_the_workers_cannot_run(monkeypatch, spark, caplog, capsys, case):
+    """The executors refuse a dtype their device cannot run natively (float16 on a CPU here; bf16 on a CPU
+    without AVX-512-BF16 or AMX-BF16 takes the same path): the driver reports their reason as bad
+    configuration, not as a crashed stage with a worker traceback."""
+    error = _recommend_fails(monkeypatch, spark, caplog, capsys, case, "scoring.dtype=float16", "scoring.device=cpu",
+                             match=r"the executors refused scoring\.dtype=float16: .*float16 is for CUDA devices")
+    assert "PythonException" not in error and "\n" not in error

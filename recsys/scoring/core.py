@@ -77,6 +77,14 @@ def cpu_bf16_supported() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+class UnsupportedDtype(ValueError):
+    """The device cannot run this scoring dtype natively: a configuration error wherever it is raised.
+
+    Raised on an executor, it reaches the driver inside Spark's error text, where the nightly job finds
+    it by this class's name (:func:`recsys.stages.score`) and reports it as bad configuration (exit 2).
+    """
+
+
 def check_dtype(dtype: str, device: torch.device) -> None:
     """Refuse a scoring dtype the device cannot run natively, naming what to use instead."""
     if dtype not in _DTYPES:
@@ -84,10 +92,10 @@ def check_dtype(dtype: str, device: torch.device) -> None:
     if device.type != "cpu" or dtype == "float32":
         return
     if dtype == "float16":
-        raise ValueError("scoring.dtype=float16 is for CUDA devices; on the CPU use float32, or bfloat16 "
+        raise UnsupportedDtype("scoring.dtype=float16 is for CUDA devices; on the CPU use float32, or bfloat16 "
                          "where the CPU supports it (AVX-512-BF16 or AMX-BF16)")
     if not cpu_bf16_supported():
-        raise ValueError("scoring.dtype=bfloat16 needs a CPU with AVX-512-BF16 or AMX-BF16 (see the flags in "
+        raise UnsupportedDtype("scoring.dtype=bfloat16 needs a CPU with AVX-512-BF16 or AMX-BF16 (see the flags in "
                          "/proc/cpuinfo); this one has neither, so bf16 would be emulated and slower than fp32. "
                          "Use scoring.dtype=float32 on these workers")
 
