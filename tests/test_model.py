@@ -296,3 +296,17 @@ def test_encode_matches_the_full_encoder_on_a_trained_model(monkeypatch):
         reference = model(seq)[:, -1]
     torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
     assert sum(unmasked) >= 2 and not all(unmasked)                # both paths ran
+
+
+def test_attention_under_cpu_bf16_autocast_runs_in_fp32_and_returns_bf16():
+    """The scoring core's bf16 autocast on the CPU: attention itself is computed from the bf16 inputs
+    in fp32 (faster there at these sizes, and exact), and hands bf16 on to the next projection."""
+    from recsys.model.sasrec import _attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(8, 2, 12, 16, generator=g).bfloat16() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _attention(q, k, v, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert torch.equal(out, expected.bfloat16())

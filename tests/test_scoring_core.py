@@ -223,6 +223,22 @@ def test_exact_topk_on_continuous_scores_takes_the_filtered_path_and_matches_tor
     assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx)          # no ties: the same columns, in order
 
 
+def test_exact_topk_orders_ties_inside_the_top_k_by_column_on_the_fast_path():
+    """Continuous scores (so the k-th place is untied and the float top-k path answers), with equal
+    scores planted inside the top k: the same items as torch.topk, ties by column ascending."""
+    g = torch.Generator().manual_seed(11)
+    scores = torch.randn(200, 20_000, generator=g)
+    k = 100
+    for row in range(200):
+        best = torch.topk(scores[row], 10).indices
+        scores[row, best[5]] = scores[row, best[2]]          # a tie among the best
+        scores[row, 19_999 - row] = scores[row, best[0]]     # a tie at the top, in a late column
+    vals, idx = exact_topk(scores, k)
+    ref_vals, ref_cols = stable_reference(scores, k)
+    assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_cols)
+    assert torch.equal(vals, torch.topk(scores, k, dim=1).values)
+
+
 def test_exact_topk_ranks_nan_first_like_torch_topk():
     scores = torch.randn(4, 4000)
     scores[2, 17] = float("nan")

@@ -119,6 +119,30 @@ def _keyed_topk(vals: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.T
     return torch.gather(vals, 1, pos), torch.gather(cols, 1, pos)
 
 
+def _unique_floor(top: torch.Tensor) -> torch.Tensor:
+    """[n, k+1] values (any order), the k+1 best of their rows by torch.topk -> [n] bool: the smallest
+    is strictly below the other k and no value is NaN, so the k best of the row are exactly the k
+    others, whatever torch.topk did with ties below them."""
+    floor = top.amin(dim=1, keepdim=True)
+    return ((top == floor).sum(dim=1) == 1) & ~torch.isnan(top).any(dim=1)
+
+
+def _select_ordered(vals: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like :func:`_keyed_topk`, for less: a float ``torch.topk`` of ``k + 1`` (unsorted) finds the k
+    best wherever its smallest value is unique (:func:`_unique_floor`), and only those ``k + 1`` are
+    ordered by key; rows with a tie at the k-th place (or a NaN) take :func:`_keyed_topk` whole."""
+    n, m = vals.shape
+    if m <= k + 1:
+        return _keyed_topk(vals, cols, k)
+    top, pos = torch.topk(vals, k + 1, dim=1, sorted=False)                    # [n, k+1]
+    out_vals, out_cols = _keyed_topk(top, torch.gather(cols, 1, pos), k)       # drops the unique floor, orders
+    bad = ~_unique_floor(top)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)
+        out_vals[rows], out_cols[rows] = _keyed_topk(vals[rows], cols[rows], k)
+    return out_vals, out_cols
+
+
 def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
                exact: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Top ``k`` of each row of ``scores`` [n, C] -> (values [n, k], columns [n, k] int64), without
@@ -132,36 +156,39 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
     vectorised max over a [n, group, G] view finds each group's best). The k-th best of the group
     maxima, ``t``, is at most the k-th best score (the k best groups hold k distinct scores >= t), so
     every top-k score is >= t and its group's maximum too: the groups whose maximum is >= t hold the
-    whole answer. When exactly k groups reach ``t`` (the (k+1)-th group maximum is below it), those
-    k groups' ``k * group`` members are the only candidates, and the answer is the k best of them.
-    Rows where more groups tie at ``t`` (many equal scores, e.g. a row mostly masked to -inf) are
-    answered over the whole row instead; with ``exact=False`` they keep the k groups torch.topk
-    chose (the bf16 preselection, where ties are common and its candidates are rescored anyway).
+    whole answer. When exactly k groups reach ``t`` (the (k+1)-th group maximum is below it, read off
+    an unsorted top ``k + 1`` of the maxima, :func:`_unique_floor`), the ``k + 1`` best groups'
+    members are a superset of the answer, and the answer is the k best of them
+    (:func:`_select_ordered`). Rows where more groups tie at ``t`` (many equal scores, e.g. a row
+    mostly masked to -inf) are answered over the whole row instead; with ``exact=False`` they keep
+    the groups torch.topk chose (the bf16 preselection, where ties are common and its candidates are
+    rescored anyway).
     """
     n, num_c = scores.shape
     group = GROUP if group is None else group
     groups = num_c // group if group > 1 else 0
-    if k == 0 or groups < max(k + 1, MIN_GROUPS_PER_ITEM * k):
-        return _keyed_topk(scores, torch.arange(num_c, device=scores.device).expand(n, num_c), k)
+    full = None
+    if k == 0 or groups < max(k + 2, MIN_GROUPS_PER_ITEM * k):
+        full = torch.arange(num_c, device=scores.device).expand(n, num_c)
+        return _select_ordered(scores, full, k) if exact else _keyed_topk(scores, full, k)
     body = groups * group
     best = scores[:, :body].view(n, group, groups).amax(dim=1)                # [n, G] group maxima
-    top_g, gi = torch.topk(best, k + 1, dim=1)                                # [n, k+1], best first
-    ok = top_g[:, k] < top_g[:, k - 1]                                        # [n] exactly k groups reach t
+    top_g, gi = torch.topk(best, k + 1, dim=1, sorted=False)                  # [n, k+1], any order
     strides = torch.arange(0, body, groups, device=scores.device)             # [group]
-    cols = (gi[:, :k, None] + strides[None, None, :]).reshape(n, k * group)   # [n, k * group]
+    cols = (gi[:, :, None] + strides[None, None, :]).reshape(n, (k + 1) * group)   # [n, (k+1) * group]
     if body < num_c:                                                          # the columns past the last group
         rest = torch.arange(body, num_c, device=scores.device).expand(n, num_c - body)
         cols = torch.cat([cols, rest], dim=1)
-    members = torch.gather(scores, 1, cols)                                   # [n, k * group]
-    if not exact:
-        vals, pos = torch.topk(members, k, dim=1)
+    members = torch.gather(scores, 1, cols)                                   # [n, (k+1) * group (+ rest)]
+    if not exact:                                                             # any order: rescored and ordered later
+        vals, pos = torch.topk(members, k, dim=1, sorted=False)
         return vals, torch.gather(cols, 1, pos)
-    vals, cols = _keyed_topk(members, cols, k)                                # [n, k] x 2
-    bad = ~ok
+    vals, cols = _select_ordered(members, cols, k)                            # [n, k] x 2
+    bad = ~_unique_floor(top_g)
     if bool(bad.any()):
         rows = bad.nonzero().squeeze(1)
         full = torch.arange(num_c, device=scores.device).expand(len(rows), num_c)
-        vals[rows], cols[rows] = _keyed_topk(scores[rows], full, k)
+        vals[rows], cols[rows] = _select_ordered(scores[rows], full, k)
     return vals, cols
 
 
@@ -462,7 +489,8 @@ class Scorer:
         if not low_precision:
             return best_val, best_col
         # rescore the preselected candidates in fp32; masked (-inf) slots stay masked
-        exact = torch.bmm(self._cand_emb32[best_col], user[:, :, None]).squeeze(2)  # [b, want]
+        rows32 = self._cand_emb32.index_select(0, best_col.reshape(-1)).view(*best_col.shape, -1)  # [b, want, D]
+        exact = torch.bmm(rows32, user[:, :, None]).squeeze(2)                   # [b, want]
         exact = torch.where(torch.isneginf(best_val), torch.full_like(exact, float("-inf")), exact)
         return _keyed_topk(exact, best_col, k)
 
