@@ -93,11 +93,11 @@ def check_dtype(dtype: str, device: torch.device) -> None:
         return
     if dtype == "float16":
         raise UnsupportedDtype("scoring.dtype=float16 is for CUDA devices; on the CPU use float32, or bfloat16 "
-                         "where the CPU supports it (AVX-512-BF16 or AMX-BF16)")
+                               "where the CPU supports it (AVX-512-BF16 or AMX-BF16)")
     if not cpu_bf16_supported():
         raise UnsupportedDtype("scoring.dtype=bfloat16 needs a CPU with AVX-512-BF16 or AMX-BF16 (see the flags in "
-                         "/proc/cpuinfo); this one has neither, so bf16 would be emulated and slower than fp32. "
-                         "Use scoring.dtype=float32 on these workers")
+                               "/proc/cpuinfo); this one has neither, so bf16 would be emulated and slower than fp32. "
+                               "Use scoring.dtype=float32 on these workers")
 
 
 def _order_keys(vals: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
@@ -167,8 +167,7 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
     n, num_c = scores.shape
     group = GROUP if group is None else group
     groups = num_c // group if group > 1 else 0
-    full = None
-    if k == 0 or groups < max(k + 2, MIN_GROUPS_PER_ITEM * k):
+    if k == 0 or groups < max(k + 1, MIN_GROUPS_PER_ITEM * k):
         full = torch.arange(num_c, device=scores.device).expand(n, num_c)
         return _select_ordered(scores, full, k) if exact else _keyed_topk(scores, full, k)
     body = groups * group
