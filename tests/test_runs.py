@@ -148,3 +148,19 @@ def test_progress_line_reads_tasks_users_rate_and_time_left():
                           elapsed=10.0, expected_users=100, users_per_s=None)
     assert connect == ("x: 1/4 tasks, 2.0 MB read, about 30s left, 10s so far, "
                        "user counts are not available over Spark Connect")
+
+
+def test_the_pace_behind_the_time_left_starts_at_the_first_counted_line():
+    """The 1M-user scale test's own figures: the first line's 30 s include the shuffle's read and the
+    model's load, so later lines take the pace from the first counted line on, not from the start."""
+    from recsys.live_progress import Pace, Snapshot, format_line
+
+    pace = Pace(started=0.0)
+    assert pace.users_per_s(30.0, None) is None and pace.users_per_s(30.0, 0) is None   # nothing counted yet
+    assert pace.users_per_s(30.0, 96_237) == pytest.approx(96_237 / 30)                 # one line: the average
+    assert pace.users_per_s(45.0, 96_237) == pytest.approx(96_237 / 45)                 # no task since: the average
+    rate = pace.users_per_s(60.0, 288_072)
+    assert rate == pytest.approx((288_072 - 96_237) / 30)
+    line = format_line("score users", Snapshot(tasks_done=6, tasks_total=20, rows=288_072), elapsed=60.0,
+                       expected_users=864_120, users_per_s=rate)
+    assert "6,394 users/s, about 1m30s left" in line                                    # it took 1m38s
