@@ -139,7 +139,7 @@ def format_line(label: str, snap: Snapshot, *, elapsed: float, expected_users: i
         parts.append(f"{snap.rows:,} rows read")
     if users_per_s is not None and expected_users:
         parts.append(f"{users_per_s:,.0f} users/s")
-    if snap.bytes_read is not None:
+    if snap.bytes_read:   # a Connect server reports 0 for stages that read a shuffle: say nothing then
         parts.append(f"{snap.bytes_read / 1e6:,.1f} MB read")
     left = _time_left(snap, elapsed=elapsed, expected_users=expected_users, users_per_s=users_per_s)
     parts.append(f"about {_duration(left)} left" if left is not None else "time left unknown yet")

@@ -148,6 +148,10 @@ def test_progress_line_reads_tasks_users_rate_and_time_left():
                           elapsed=10.0, expected_users=100, users_per_s=None)
     assert connect == ("x: 1/4 tasks, 2.0 MB read, about 30s left, 10s so far, "
                        "user counts are not available over Spark Connect")
+    shuffle = format_line("x", Snapshot(tasks_done=2, tasks_total=9, bytes_read=0,
+                                        note="user counts are not available over Spark Connect"),
+                          elapsed=15.0, expected_users=100, users_per_s=None)
+    assert shuffle == "x: 2/9 tasks, about 52s left, 15s so far, user counts are not available over Spark Connect"
 
 
 def test_the_pace_behind_the_time_left_starts_at_the_first_counted_line():
