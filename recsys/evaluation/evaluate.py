@@ -84,11 +84,11 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
 
     results: dict[str, PhaseResult] = {}
     details: dict[str, Any] = {}
-    extra_rows: dict[str, Any] = {}          # rows ranked by the job's core at scoring.dtype, after their model
     curves: dict[str, list[dict]] = {}
     vocab = train_seqs = None
     for name in ev.models:
         t0 = time.perf_counter()
+        core_row: tuple[str, Scorer] | None = None   # this model ranked by the job's core at scoring.dtype
         if name == "popularity":
             from recsys.evaluation.baselines import popularity_scorer
 
@@ -130,9 +130,9 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
             if cfg.scoring.dtype != "float32":   # the same model through the job's core at that dtype, next row
                 from recsys.evaluation.ranking import CoreScorer
 
-                extra_rows[f"{name}@{cfg.scoring.dtype}"] = CoreScorer(
+                core_row = (f"{name}@{cfg.scoring.dtype}", CoreScorer(
                     fitted.model, vocab.item_ids, split.test, max(max(ranking_ks), cfg.scoring.top_n),
-                    cfg.scoring.dtype, device)
+                    cfg.scoring.dtype, device))
         else:  # pragma: no cover - EvaluationConfig validates the names
             raise ConfigError(f"unknown model {name!r} in evaluation.models")
         results[name] = rank_phase(scorer, split.test, ranking_ks, device=device)
@@ -140,10 +140,10 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
         log.info("[evaluate] %s: test %s (%.1f s)", name,
                  ", ".join(f"{k}={v:.4f}" for k, v in results[name].means().items() if k.startswith("ndcg")),
                  details[name]["seconds"])
-        for row, core in extra_rows.items():
+        if core_row is not None:   # its row right after the model's own
+            row, core = core_row
             results[row] = rank_phase(core, split.test, ranking_ks, device=device)
             details[row] = {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype}
-        extra_rows.clear()
 
     default = cfg.train.model.type if cfg.train.model.type in results else None
     comparison = compare(results, protocol=protocol, ks=ks, candidates=len(split.test.candidates),
