@@ -202,28 +202,69 @@ def tie_heavy_scores(rows: int, cols: int, seed: int) -> torch.Tensor:
     return scores
 
 
+def grouped(layout: str):
+    """The grouped selection of one layout, forced even where exact_topk would answer directly: groups
+    small enough for at least 2 (k + 1) of them, so a partial last group is common; exact_topk itself
+    where the row is too short for any grouping."""
+    impl = {"contiguous": core_module._topk_over_contiguous_groups,
+            "strided": core_module._topk_over_strided_groups}[layout]
+
+    def select(scores: torch.Tensor, k: int, exact: bool = True):
+        group = scores.shape[1] // (2 * (k + 1))
+        return impl(scores, k, group, exact) if k and group > 1 else exact_topk(scores, k, exact=exact)
+    return select
+
+
+SELECTIONS = {"exact_topk": exact_topk, "contiguous": grouped("contiguous"), "strided": grouped("strided")}
+
+
+@pytest.mark.parametrize("selection", SELECTIONS)
 @pytest.mark.parametrize("cols, k", [(5000, 100), (5000, 1), (3001, 37), (400, 50), (60, 60)])
-def test_exact_topk_returns_torch_topk_values_in_the_documented_tie_order(cols, k):
+def test_exact_topk_returns_torch_topk_values_in_the_documented_tie_order(cols, k, selection):
     for seed in range(3):
         scores = tie_heavy_scores(70, cols, seed)
-        vals, idx = exact_topk(scores, k)
+        vals, idx = SELECTIONS[selection](scores, k)
         assert torch.equal(vals, torch.topk(scores, k, dim=1).values)
         ref_vals, ref_cols = stable_reference(scores, k)
         assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_cols)
         assert torch.equal(torch.gather(scores, 1, idx), vals)
 
 
-def test_exact_topk_on_continuous_scores_takes_the_filtered_path_and_matches_torch_topk():
+@pytest.mark.parametrize("selection", SELECTIONS)
+@pytest.mark.parametrize("cols", [20_000, 20_011])
+def test_exact_topk_on_continuous_scores_takes_the_filtered_path_and_matches_torch_topk(selection, cols):
     g = torch.Generator().manual_seed(7)
-    scores = torch.randn(300, 20_000, generator=g)
+    scores = torch.randn(300, cols, generator=g)
     k = 100
-    assert 20_000 // core_module.GROUP >= core_module.MIN_GROUPS_PER_ITEM * k   # the grouped path, not the direct one
-    vals, idx = exact_topk(scores, k)
+    assert cols // core_module.CPU_GROUP >= core_module.CPU_MIN_GROUPS_PER_ITEM * k   # the grouped path, not the direct one
+    vals, idx = SELECTIONS[selection](scores, k)
     ref_vals, ref_idx = torch.topk(scores, k, dim=1)
     assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx)          # no ties: the same columns, in order
+    any_vals, any_idx = SELECTIONS[selection](scores, k, exact=False)        # the bf16 preselection's mode
+    assert torch.equal(any_vals.sort(dim=1, descending=True).values, ref_vals)
+    assert torch.equal(torch.gather(scores, 1, any_idx), any_vals)
 
 
-def test_exact_topk_orders_ties_inside_the_top_k_by_column_on_the_fast_path():
+def test_exact_topk_reads_a_view_whose_rows_are_strided_and_offset():
+    """A block cut out of a wider matrix (row stride > columns, storage offset > 0), as a tile is."""
+    g = torch.Generator().manual_seed(5)
+    wide = torch.randn(50, 9_000, generator=g)
+    view = wide[3:40, 517:517 + 7_003]
+    vals, idx = exact_topk(view, 50)
+    ref_vals, ref_idx = torch.topk(view.contiguous(), 50, dim=1)
+    assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_idx)
+
+
+def test_exact_topk_ranks_a_nan_in_the_columns_past_the_last_group_first():
+    scores = torch.randn(3, 32 * 40 + 7)                       # 40 whole groups of 32, 7 columns after them
+    scores[1, -2] = float("nan")
+    vals, idx = exact_topk(scores, 5)
+    assert idx[1, 0] == scores.shape[1] - 2
+    assert torch.equal(idx, torch.topk(scores, 5, dim=1).indices)
+
+
+@pytest.mark.parametrize("selection", SELECTIONS)
+def test_exact_topk_orders_ties_inside_the_top_k_by_column_on_the_fast_path(selection):
     """Continuous scores (so the k-th place is untied and the float top-k path answers), with equal
     scores planted inside the top k: the same items as torch.topk, ties by column ascending."""
     g = torch.Generator().manual_seed(11)
@@ -233,17 +274,18 @@ def test_exact_topk_orders_ties_inside_the_top_k_by_column_on_the_fast_path():
         best = torch.topk(scores[row], 10).indices
         scores[row, best[5]] = scores[row, best[2]]          # a tie among the best
         scores[row, 19_999 - row] = scores[row, best[0]]     # a tie at the top, in a late column
-    vals, idx = exact_topk(scores, k)
+    vals, idx = SELECTIONS[selection](scores, k)
     ref_vals, ref_cols = stable_reference(scores, k)
     assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_cols)
     assert torch.equal(vals, torch.topk(scores, k, dim=1).values)
 
 
-def test_exact_topk_ranks_nan_first_like_torch_topk():
+@pytest.mark.parametrize("selection", SELECTIONS)
+def test_exact_topk_ranks_nan_first_like_torch_topk(selection):
     scores = torch.randn(4, 4000)
     scores[2, 17] = float("nan")
     scores[3, 4] = -float("nan")                              # a NaN with the sign bit set
-    vals, idx = exact_topk(scores, 5)
+    vals, idx = SELECTIONS[selection](scores, 5)
     assert idx[2, 0] == 17 and idx[3, 0] == 4
     assert torch.equal(idx, torch.topk(scores, 5, dim=1).indices)
 
@@ -269,8 +311,8 @@ def test_fast_core_gives_the_reference_cores_lists_on_a_trained_model(monkeypatc
     available = np.arange(1, NUM_ITEMS + 1)[rng.random(NUM_ITEMS) < 0.8]
     hists = [list(rng.choice(np.arange(1, NUM_ITEMS + 1), size=n, replace=False)) for n in rng.integers(0, 20, 300)]
     monkeypatch.setattr(core_module, "CPU_BLOCK_BYTES", 40 * 4 * len(available))   # blocks of 40 users
-    monkeypatch.setattr(core_module, "GROUP", 2)                                     # grouped path at 48 items
-    monkeypatch.setattr(core_module, "MIN_GROUPS_PER_ITEM", 1)
+    monkeypatch.setattr(core_module, "CPU_GROUP", 2)                                 # grouped path at 48 items
+    monkeypatch.setattr(core_module, "CPU_MIN_GROUPS_PER_ITEM", 1)
     fb = Fallback(SOURCE_POPULARITY, ITEM_IDS[:10], np.linspace(1, 0.5, 10).astype(np.float32))
     common = dict(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(available, ITEM_IDS[available - 1]),
                   fallback=fb, top_n=10, device=torch.device("cpu"))

@@ -9,8 +9,9 @@ N per user leave the device, and they leave as Arrow list arrays, never as Pytho
 The top N never sorts the whole score matrix (:func:`exact_topk`): on the CPU, users are scored a
 block of rows at a time, so the block's ``[rows, items]`` scores stay in cache between the product,
 the masking and the selection; the selection takes each group's best score in one vectorised
-pass, keeps the N best groups (which must hold the N best items) and picks the N best among their
-few thousand members. The result is exact, in a documented order: score descending, ties by
+pass, keeps the N + 1 best groups (which must hold the N best items) and picks the N best among their
+few thousand members (on the CPU, only the hundred or so members at or above the (N+1)-th group
+maximum are ordered). The result is exact, in a documented order: score descending, ties by
 candidate column ascending (which is model item index ascending).
 
 ``dtype="bfloat16"`` scores in bf16 on CPUs that run it natively (AVX-512-BF16 or AMX-BF16, see
@@ -43,10 +44,16 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # cache when it is masked and its top N selected (measured on 2 cores at 4,096 x 20,000, d64:
 # 256-row blocks score and select in 0.65 of the time of one [4096, 20000] matrix).
 CPU_BLOCK_BYTES = 16 * 2**20
-# exact_topk: group size of the first pass; groups = items / GROUP. Direct selection below this many
-# groups per wanted item (too few groups to filter anything).
+# exact_topk on accelerators: strided groups of GROUP columns; direct selection below this many groups
+# per wanted item (too few groups to filter anything). Measured on an H200 (docs/performance.md, GPU).
 GROUP = 16
 MIN_GROUPS_PER_ITEM = 4
+# exact_topk on the CPU: contiguous groups of CPU_GROUP columns (a max over 32 adjacent floats is two
+# AVX-512 vectors; 16 or 20-50 were slower), grouped while there are at least CPU_MIN_GROUPS_PER_ITEM
+# groups per wanted item. Measured on [209, 20000] fp32 blocks, top 100, one thread: 45 -> 28 us per user
+# against the strided groups' path (benchmarks/core_breakdown.py shows the share in the whole core).
+CPU_GROUP = 32
+CPU_MIN_GROUPS_PER_ITEM = 2
 # bf16: candidates preselected per wanted item, then rescored in fp32. Measured at 4,096 x 20,000,
 # top 100, 1 thread (CPU time; benchmarks in docs/performance.md): with an fp32 encoder, 1.5 N and
 # 2 N preselected both give the fp32 lists exactly (overlap 1.0000), so 1.5 N; the bf16 product
@@ -152,24 +159,104 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
     equal scores, by column ascending (torch.topk leaves the order of ties unspecified). NaN ranks
     first, as in torch.topk.
 
-    How: columns fall into ``G = C // group`` groups (column ``c`` in group ``c % G``, so one
-    vectorised max over a [n, group, G] view finds each group's best). The k-th best of the group
-    maxima, ``t``, is at most the k-th best score (the k best groups hold k distinct scores >= t), so
-    every top-k score is >= t and its group's maximum too: the groups whose maximum is >= t hold the
-    whole answer. When exactly k groups reach ``t`` (the (k+1)-th group maximum is below it, read off
-    an unsorted top ``k + 1`` of the maxima, :func:`_unique_floor`), the ``k + 1`` best groups'
-    members are a superset of the answer, and the answer is the k best of them
-    (:func:`_select_ordered`). Rows where more groups tie at ``t`` (many equal scores, e.g. a row
-    mostly masked to -inf) are answered over the whole row instead; with ``exact=False`` they keep
-    the groups torch.topk chose (the bf16 preselection, where ties are common and its candidates are
-    rescored anyway).
+    How: columns fall into groups, and one vectorised max finds each group's best. The k-th best of
+    the group maxima, ``t``, is at most the k-th best score (the k best groups hold k distinct scores
+    >= t), so every top-k score is >= t and its group's maximum too: the groups whose maximum is >= t
+    hold the whole answer. When exactly k groups reach ``t`` (the (k+1)-th group maximum is below it,
+    read off an unsorted top ``k + 1`` of the maxima, :func:`_unique_floor`), the ``k + 1`` best
+    groups' members are a superset of the answer. Rows where more groups tie at ``t`` (many equal
+    scores, e.g. a row mostly masked to -inf) or that hold a NaN are answered over the whole row
+    instead; with ``exact=False`` they keep the groups torch.topk chose (the bf16 preselection, where
+    ties are common and its candidates are rescored anyway).
+
+    The groups are laid out for the device: on the CPU, ``CPU_GROUP`` adjacent columns, and only the
+    members at or above the (k+1)-th group maximum (about k of them) are ordered
+    (:func:`_topk_over_contiguous_groups`); on accelerators, every ``C // GROUP``-th column, and the
+    k best members are picked by a top-k (:func:`_topk_over_strided_groups`).
     """
     n, num_c = scores.shape
-    group = GROUP if group is None else group
+    on_cpu = scores.device.type == "cpu"
+    group = (CPU_GROUP if on_cpu else GROUP) if group is None else group
     groups = num_c // group if group > 1 else 0
-    if k == 0 or groups < max(k + 1, MIN_GROUPS_PER_ITEM * k):
+    per_item = CPU_MIN_GROUPS_PER_ITEM if on_cpu else MIN_GROUPS_PER_ITEM
+    if k == 0 or groups < max(k + 1, per_item * k):
         full = torch.arange(num_c, device=scores.device).expand(n, num_c)
         return _select_ordered(scores, full, k) if exact else _keyed_topk(scores, full, k)
+    if on_cpu:
+        return _topk_over_contiguous_groups(scores, k, group, exact)
+    return _topk_over_strided_groups(scores, k, group, exact)
+
+
+def _whole_rows(scores: torch.Tensor, vals: torch.Tensor, cols: torch.Tensor, k: int, bad: torch.Tensor) -> None:
+    """Answer the ``bad`` rows over the whole row, in place: a tie at the threshold, or a NaN."""
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)
+        full = torch.arange(scores.shape[1], device=scores.device).expand(len(rows), scores.shape[1])
+        vals[rows], cols[rows] = _select_ordered(scores[rows], full, k)
+
+
+def _topk_over_contiguous_groups(scores: torch.Tensor, k: int, group: int,
+                                 exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`exact_topk` with groups of ``group`` adjacent columns (the CPU layout).
+
+    The ``k + 1`` best groups' members are read as whole rows of a sliding-window view (one copy of
+    ``group`` adjacent floats per group), and only those at or above the threshold ``t`` (the
+    (k+1)-th group maximum) are kept: at least k + 1 of them, usually a few more. They are compacted
+    to the left of a ``[n, most kept]`` block, -inf after them, and the k best are ordered by key.
+    Columns past the last whole group are always kept as members. Scores of another dtype are
+    converted to fp32 first (the values come back in fp32): the CPU's max over adjacent bf16 columns
+    is not vectorised (40 against 4 us per user at [418, 20000]), the conversion costs 3.4.
+    """
+    if scores.dtype != torch.float32:
+        scores = scores.float()
+    n, num_c = scores.shape
+    groups = num_c // group
+    body = groups * group
+    dev = scores.device
+    row_stride = scores.stride(0)
+    if scores.stride(1) != 1:
+        scores = scores.contiguous()
+        row_stride = num_c
+    best = scores.as_strided((n, groups, group), (row_stride, group, 1)).amax(dim=2)   # [n, G] group maxima
+    top_g, gi = torch.topk(best, k + 1, dim=1, sorted=False)                          # [n, k+1], any order
+    floor = top_g.amin(dim=1, keepdim=True)                                            # [n, 1]: t
+    # row r's group j starts at element r * row_stride + j * group of the storage
+    windows = (n - 1) * row_stride + num_c - group + 1 if n else 0                     # each element's next `group`
+    storage = scores.as_strided((windows, group), (1, 1), scores.storage_offset())
+    starts = (gi * group + torch.arange(n, device=dev)[:, None] * row_stride).reshape(-1)
+    members = storage.index_select(0, starts).view(n, (k + 1) * group)                # [n, (k+1) * group]
+    rest = num_c - body
+    if rest:
+        members = torch.cat([members, scores[:, body:]], dim=1)                         # [n, (k+1) * group + rest]
+    keep = members >= floor                                                             # [n, M]
+    counts = keep.sum(dim=1)                                                            # [n], each >= k + 1
+    width = max(int(counts.max()), k) if n else k
+    r, c = keep.nonzero(as_tuple=True)                                                  # row-major: rows sorted
+    slot = torch.arange(len(r), device=dev) - (torch.cumsum(counts, 0) - counts)[r]
+    in_group = c < (k + 1) * group
+    col = torch.where(in_group, gi[r, (c // group).clamp_(max=k)] * group + c % group, body + c - (k + 1) * group)
+    vals = scores.new_full((n, width), float("-inf"))
+    cols = torch.full((n, width), num_c, dtype=torch.long, device=dev)                  # after every real column
+    vals[r, slot] = members[r, c]
+    cols[r, slot] = col
+    if not exact:                                                                       # any order: rescored later
+        out_vals, pos = torch.topk(vals, k, dim=1, sorted=False)
+        return out_vals, torch.gather(cols, 1, pos)
+    out_vals, out_cols = _keyed_topk(vals, cols, k)                                     # [n, k] x 2
+    bad = ~_unique_floor(top_g)
+    if rest:
+        bad |= torch.isnan(scores[:, body:]).any(dim=1)
+    _whole_rows(scores, out_vals, out_cols, k, bad)
+    return out_vals, out_cols
+
+
+def _topk_over_strided_groups(scores: torch.Tensor, k: int, group: int,
+                              exact: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`exact_topk` with column ``c`` in group ``c % G`` (the accelerator layout): one max over
+    a [n, group, G] view finds each group's best; the k best of the ``k + 1`` best groups' members
+    are picked by a float top-k (:func:`_select_ordered`)."""
+    n, num_c = scores.shape
+    groups = num_c // group
     body = groups * group
     best = scores[:, :body].view(n, group, groups).amax(dim=1)                # [n, G] group maxima
     top_g, gi = torch.topk(best, k + 1, dim=1, sorted=False)                  # [n, k+1], any order
@@ -183,11 +270,7 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
         vals, pos = torch.topk(members, k, dim=1, sorted=False)
         return vals, torch.gather(cols, 1, pos)
     vals, cols = _select_ordered(members, cols, k)                            # [n, k] x 2
-    bad = ~_unique_floor(top_g)
-    if bool(bad.any()):
-        rows = bad.nonzero().squeeze(1)
-        full = torch.arange(num_c, device=scores.device).expand(len(rows), num_c)
-        vals[rows], cols[rows] = _select_ordered(scores[rows], full, k)
+    _whole_rows(scores, vals, cols, k, ~_unique_floor(top_g))
     return vals, cols
 
 
