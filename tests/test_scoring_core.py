@@ -228,6 +228,10 @@ def test_exact_topk_returns_torch_topk_values_in_the_documented_tie_order(cols, 
         ref_vals, ref_cols = stable_reference(scores, k)
         assert torch.equal(vals, ref_vals) and torch.equal(idx, ref_cols)
         assert torch.equal(torch.gather(scores, 1, idx), vals)
+        # the bf16 preselection's mode: the k best values in any order, ties broken as it happens
+        any_vals, any_idx = SELECTIONS[selection](scores, k, exact=False)
+        assert torch.equal(any_vals.sort(dim=1, descending=True).values, ref_vals)
+        assert torch.equal(torch.gather(scores, 1, any_idx), any_vals)
 
 
 @pytest.mark.parametrize("selection", SELECTIONS)

@@ -166,8 +166,9 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
     read off an unsorted top ``k + 1`` of the maxima, :func:`_unique_floor`), the ``k + 1`` best
     groups' members are a superset of the answer. Rows where more groups tie at ``t`` (many equal
     scores, e.g. a row mostly masked to -inf) or that hold a NaN are answered over the whole row
-    instead; with ``exact=False`` they keep the groups torch.topk chose (the bf16 preselection, where
-    ties are common and its candidates are rescored anyway).
+    instead. With ``exact=False`` (the bf16 preselection, whose candidates are rescored and ordered
+    later) the k best come back in any order, and ties at the k-th place are broken as it happens;
+    on accelerators such rows keep the groups torch.topk chose.
 
     The groups are laid out for the device: on the CPU, ``CPU_GROUP`` adjacent columns, and only the
     members at or above the (k+1)-th group maximum (about k of them) are ordered
@@ -187,12 +188,14 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
     return _topk_over_strided_groups(scores, k, group, exact)
 
 
-def _whole_rows(scores: torch.Tensor, vals: torch.Tensor, cols: torch.Tensor, k: int, bad: torch.Tensor) -> None:
+def _whole_rows(scores: torch.Tensor, vals: torch.Tensor, cols: torch.Tensor, k: int, bad: torch.Tensor,
+                exact: bool = True) -> None:
     """Answer the ``bad`` rows over the whole row, in place: a tie at the threshold, or a NaN."""
     if bool(bad.any()):
         rows = bad.nonzero().squeeze(1)
         full = torch.arange(scores.shape[1], device=scores.device).expand(len(rows), scores.shape[1])
-        vals[rows], cols[rows] = _select_ordered(scores[rows], full, k)
+        select = _select_ordered if exact else _keyed_topk
+        vals[rows], cols[rows] = select(scores[rows], full, k)
 
 
 def _topk_over_contiguous_groups(scores: torch.Tensor, k: int, group: int,
@@ -228,8 +231,13 @@ def _topk_over_contiguous_groups(scores: torch.Tensor, k: int, group: int,
     rest = num_c - body
     if rest:
         members = torch.cat([members, scores[:, body:]], dim=1)                         # [n, (k+1) * group + rest]
-    keep = members >= floor                                                             # [n, M]
-    counts = keep.sum(dim=1)                                                            # [n], each >= k + 1
+    bad = ~_unique_floor(top_g)                                                         # [n]: whole row instead
+    if rest:
+        bad |= torch.isnan(scores[:, body:]).any(dim=1)
+    # bad rows keep nothing here, so one user whose scores all tie (a zero vector: no usable history)
+    # does not widen the whole block to every member
+    keep = (members >= floor) & ~bad[:, None]                                           # [n, M]
+    counts = keep.sum(dim=1)                                                            # [n], >= k + 1 unless bad
     width = max(int(counts.max()), k) if n else k
     r, c = keep.nonzero(as_tuple=True)                                                  # row-major: rows sorted
     slot = torch.arange(len(r), device=dev) - (torch.cumsum(counts, 0) - counts)[r]
@@ -239,14 +247,12 @@ def _topk_over_contiguous_groups(scores: torch.Tensor, k: int, group: int,
     cols = torch.full((n, width), num_c, dtype=torch.long, device=dev)                  # after every real column
     vals[r, slot] = members[r, c]
     cols[r, slot] = col
-    if not exact:                                                                       # any order: rescored later
+    if exact:
+        out_vals, out_cols = _keyed_topk(vals, cols, k)                                 # [n, k] x 2
+    else:                                                                               # any order: rescored later
         out_vals, pos = torch.topk(vals, k, dim=1, sorted=False)
-        return out_vals, torch.gather(cols, 1, pos)
-    out_vals, out_cols = _keyed_topk(vals, cols, k)                                     # [n, k] x 2
-    bad = ~_unique_floor(top_g)
-    if rest:
-        bad |= torch.isnan(scores[:, body:]).any(dim=1)
-    _whole_rows(scores, out_vals, out_cols, k, bad)
+        out_cols = torch.gather(cols, 1, pos)
+    _whole_rows(scores, out_vals, out_cols, k, bad, exact)
     return out_vals, out_cols
 
 
