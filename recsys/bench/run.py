@@ -270,7 +270,7 @@ def format_table(result: dict) -> str:
     bare = result["bare_limit_users_per_s"]
     for name, value in result["users_per_s"].items():
         lines.append(f"{LABELS[name]:50s} {value:12,.0f} {value / bare:12.2f}")
-    lines.append("(x bare core: relative to the faster fp32 bare-core row, the practical limit on these cores)")
+    lines.append(f"(x bare core: relative to the faster {result['dtype']} bare-core row, the practical limit on these cores)")
     r, o = result["ratios"], result["overhead_us_per_user"]
     lines.append("")
     if "bare/reference" in r:
