@@ -304,6 +304,33 @@ def test_metrics_and_openapi_describe_the_service(stack):
     assert "user_ids" in body["properties"]
 
 
+def test_a_dtype_the_executors_refuse_keeps_the_frontend_not_ready_and_says_why(stack):
+    """float16 on CPU executors: every job would fail, so the frontend never turns ready; /readyz and
+    requests name the setting, not a Spark stack trace. The other frontend is not affected."""
+    root = stack["root"]
+    conf = yaml.safe_load((root / "serve.yaml").read_text())
+    conf["scoring"].update({"dtype": "float16", "device": "cpu"})
+    bad_conf = root / "serve-float16.yaml"
+    bad_conf.write_text(yaml.safe_dump(conf))
+    bad = Frontend(root, bad_conf, _free_port())
+    try:
+        def refused() -> str:
+            try:
+                response = bad.client.get("/readyz")
+            except httpx.TransportError:
+                return ""
+            reason = response.json().get("reason", "")
+            return reason if "refused" in reason else ""
+        reason = _until(refused, 180, "the float16 frontend to report the executors' refusal")
+        assert reason.startswith("the executors refused scoring.dtype=float16: scoring.dtype=float16 is for CUDA")
+        assert bad.client.get("/readyz").status_code == 503
+        response = bad.recommend({"user_ids": [1]})
+        assert response.status_code == 503 and "refused scoring.dtype=float16" in response.json()["detail"]
+    finally:
+        bad.stop()
+    assert stack["front"].recommend({"user_ids": [1]}).status_code == 200
+
+
 def test_backend_killed_then_restarted(stack):
     """In-flight requests fail fast with 503, /readyz turns false, the frontend reconnects by itself."""
     front, cfg = stack["front"], stack["cfg"]

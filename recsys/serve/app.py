@@ -207,7 +207,8 @@ class Service:
             try:
                 await loop.run_in_executor(self._maint_pool, self._maintain_step)
             except Exception as exc:
-                reason = redact_text(str(exc) if isinstance(exc, BackendUnavailable) else f"{type(exc).__name__}: {exc}")
+                reason = redact_text(str(exc) if isinstance(exc, (BackendUnavailable, BatchFailed))
+                                     else f"{type(exc).__name__}: {exc}")
                 if self.ready and not is_backend_unavailable(exc):
                     # bad new input (a broken catalog snapshot, an unreadable model): keep serving
                     # with what was loaded before, and say so

@@ -307,7 +307,7 @@ class OnDemand:
     def score(self, user_ids: Sequence[int]) -> BatchResult:
         """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
         from recsys.scoring.stage import worker_figures
-        from recsys.stages import score_users
+        from recsys.stages import score_users, workers_refusal
 
         spark, context = self.spark, self.context
         if spark is None or context is None or self.window is None:
@@ -320,6 +320,9 @@ class OnDemand:
         except Exception as exc:
             if is_backend_unavailable(exc):
                 raise BackendUnavailable(f"the backend at {self._where()} failed: {_first_line(exc)}") from None
+            refusal = workers_refusal(exc)
+            if refusal is not None:   # configuration, not this batch: the frontend stays not ready, saying why
+                raise BatchFailed(f"the executors refused scoring.dtype={context.spec.dtype}: {refusal}") from None
             raise BatchFailed(f"the Spark job for {len(user_ids)} user(s) failed: {_first_line(exc)}") from exc
         rows = {}
         for row in table.to_pylist():
