@@ -231,13 +231,19 @@ def _topk_over_contiguous_groups(scores: torch.Tensor, k: int, group: int,
     rest = num_c - body
     if rest:
         members = torch.cat([members, scores[:, body:]], dim=1)                         # [n, (k+1) * group + rest]
-    bad = ~_unique_floor(top_g)                                                         # [n]: whole row instead
+    keep = members >= floor                                                             # [n, M]
+    counts = keep.sum(dim=1)                                                            # [n], each >= k + 1
+    if exact:   # a tie at the threshold could leave out an item that belongs in the answer
+        bad = ~_unique_floor(top_g)
+    else:       # any k best will do, ties included; only rows where nearly everything ties go whole
+        bad = counts > 2 * (k + 1)
     if rest:
         bad |= torch.isnan(scores[:, body:]).any(dim=1)
-    # bad rows keep nothing here, so one user whose scores all tie (a zero vector: no usable history)
-    # does not widen the whole block to every member
-    keep = (members >= floor) & ~bad[:, None]                                           # [n, M]
-    counts = keep.sum(dim=1)                                                            # [n], >= k + 1 unless bad
+    if bool(bad.any()):
+        # rows answered over the whole row keep nothing here, so one user whose scores all tie (a
+        # zero vector: no usable history) does not widen the whole block to every member
+        keep &= ~bad[:, None]
+        counts = counts.masked_fill(bad, 0)
     width = max(int(counts.max()), k) if n else k
     r, c = keep.nonzero(as_tuple=True)                                                  # row-major: rows sorted
     slot = torch.arange(len(r), device=dev) - (torch.cumsum(counts, 0) - counts)[r]
