@@ -536,10 +536,15 @@ class Scorer:
 
     def row_block(self, rows: int) -> int:
         """Users per block of the score matrix: on the CPU, as many as keep one block's scores near
-        ``CPU_BLOCK_BYTES`` (in cache while masked and selected); on a GPU the whole chunk."""
+        ``CPU_BLOCK_BYTES`` (in cache while masked and selected); on a GPU the whole chunk.
+
+        Counted in fp32 bytes whatever the dtype: the CPU selection works on fp32 scores, so a bf16
+        block is converted to one (:func:`_topk_over_contiguous_groups`). Sized by its 2-byte
+        elements instead, a bf16 block held twice the users and its fp32 copy 32 MiB: 2 threads,
+        32k x 20k, 10,200 against 11,300 users/s."""
         if self.device.type != "cpu":
             return max(rows, 1)
-        fit = CPU_BLOCK_BYTES // max(1, self.num_candidates * self._cand_emb.element_size())
+        fit = CPU_BLOCK_BYTES // max(1, self.num_candidates * 4)
         return int(min(max(rows, 1), max(16, fit)))
 
     def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
