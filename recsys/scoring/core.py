@@ -49,9 +49,10 @@ CPU_BLOCK_BYTES = 16 * 2**20
 GROUP = 16
 MIN_GROUPS_PER_ITEM = 4
 # exact_topk on the CPU: contiguous groups of CPU_GROUP columns (a max over 32 adjacent floats is two
-# AVX-512 vectors; 16 or 20-50 were slower), grouped while there are at least CPU_MIN_GROUPS_PER_ITEM
-# groups per wanted item. Measured on [209, 20000] fp32 blocks, top 100, one thread: 45 -> 28 us per user
-# against the strided groups' path (benchmarks/core_breakdown.py shows the share in the whole core).
+# AVX-512 vectors; groups of 16, 20, 25, 40 and 50 were slower), grouped while there are at least
+# CPU_MIN_GROUPS_PER_ITEM groups per wanted item. Measured on [209, 20000] fp32 blocks, top 100, one
+# thread: 45 -> 28 us per user against the strided groups' path (benchmarks/core_breakdown.py shows
+# the share in the whole core).
 CPU_GROUP = 32
 CPU_MIN_GROUPS_PER_ITEM = 2
 # bf16: candidates preselected per wanted item, then rescored in fp32. Measured at 4,096 x 20,000,
