@@ -1,8 +1,9 @@
 """Where one user's scoring time goes, on one thread: the CPU budget behind the "10x Spark ALS" target.
 
-Profiles the bare core (``Scorer.topn``, the code the job runs) over synthetic chunks of the bench's
-shape and sorts torch's own per-operation time into what the model and the task cannot do without
-(the matrix products of the encoder and of the scores, and attention) and everything else
+Profiles the bare core (``Scorer.score`` through the bench's ``score_chunks``, the code the job
+runs) over synthetic chunks of the bench's shape and sorts torch's own per-operation time into what
+the model and the task cannot do without (the matrix products of the encoder and of the scores, and
+attention) and everything else
 (top-N selection, layer norms, GELU, residual adds, dtype conversions, id mapping, masking). With a
 ``recsys bench --json`` file it also prints what the job would need per user to reach a given multiple
 of that run's Spark ALS row, and what the products and attention alone would allow if every other
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -50,19 +50,13 @@ def category(op: str) -> str:
 def breakdown(dtype: str, shape: shapes.BenchShape, chunk: int) -> tuple[dict[str, float], float]:
     """Per-user microseconds by category (profiled) and the unprofiled per-user time, one thread."""
     torch.set_num_threads(1)
-    _, seqs = shapes.histories(shape)
+    user_ids, seqs = shapes.histories(shape)
     scorer = shapes.scorer(shape, shapes.model(shape), torch.device("cpu"), dtype)
     chunks = core_bench.contiguous_chunks(seqs, chunk)
-    scorer.topn(chunks[0][2])                                    # warm-up
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _, _, c in chunks:
-            scorer.topn(c)
-        best = min(best, time.perf_counter() - start)
+    core_bench.score_chunks(scorer, user_ids, chunks[:1])        # warm-up
+    best = min(core_bench.score_chunks(scorer, user_ids, chunks)[0] for _ in range(3))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _, _, c in chunks:
-            scorer.topn(c)
+        core_bench.score_chunks(scorer, user_ids, chunks)
     per_user: dict[str, float] = defaultdict(float)
     for event in prof.key_averages():
         per_user[category(event.key)] += event.self_cpu_time_total / shape.users   # us per user
