@@ -94,7 +94,7 @@ if [[ -n "$pack" ]]; then
   else
     pack_args=(--cache-dir "$here/.recsys/pack")
     [[ "$pack" == "build" ]] || pack_args+=(--archive "$pack")
-    archive="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.packing "${pack_args[@]}")" || exit $?
+    archive="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.spark.packing "${pack_args[@]}")" || exit $?
     packed=(--archives "$archive#environment" --conf "spark.pyspark.python=./environment/bin/python"
             --conf "spark.pyspark.driver.python=$PYSPARK_DRIVER_PYTHON")
   fi

@@ -25,7 +25,8 @@ from recsys.model.io import load_model, save_model
 from recsys.model.training import fit
 from recsys.scoring.core import Candidates, Fallback, ReferenceScorer, Scorer
 from recsys.sequences import Sequences, Vocabulary
-from recsys.train import build_vocabulary, model_config, train_settings
+from recsys.learning.settings import model_config, train_settings
+from recsys.learning.split import build_vocabulary
 
 
 def sequences(ratings: Path) -> Sequences:

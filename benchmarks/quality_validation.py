@@ -24,8 +24,8 @@ def main() -> None:
     from recsys.evaluation.ranking import SequenceModelScorer, rank_phase
     from recsys.model.registry import MODEL_TYPES
     from recsys.model.training import TrainSettings, fit
-    from recsys.spark_session import build_session
-    from recsys.train import build_vocabulary
+    from recsys.spark.session import build_session
+    from recsys.learning.split import build_vocabulary
 
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)

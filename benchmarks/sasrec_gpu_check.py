@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recsys.evaluation.metrics import evaluate_ranking
+from recsys.model.metrics import evaluate_ranking
 from recsys.model.io import load_model, save_model
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.model.training import TrainSettings, ValidationSet, fit

@@ -36,7 +36,7 @@ def register_random_model(root: Path, tracking_uri: str, items: np.ndarray) -> N
     from recsys.config import load_config
     from recsys.model.io import save_model
     from recsys.model.sasrec import SASRec, SASRecConfig
-    from recsys import tracking
+    from recsys.tracking import store as tracking
 
     import torch
 
@@ -104,7 +104,7 @@ def run_scale(users: int, items: int, work: Path, top_n: int, driver_memory: str
     if proc.returncode != 0:
         raise SystemExit(f"recommend failed for {users} users (exit {proc.returncode}):\n{log[-5000:]}")
     manifest = json.loads((root / "out" / f"dt={RUN_DATE}" / "_manifest.json").read_text())
-    marker = "seconds by stage: "   # recsys.nightly.STAGE_BREAKDOWN, the run's last figures
+    marker = "seconds by stage: "   # recsys.pipelines.nightly.STAGE_BREAKDOWN, the run's last figures
     lines = [line for line in log.splitlines() if marker in line]
     breakdown = json.loads(lines[-1].split(marker, 1)[1]) if lines else {}
     if breakdown:

@@ -4,7 +4,7 @@
 """
 import sys
 
-from recsys.cli import main
+from recsys.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["train", *sys.argv[1:]]))

@@ -6,16 +6,55 @@ a bug or an infrastructure fault and exits with UNEXPECTED_ERROR and a traceback
 """
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import Enum, IntEnum
+
+from recsys.uris import redact_text
 
 
 class ExitCode(IntEnum):
-    OK = 0
-    UNEXPECTED_ERROR = 1
-    BAD_INPUT = 2              # bad input data or configuration: fix it, rerunning will not help
-    VALIDATION_FAILED = 3      # output failed validation; nothing was published
-    LOCK_HELD = 4              # another run holds this date's lock; retry later
-    TRACKING_FAILED = 5        # recommendations published, but the MLflow run could not be recorded
+    """A command's exit code and what it means for a scheduler (retry, alert, nothing): the contract
+    of docs/operations.md, and the words of the job's last log line."""
+
+    meaning: str
+
+    def __new__(cls, value: int, meaning: str) -> "ExitCode":
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.meaning = meaning
+        return member
+
+    OK = 0, "success"
+    UNEXPECTED_ERROR = 1, "unexpected error, a retry may help"
+    BAD_INPUT = 2, "bad input or configuration, fix it: a retry will not help"
+    VALIDATION_FAILED = 3, "output failed validation, nothing published: investigate, a retry will not help"
+    LOCK_HELD = 4, "the date is locked by another run, nothing published: retry later"
+    TRACKING_FAILED = 5, "published, but the MLflow run was not recorded: no need to rerun"
+    INTERRUPTED = 130, "interrupted"     # Ctrl-C or SIGINT: the shell's 128 + 2
+
+
+class RunStatus(str, Enum):
+    """What one date's nightly run ended as: the ``recsys.status`` tag, ``NightlyResult.status`` and
+    the words ``recsys runs`` prints."""
+
+    PUBLISHED = "published"
+    SKIPPED = "skipped"            # already published with the same model version and configuration
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def first_line(exc: BaseException, *, with_type: bool = False, limit: int = 500) -> str:
+    """The first non-empty line of an error's message, credentials redacted, at most ``limit`` characters.
+
+    The one way an error is quoted in a log line, a tag, an HTTP answer or another error's message:
+    Spark and MLflow errors run to pages, and the first line is the one that says what happened.
+    An empty message gives the error's type name; ``with_type`` puts ``Type: `` in front.
+    """
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    name = type(exc).__name__
+    text = (f"{name}: {line}" if line else name) if with_type else (line or name)
+    return redact_text(text)[:limit]
 
 
 class RecsysError(Exception):

@@ -41,7 +41,7 @@ def make_store(root: Path, model_name: str = "recsys-test") -> Store:
     import torch
     from mlflow import MlflowClient
 
-    from recsys import tracking
+    from recsys.tracking import store as tracking
     from recsys.model.io import save_model
     from recsys.model.sasrec import SASRec, SASRecConfig
 
@@ -104,10 +104,10 @@ def config(root: Path, store: Store, *extra: str, inputs: Path | None = None) ->
 
 def cli(monkeypatch, spark, argv: list[str]) -> int:
     """``recsys <argv>`` in this process, on the shared session (which it must not stop)."""
-    import recsys.spark_session
-    from recsys import cli as recsys_cli
+    import recsys.spark.session
+    from recsys.cli import main as recsys_cli
 
-    monkeypatch.setattr(recsys.spark_session, "build_session", lambda *a, **k: spark)
+    monkeypatch.setattr(recsys.spark.session, "build_session", lambda *a, **k: spark)
     monkeypatch.setattr(spark, "stop", lambda: None)
     return recsys_cli.main(argv)
 

@@ -108,7 +108,7 @@ def test_the_dag_loads_without_import_errors_and_its_command_line_parses_as_the_
     import re
     import shlex
 
-    from recsys.cli import build_parser
+    from recsys.cli.main import build_parser
 
     executable, env, root, _ = airflow
     run = subprocess.run([str(executable.parent / "python"), "-c", LOAD_DAG, env["AIRFLOW__CORE__DAGS_FOLDER"]],

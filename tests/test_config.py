@@ -64,7 +64,7 @@ def test_credentials_are_redacted_from_uris():
 
 def test_each_model_type_has_its_own_typed_section_and_the_type_picks_one():
     from recsys.model.registry import MODEL_TYPES
-    from recsys.train import model_config
+    from recsys.learning.settings import model_config
 
     cfg = load_config(overrides=["train.model.type=gru4rec", "train.model.gru4rec.dim=32"])
     assert set(MODEL_TYPES) == set(type(cfg.train.model).model_fields) - {"type"}   # one section per type

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys.config import load_config
-from recsys.demo import REPO_ROOT, run_demo
+from recsys.cli.demo import REPO_ROOT, run_demo
 from recsys.errors import ExitCode
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -175,7 +175,7 @@ def test_temporal_end_to_end(spark, dataset):
 
 
 def test_evaluate_command_line_and_its_errors(tmp_path):
-    from recsys.cli import build_parser, main
+    from recsys.cli.main import build_parser, main
     from recsys.errors import ExitCode
 
     args = build_parser().parse_args(["evaluate", "--data", "d", "--protocol", "temporal", "--k", "5", "--k", "20",

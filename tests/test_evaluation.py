@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.metrics import hit_rate_at_k, mrr, ndcg_at_k, user_metrics
+from recsys.model.metrics import hit_rate_at_k, mrr, ndcg_at_k, user_metrics
 from recsys.evaluation.protocols import Phase, leave_last_out, temporal_split
 from recsys.evaluation.ranking import ConstantScorer, FactorScorer, SequenceModelScorer, coverage, rank_phase
 from recsys.evaluation.report import compare, format_table

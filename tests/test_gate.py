@@ -12,13 +12,14 @@ import mlflow
 import numpy as np
 import pytest
 
-from recsys import tracking
+from recsys.tracking import store as tracking
 from recsys.config import load_config
 from recsys.model.io import save_model
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.model.training import TrainSettings, fit
 from recsys.sequences import Sequences, Vocabulary
-from recsys.train import _gate, score_on_split, split_last_item
+from recsys.learning.split import score_on_split, split_last_item
+from recsys.pipelines.train import _gate
 
 NUM_ITEMS = 30
 ITEM_IDS = np.arange(1, NUM_ITEMS + 1) * 10           # external ids differ from model indices on purpose

@@ -30,7 +30,7 @@ PART = f"dt={RUN_DATE}"
 
 @pytest.fixture(scope="module")
 def base(spark, tmp_path_factory):
-    from recsys.nightly import run_nightly
+    from recsys.pipelines.nightly import run_nightly
 
     store = jobkit.make_store(tmp_path_factory.mktemp("store"))
     data = jobkit.write_dataset(tmp_path_factory.mktemp("data"))
@@ -52,7 +52,7 @@ def _users(partition: Path) -> list[int]:
 def test_a_task_that_fails_or_loses_its_python_worker_is_retried_and_the_output_is_complete(
         spark, base, tmp_path, monkeypatch, fault):
     from recsys.hooks import Hooks
-    from recsys.nightly import run_nightly
+    from recsys.pipelines.nightly import run_nightly
 
     result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE,
                          hooks=Hooks(faults=(fault,)))
@@ -75,7 +75,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeeds(spark, base, tmp_path, caplog):
-    from recsys.nightly import run_nightly
+    from recsys.pipelines.nightly import run_nightly
 
     before = _with_old_partition(base, tmp_path)
     out = tmp_path / "recommendations"
@@ -175,7 +175,7 @@ def test_output_failing_validation_is_not_published_and_the_mlflow_run_is_failed
     from mlflow import MlflowClient
     from pyspark.sql import functions as F
 
-    from recsys import stages
+    from recsys.pipelines import nightly_stages as stages
 
     real = stages.score_histories
 

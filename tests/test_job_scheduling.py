@@ -10,7 +10,7 @@ import pytest
 import jobkit
 from jobkit import RUN_DATE
 from recsys.errors import ExitCode
-from recsys.nightly import NightlyResult, overall_exit_code, skip_reason
+from recsys.pipelines.nightly import NightlyResult, overall_exit_code, skip_reason
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 PART = f"dt={RUN_DATE}"
@@ -18,7 +18,7 @@ PART = f"dt={RUN_DATE}"
 
 @pytest.fixture(scope="module")
 def base(spark, tmp_path_factory):
-    from recsys.nightly import run_nightly
+    from recsys.pipelines.nightly import run_nightly
 
     store = jobkit.make_store(tmp_path_factory.mktemp("store"))
     data = jobkit.write_dataset(tmp_path_factory.mktemp("data"))
@@ -35,7 +35,7 @@ def _runs(store) -> int:
 
 
 def test_a_date_published_with_the_same_model_and_config_is_skipped_without_an_mlflow_run(spark, base, caplog):
-    from recsys.nightly import run_nightly
+    from recsys.pipelines.nightly import run_nightly
 
     part = base.data / "recommendations" / PART
     before, runs = jobkit.snapshot(part), _runs(base.store)
@@ -58,9 +58,9 @@ def test_the_skip_decision_compares_model_version_and_config_digest():
 
 
 def test_force_on_the_command_line_reaches_the_job(monkeypatch):
-    import recsys.nightly
-    import recsys.spark_session
-    from recsys import cli
+    import recsys.pipelines.nightly
+    import recsys.spark.session
+    from recsys.cli import main as cli
 
     seen = {}
 
@@ -68,8 +68,8 @@ def test_force_on_the_command_line_reaches_the_job(monkeypatch):
         seen.update(dates=dates, force=force)
         return [NightlyResult(d, None, "out", {}, status="skipped", reason="r") for d in dates]
 
-    monkeypatch.setattr(recsys.nightly, "run_dates", fake_run_dates)
-    monkeypatch.setattr(recsys.spark_session, "build_session", lambda *a, **k: SimpleNamespace(stop=lambda: None))
+    monkeypatch.setattr(recsys.pipelines.nightly, "run_dates", fake_run_dates)
+    monkeypatch.setattr(recsys.spark.session, "build_session", lambda *a, **k: SimpleNamespace(stop=lambda: None))
     assert cli.main(["recommend", "--date", "2024-05-08", "--force"]) == 0
     assert seen == {"dates": [dt.date(2024, 5, 8)], "force": True}
     assert cli.main(["recommend", "--start-date", "2024-05-30", "--end-date", "2024-06-02"]) == 0
@@ -94,7 +94,8 @@ def test_a_second_run_while_the_first_holds_the_date_exits_4_and_leaves_its_lock
 
 
 def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base, tmp_path, monkeypatch):
-    from recsys import nightly, stages
+    from recsys.pipelines import nightly
+    from recsys.pipelines import nightly_stages as stages
     from recsys.errors import LockHeld
 
     real = stages.in_pass_report
@@ -116,7 +117,7 @@ def test_a_run_whose_lock_was_taken_over_meanwhile_publishes_nothing(spark, base
 
 def test_a_backfill_runs_dates_in_order_in_one_session_and_stops_at_the_first_failure(spark, base, tmp_path,
                                                                                       monkeypatch, caplog):
-    import recsys.spark_session
+    import recsys.spark.session
 
     import matplotlib.pyplot as plt
 
@@ -124,8 +125,8 @@ def test_a_backfill_runs_dates_in_order_in_one_session_and_stops_at_the_first_fa
     figures_before = set(plt.get_fignums())
     with caplog.at_level("INFO"):
         monkeypatch.setattr(spark, "stop", lambda: None)
-        monkeypatch.setattr(recsys.spark_session, "build_session", lambda *a, **k: sessions.append(1) or spark)
-        from recsys import cli
+        monkeypatch.setattr(recsys.spark.session, "build_session", lambda *a, **k: sessions.append(1) or spark)
+        from recsys.cli import main as cli
 
         # the catalog snapshot (05-01) is 7, 8, 9 days old on 05-08, 05-09, 05-10: the last is refused
         code = cli.main(["recommend", "--start-date", "2024-05-08", "--end-date", "2024-05-10",

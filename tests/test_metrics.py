@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.metrics import evaluate_ranking, hit_rate_at_k, mrr, ndcg_at_k, target_ranks
+from recsys.model.metrics import evaluate_ranking, hit_rate_at_k, mrr, ndcg_at_k, target_ranks
 from recsys.sequences import Sequences
 
 INF = math.inf

@@ -87,7 +87,7 @@ class MlflowServer:
 def served(spark, tmp_path_factory):
     """A running server, a dataset, a config pointing at the server over HTTP, and a trained, aliased version."""
     from recsys.config import load_config
-    from recsys.train import run_training
+    from recsys.pipelines.train import run_training
 
     server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
     server.start()

@@ -144,7 +144,7 @@ def test_config_rejects_nonsense(bad):
 
 
 def test_model_and_scoring_core_modules_import_without_spark_mlflow_pydantic_or_yaml():
-    code = ("import sys, recsys.model.sasrec, recsys.model.io, recsys.model.training, recsys.evaluation.metrics, "
+    code = ("import sys, recsys.model.sasrec, recsys.model.io, recsys.model.training, recsys.model.metrics, "
             "recsys.scoring.core, recsys.sequences, recsys.model.configs\n"
             "bad = [m for m in ('pyspark', 'mlflow', 'pydantic', 'yaml') if m in sys.modules]\n"
             "assert not bad, bad")

@@ -45,8 +45,8 @@ def _write_dataset(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def job(spark, tmp_path_factory):
-    from recsys.nightly import run_nightly
-    from recsys.train import run_training
+    from recsys.pipelines.nightly import run_nightly
+    from recsys.pipelines.train import run_training
 
     root = tmp_path_factory.mktemp("job")
     _write_dataset(root)
@@ -201,7 +201,7 @@ def test_the_job_runs_over_spark_connect(job, tmp_path):
 
 def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
     """Scoring needs the recent items only; training learns from the longer history it is given."""
-    from recsys.train import load_training_data
+    from recsys.pipelines.train import load_training_data
 
     events = f"paths.events={job['cfg'].paths.events}"
     longer = load_config(overrides=[events, "history.window_days=30", "history.max_items=2", "train.history_items=50"])

@@ -5,7 +5,7 @@ import tarfile
 
 import pytest
 
-from recsys import packing
+from recsys.spark import packing
 from recsys.errors import ConfigError
 
 

@@ -54,7 +54,7 @@ def _everything_in_mlflow(tracking_uri: str, run_id: str, tmp: Path) -> dict[str
 
 
 def test_the_run_recorder_redacts_every_param_tag_and_artifact_it_is_given(tmp_path):
-    from recsys import tracking
+    from recsys.tracking import store as tracking
 
     uri = "s3://bob:s3cret@bucket/recommendations?token=t0ken"
     cfg = load_config(overrides=[f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
@@ -74,7 +74,7 @@ def test_the_run_recorder_redacts_every_param_tag_and_artifact_it_is_given(tmp_p
 
 
 def test_the_demo_summary_prints_neither_credentials_nor_missing_titles(tmp_path, capsys):
-    from recsys.demo import _show
+    from recsys.cli.demo import _show
 
     catalog = tmp_path / "catalog" / "dt=2024-05-01"
     catalog.mkdir(parents=True)
@@ -107,7 +107,7 @@ def test_the_demo_summary_prints_neither_credentials_nor_missing_titles(tmp_path
 
 def test_importing_the_package_leaves_the_environment_alone():
     code = ("import os, json; before = dict(os.environ)\n"
-            "import recsys.tracking, recsys.nightly, recsys.stages, recsys.cli, recsys.spark_session\n"
+            "import recsys.tracking.store, recsys.pipelines.nightly, recsys.pipelines.nightly_stages, recsys.cli.main, recsys.spark.session\n"
             "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_")}
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(REPO)}, capture_output=True,
@@ -177,8 +177,8 @@ def test_a_failed_run_keeps_a_configured_path_s_credentials_out_of_its_error(
 @pytest.mark.slow
 def test_an_unreachable_tracking_server_s_credentials_stay_out_of_the_manifest_and_logs(
         spark, data, tmp_path, monkeypatch, caplog, capsys):
-    from recsys.last_model import remember
-    from recsys.tracking import ResolvedModel
+    from recsys.tracking.last_model import remember
+    from recsys.tracking.store import ResolvedModel
 
     store = data.store
     remember(str(tmp_path / "driver"),   # jobkit's paths.driver_scratch: where the job looks

@@ -21,7 +21,7 @@ BAD_DATE = dt.date(2024, 4, 20)     # before the only catalog snapshot: exit cod
 
 @pytest.fixture(scope="module")
 def recorded(spark, tmp_path_factory):
-    from recsys.nightly import run_nightly
+    from recsys.pipelines.nightly import run_nightly
 
     store = jobkit.make_store(tmp_path_factory.mktemp("store"))
     data = jobkit.write_dataset(tmp_path_factory.mktemp("data"))
@@ -137,7 +137,7 @@ def test_automatic_task_sizing_splits_scoring_by_users_per_task_in_whole_waves(r
 
 
 def test_progress_line_reads_tasks_users_rate_and_time_left():
-    from recsys.live_progress import Snapshot, format_line
+    from recsys.spark.task_progress import Snapshot, format_line
 
     line = format_line("[recommend 2024-05-08] score users", Snapshot(tasks_done=10, tasks_total=40, rows=250_000),
                        elapsed=30.0, expected_users=1_000_000, users_per_s=10_000.0)
@@ -157,7 +157,7 @@ def test_progress_line_reads_tasks_users_rate_and_time_left():
 def test_the_pace_behind_the_time_left_starts_at_the_first_counted_line():
     """The 1M-user scale test's own figures: the first line's 30 s include the shuffle's read and the
     model's load, so later lines take the pace from the first counted line on, not from the start."""
-    from recsys.live_progress import Pace, Snapshot, format_line
+    from recsys.spark.task_progress import Pace, Snapshot, format_line
 
     pace = Pace(started=0.0)
     assert pace.users_per_s(30.0, None) is None and pace.users_per_s(30.0, 0) is None   # nothing counted yet

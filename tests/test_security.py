@@ -74,8 +74,8 @@ def test_no_code_in_the_package_unpickles_or_evaluates_data():
 
 
 def test_credentials_in_uris_never_reach_run_parameters_or_the_stored_config():
-    from recsys.stages import run_params
-    from recsys.tracking import ResolvedModel
+    from recsys.pipelines.nightly_stages import run_params
+    from recsys.tracking.store import ResolvedModel
 
     cfg = load_config(overrides=["mlflow.tracking_uri=https://bob:s3cret@mlflow.example.com/?token=t0ken",
                                  "paths.events=s3://AKIAKEY:s3cret@bucket/events",
@@ -88,7 +88,7 @@ def test_credentials_in_uris_never_reach_run_parameters_or_the_stored_config():
 
 
 def test_the_log_filter_removes_credentials_from_messages_and_tracebacks():
-    from recsys.progress import RedactingFilter
+    from recsys.logs import RedactingFilter
 
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from recsys.scoring.shipping import ShippedModel, files_digest, ship_model
+from recsys.scoring.shipping import ShippedModel, model_files_digest, ship_model
 
 pytestmark = pytest.mark.spark
 
@@ -25,13 +25,13 @@ def _fetched_in_a_task(spark, shipped: ShippedModel) -> list[dict]:
     def task(batches):
         import pandas as pd
 
-        from recsys.scoring.shipping import fetch_model, files_digest
+        from recsys.scoring.shipping import fetch_model, model_files_digest
 
         for _ in batches:
             pass
         try:
             local = fetch_model(shipped)
-            yield pd.DataFrame([{"out": json.dumps({"dir": str(local), "digest": files_digest(local),
+            yield pd.DataFrame([{"out": json.dumps({"dir": str(local), "digest": model_files_digest(local),
                                                     "files": sorted(p.name for p in local.iterdir())})}])
         except RuntimeError as exc:
             yield pd.DataFrame([{"out": json.dumps({"error": str(exc)})}])
@@ -42,7 +42,7 @@ def _fetched_in_a_task(spark, shipped: ShippedModel) -> list[dict]:
 def test_a_shipped_model_arrives_in_every_task_under_its_own_names_and_digest(spark, tmp_path):
     model = _model_dir(tmp_path / "model")
     shipped = ship_model(spark, model, name="m", version="3", scratch=tmp_path / "driver")
-    assert shipped.digest == files_digest(model) and shipped.cache_key == f"m/3#{shipped.digest}"
+    assert shipped.digest == model_files_digest(model) and shipped.cache_key == f"m/3#{shipped.digest}"
     assert all(name.startswith(f"recsys-model-{shipped.digest}-") for name, _ in shipped.files)
     for got in _fetched_in_a_task(spark, shipped):
         assert got["digest"] == shipped.digest
@@ -70,5 +70,5 @@ def test_files_that_differ_from_what_the_driver_shipped_are_refused(spark, tmp_p
 def test_the_worker_cache_key_changes_with_the_files_not_only_the_version(tmp_path):
     a = _model_dir(tmp_path / "a", seed=4)
     b = _model_dir(tmp_path / "b", seed=5)
-    key = lambda d: ShippedModel("m", "7", files_digest(d), ()).cache_key  # noqa: E731
+    key = lambda d: ShippedModel("m", "7", model_files_digest(d), ()).cache_key  # noqa: E731
     assert key(a) != key(b) and key(a) == key(a)

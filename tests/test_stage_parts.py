@@ -61,7 +61,7 @@ def test_hooks_are_off_unless_the_environment_asks_and_unknown_names_are_refused
 
 
 def test_stage_shares_and_the_breakdown_account_for_the_whole_wall_time(monkeypatch):
-    from recsys import progress
+    from recsys.pipelines import timing as progress
 
     clock = iter([0.0, 1.0, 4.0, 5.0, 6.0, 10.0, 10.0])   # start; a 3 s stage; a 1 s stage; then the reads
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
@@ -96,7 +96,7 @@ def test_a_catalog_snapshot_is_counted_on_the_driver_with_duplicates_and_nulls_n
 
 
 def test_the_long_tail_plot_has_no_negative_counts_on_its_axis():
-    from recsys import plots
+    from recsys.tracking import plots
 
     recommended = np.array([120, 40, 0, 3, 0, 1, 0, 0, 9, 0])
     popularity = np.arange(10, 0, -1)

@@ -27,7 +27,7 @@ def demo_sized(tmp_path_factory):
     import torch
     from mlflow import MlflowClient
 
-    from recsys import tracking
+    from recsys.tracking import store as tracking
     from recsys.config import load_config
     from recsys.data.movielens import import_movielens
     from recsys.model.io import save_model

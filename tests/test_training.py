@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.evaluation.metrics import evaluate_ranking
+from recsys.model.metrics import evaluate_ranking
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.model.training import TrainSettings, ValidationSet, fit, training_windows
 from recsys.sequences import Sequences

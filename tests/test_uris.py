@@ -141,7 +141,7 @@ def test_credentials_in_any_uri_are_redacted(kind):
 
 
 def test_the_remembered_model_resolution_lives_in_the_driver_scratch(tmp_path):
-    from recsys.last_model import memo_path
+    from recsys.tracking.last_model import memo_path
 
     assert memo_path(tmp_path, "m", "champion") == str(tmp_path / "models" / "m" / "last-resolved@champion.json")
 

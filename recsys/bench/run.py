@@ -162,7 +162,7 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
     from recsys.model.io import save_model
     from recsys.scoring.shipping import ship_model
     from recsys.scoring.udf import ScoringSpec
-    from recsys.spark_session import build_session
+    from recsys.spark.session import build_session
 
     shape = opts.shape
     tmp = tempfile.TemporaryDirectory(prefix="recsys-bench-", dir=opts.work_dir)

@@ -78,6 +78,21 @@ def parse_date(value: str | dt.date) -> dt.date:
         raise ValueError(f"date {value!r} is not in YYYY-MM-DD form, e.g. 2024-05-01") from None
 
 
+MAX_RANGE_DAYS = 3660   # ten years: any real backfill fits; a typo in the year (2204) does not
+
+
+def date_range(start: dt.date, end: dt.date, *, names: tuple[str, str] = ("start date", "end date")) -> list[dt.date]:
+    """Every date from ``start`` to ``end``, both included, in order: the one check of a backfill range,
+    for the CLI (``--start-date``/``--end-date``) and the on-demand frontend (``start_date``/``end_date``),
+    each naming the bounds as its user typed them (``names``). Raises ValueError naming what is wrong."""
+    if end < start:
+        raise ValueError(f"{names[1]} {end} is before {names[0]} {start}")
+    days = (end - start).days + 1
+    if days > MAX_RANGE_DAYS:
+        raise ValueError(f"a range of {days} days is longer than {MAX_RANGE_DAYS}; split it")
+    return [start + dt.timedelta(days=i) for i in range(days)]
+
+
 def partition_name(date: dt.date) -> str:
     return f"{PARTITION_COLUMN}={date.strftime(DATE_FORMAT)}"
 

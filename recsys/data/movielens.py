@@ -33,7 +33,7 @@ import pyarrow.csv as pacsv
 
 from recsys.data._output import prepare_dataset_dirs
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
-from recsys.errors import InputDataError
+from recsys.errors import InputDataError, first_line
 
 EVENT_TYPE = "rating"
 RATINGS_FORMATS = (
@@ -295,7 +295,7 @@ def _read_csv(path: Path, fmt: str, read: pacsv.ReadOptions, parse: pacsv.ParseO
     try:
         return pacsv.read_csv(path, read_options=read, parse_options=parse, convert_options=convert)
     except (pa.ArrowInvalid, UnicodeDecodeError) as err:
-        message = str(err).splitlines()[0]
+        message = first_line(err, limit=10_000)
         match = re.search(r"column #(\d+): CSV conversion error to \w+: invalid value '(.*)'", message)
         if match:
             name = read.column_names[int(match.group(1))] if read.column_names else match.group(1)

@@ -30,8 +30,8 @@ from pyspark.sql import types as T
 
 from recsys.uris import redact_text, redact_uri
 from recsys.data.contracts import PARTITION_COLUMN, partition_name
-from recsys.errors import InputDataError
-from recsys import fs as rfs
+from recsys.errors import InputDataError, first_line
+from recsys.data.partitions import list_partitions, with_files
 
 # column -> accepted Spark types (the first is the contract's; the others are cast losslessly)
 EVENTS_COLUMNS: dict[str, tuple[type[T.DataType], ...]] = {
@@ -44,7 +44,6 @@ CATALOG_COLUMNS: dict[str, tuple[type[T.DataType], ...]] = {
     "item_id": (T.LongType, T.IntegerType),
     "available": (T.BooleanType,),
 }
-_DT_DIR = re.compile(rf"^{PARTITION_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})$")
 
 # The same contract in Arrow terms, for the footer check: column -> (accepted?, contract type name)
 _ArrowCheck = tuple[Callable[[pa.DataType], bool], str]
@@ -73,45 +72,6 @@ class CatalogSnapshot:
     table: pa.Table    # item_id int64, available bool: the same rows, read on the driver (small)
 
 
-@dataclass(frozen=True)
-class Partition:
-    date: dt.date
-    path: str          # the partition directory, spelled like the configured root (what Spark reads)
-    files: list[str]   # its data files, as paths of the filesystem that listed them
-
-
-def list_partitions(root: str, name: str) -> tuple[pafs.FileSystem, list[Partition]]:
-    """The ``dt=YYYY-MM-DD`` partitions under ``root``, oldest first, without their files (listed lazily)."""
-    fs, base = rfs.resolve(root)
-    info = fs.get_file_info(base)
-    if info.type == pafs.FileType.NotFound:
-        raise InputDataError(f"{name} path {redact_uri(root)!r} does not exist; check paths.{name} in the configuration")
-    if info.type != pafs.FileType.Directory:
-        raise InputDataError(f"{name} path {redact_uri(root)!r} is not a directory; expected {name}/dt=YYYY-MM-DD/*.parquet")
-    parts = []
-    for entry in fs.get_file_info(pafs.FileSelector(base)):
-        match = _DT_DIR.match(entry.base_name)
-        if entry.type == pafs.FileType.Directory and match:
-            try:
-                date = dt.date.fromisoformat(match.group(1))
-            except ValueError:
-                raise InputDataError(f"{name} partition {entry.path!r} is not a valid date; rename or remove it") from None
-            parts.append(Partition(date, rfs.join(root, entry.base_name), []))
-    return fs, sorted(parts, key=lambda p: p.date)
-
-
-def with_files(fs: pafs.FileSystem, part: Partition) -> Partition:
-    """The partition with its data files (names starting with ``_`` or ``.`` are markers, not data)."""
-    _, base = rfs.resolve(part.path)
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    files = sorted(i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, base))
-    return Partition(part.date, part.path, files)
-
-
-def _hidden(path: str, base: str) -> bool:
-    return any(p.startswith(("_", ".")) for p in path[len(base):].split("/") if p)
-
-
 def check_files(fs: pafs.FileSystem, files: list[str], expected: dict[str, _ArrowCheck], name: str) -> None:
     """Read every file's footer: each must be Parquet and hold the contract's columns in accepted types."""
     def footer(path: str) -> tuple[str, pa.Schema | Exception]:
@@ -124,7 +84,7 @@ def check_files(fs: pafs.FileSystem, files: list[str], expected: dict[str, _Arro
         schemas = list(pool.map(footer, files))
     for path, schema in schemas:
         if isinstance(schema, Exception):
-            reason = str(schema).strip().splitlines()[0] if str(schema).strip() else type(schema).__name__
+            reason = first_line(schema)
             raise InputDataError(
                 f"{name} file {path} is not a readable Parquet file ({reason}); "
                 f"rewrite or remove it (an interrupted upload?) and rerun"

@@ -26,13 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from recsys import __version__, tracking
+from recsys import __version__
+
+from recsys.tracking import tags
+from recsys.tracking import store as tracking
 from recsys.config import Config
 from recsys.uris import redact_uri
 from recsys.errors import ConfigError, InputDataError
 from recsys.evaluation import protocols
 from recsys.evaluation.protocols import EvalSplit
-from recsys.evaluation.ranking import PhaseResult, Scorer, SequenceModelScorer, rank_phase
+from recsys.evaluation.ranking import PhaseResult, RankingScorer, SequenceModelScorer, rank_phase
 from recsys.evaluation.report import Comparison, compare, format_table, write_json
 from recsys.model.registry import MODEL_TYPES
 
@@ -58,7 +61,8 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
 
     from recsys.model.training import fit
     from recsys.scoring.core import resolve_device
-    from recsys.train import build_vocabulary, model_config, train_settings
+    from recsys.learning.settings import model_config, train_settings
+    from recsys.learning.split import build_vocabulary
 
     if protocol not in protocols.PROTOCOLS:
         raise ConfigError(f"unknown protocol {protocol!r}; choose one of {', '.join(protocols.PROTOCOLS)}")
@@ -79,7 +83,7 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
                                         tie_break_seed=tie_seed, event_types=cfg.history.event_types)
     log.info("[evaluate] %s split: %s (%.1f s)", protocol, split.info, time.perf_counter() - started)
 
-    def validation_ndcg(scorer: Scorer) -> float:
+    def validation_ndcg(scorer: RankingScorer) -> float:
         return rank_phase(scorer, split.valid, (SELECTION_K,), device=device).means()[f"ndcg@{SELECTION_K}"]
 
     results: dict[str, PhaseResult] = {}
@@ -88,12 +92,12 @@ def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: t
     vocab = train_seqs = None
     for name in ev.models:
         t0 = time.perf_counter()
-        core_row: tuple[str, Scorer] | None = None   # this model ranked by the job's core at scoring.dtype
+        core_row: tuple[str, RankingScorer] | None = None   # this model ranked by the job's core at scoring.dtype
         if name == "popularity":
             from recsys.evaluation.baselines import popularity_scorer
 
             details[name] = {"valid_ndcg@10": validation_ndcg(popularity_scorer(split.valid))}
-            scorer: Scorer = popularity_scorer(split.test)
+            scorer: RankingScorer = popularity_scorer(split.test)
         elif name == REFERENCE:
             from recsys.evaluation.baselines import als_grid, search_als
 
@@ -189,12 +193,12 @@ def _notes(details: dict[str, Any]) -> dict[str, str]:
 def _record(cfg: Config, data: str, protocol: str, ks: tuple[int, ...], tie_seed: int, split: EvalSplit,
             comparison: Comparison, table: str, details: dict[str, Any], curves: dict[str, list[dict]]) -> str | None:
     """One MLflow run: protocol and seeds as parameters, per-model metrics, the table as an artifact."""
-    from recsys import plots
+    from recsys.tracking import plots
 
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"evaluate {protocol}",
                                     experiment=f"{cfg.mlflow.experiment}-evaluation",
-                                    tags={"recsys.job": "evaluate", "recsys.protocol": protocol,
-                                          "recsys.version": __version__})
+                                    tags={tags.JOB: "evaluate", tags.PROTOCOL: protocol,
+                                          tags.VERSION: __version__})
     recorder.log_params({
         "protocol": protocol, "data": data, "k": list(ks), "tie_break_seed": tie_seed,
         "bootstrap_resamples": cfg.evaluation.bootstrap_resamples, "bootstrap_seed": cfg.evaluation.bootstrap_seed,

@@ -1,9 +1,9 @@
 """Ranking a phase's catalog for every evaluated user, the same way for every model.
 
-A model enters evaluation as a :class:`Scorer`: scores for a batch of evaluated users over the
+A model enters evaluation as a :class:`RankingScorer`: scores for a batch of evaluated users over the
 phase's candidates (column 0 is padding, column ``c`` is ``phase.candidates[c - 1]``). Everything
 after that — excluding each user's history, the rank of every target, the top-k lists, the
-per-user metrics — is this module's, built on :func:`recsys.evaluation.metrics.target_ranks`, so
+per-user metrics — is this module's, built on :func:`recsys.model.metrics.target_ranks`, so
 popularity, ALS and the neural models are measured by one implementation.
 
 Conventions (those of ``target_ranks``): ties count against the target; a NaN target is a miss and
@@ -18,14 +18,14 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from recsys.evaluation.metrics import target_ranks, user_metrics
+from recsys.model.metrics import target_ranks, user_metrics
 from recsys.evaluation.protocols import Phase
 from recsys.sequences import Sequences, Vocabulary, pad_left
 
 PAIR_BUDGET = 2_000_000     # (target x candidate) cells ranked at once: bounds memory, not results
 
 
-class Scorer(Protocol):
+class RankingScorer(Protocol):
     """A model as evaluation sees it."""
 
     def scores(self, rows: np.ndarray) -> torch.Tensor:
@@ -67,7 +67,7 @@ def interaction_counts(phase: Phase) -> np.ndarray:
     return np.bincount(index[index > 0], minlength=len(phase.candidates) + 1).astype(np.float64)
 
 
-def rank_phase(scorer: Scorer, phase: Phase, ks: Sequence[int], *, batch_users: int = 256,
+def rank_phase(scorer: RankingScorer, phase: Phase, ks: Sequence[int], *, batch_users: int = 256,
                device: str | torch.device = "cpu") -> PhaseResult:
     """Score every evaluated user, rank their targets and take their top ``max(ks)``."""
     ks = sorted(set(int(k) for k in ks))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recsys.evaluation.metrics import evaluate_ranking
+from recsys.model.metrics import evaluate_ranking
 from recsys.model.registry import build_model
 from recsys.sequences import Sequences, pad_left
 

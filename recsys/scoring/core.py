@@ -89,7 +89,7 @@ class UnsupportedDtype(ValueError):
     """The device cannot run this scoring dtype natively: a configuration error wherever it is raised.
 
     Raised on an executor, it reaches the driver inside Spark's error text, where the nightly job finds
-    it by this class's name (:func:`recsys.stages.score`) and reports it as bad configuration (exit 2).
+    it by this class's name (:func:`recsys.pipelines.nightly_stages.score`) and reports it as bad configuration (exit 2).
     """
 
 

@@ -44,7 +44,7 @@ class ShippedModel:
         return f"{self.name}/{self.version}#{self.digest}"
 
 
-def files_digest(directory: Path) -> str:
+def model_files_digest(directory: Path) -> str:
     """Digest of a flat model directory: every regular file's name and bytes, in name order."""
     h = hashlib.sha256()
     for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
@@ -63,7 +63,7 @@ def ship_model(spark, model_dir: Path, *, name: str, version: str, scratch: Path
     Spark identifies an added file by its base name, and refuses a second file of the same name.
     """
     model_dir = Path(model_dir)
-    digest = files_digest(model_dir)
+    digest = model_files_digest(model_dir)
     outbox = Path(scratch) / "ship" / digest
     outbox.mkdir(parents=True, exist_ok=True)
     files = []
@@ -87,7 +87,7 @@ def add_files(spark, paths: list[Path]) -> None:
     (the names carry the content's digest, so the same name is the same bytes): Spark Connect refuses
     to add an artifact twice, and a cluster's file server refuses one name from two paths.
     """
-    from recsys.spark_session import is_connect
+    from recsys.spark.session import is_connect
 
     connect = is_connect(spark)
     with _added_lock:
@@ -124,7 +124,7 @@ def fetch_model(model: ShippedModel) -> Path:
             raise RuntimeError(f"model file {shipped!r} of {model.cache_key} was not delivered to this executor "
                                f"(looked in {root}); the driver must ship it with recsys.scoring.shipping.ship_model")
         _link_or_copy(source, staging / original)
-    found = files_digest(staging)
+    found = model_files_digest(staging)
     if found != model.digest:
         shutil.rmtree(staging, ignore_errors=True)
         raise RuntimeError(f"the model files of {model.cache_key} arrived with digest {found}, expected "

@@ -5,7 +5,7 @@ Endpoints (the OpenAPI description is at ``/openapi.json``, browsable at ``/docs
 - ``POST /v1/recommendations`` ``{"user_ids": [...], "top_n": N?, "timeout_ms": T?}``: per user, the
   row the nightly job would write, computed now (docs/on-demand.md);
 - ``POST /v1/jobs`` ``{"date": "YYYY-MM-DD"}`` or ``{"start_date": ..., "end_date": ...}``: the nightly
-  job for those dates on the warm backend (``recsys.nightly.run_dates``: same lock, skip and publish
+  job for those dates on the warm backend (``recsys.pipelines.nightly.run_dates``: same lock, skip and publish
   rules as ``recsys recommend``); ``GET /v1/jobs/{id}``: its state;
 - ``GET /metrics`` (Prometheus), ``GET /healthz`` (the process is up), ``GET /readyz`` (the backend
   answers and the model is warm).
@@ -32,6 +32,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from recsys.config import Config
+from recsys.data.contracts import date_range
+from recsys.errors import RunStatus
 from recsys.serve.batching import BatchSettings, Batcher, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
@@ -115,7 +117,6 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-MAX_JOB_DAYS = 366
 MAX_BODY_BYTES = 8 * 1024 * 1024   # 10,000 ids of 20 digits are 210 kB
 
 
@@ -237,7 +238,7 @@ class Service:
     def _run_job(self, job: JobState, dates: list[dt.date], force: bool) -> None:
         from recsys.errors import RecsysError
         from recsys.hooks import NO_HOOKS
-        from recsys.nightly import overall_exit_code, run_dates
+        from recsys.pipelines.nightly import overall_exit_code, run_dates
 
         job.state = "running"
         try:
@@ -246,8 +247,8 @@ class Service:
                 raise BackendUnavailable(f"the backend is not connected: {self.not_ready_reason}")
             results = run_dates(backend.spark, self.cfg, dates, force=force, hooks=self.hooks or NO_HOOKS)
             job.run_ids = [r.run_id for r in results]
-            job.published = [r.output_dir for r in results if r.status == "published"]
-            job.skipped = [r.output_dir for r in results if r.status == "skipped"]
+            job.published = [r.output_dir for r in results if r.status == RunStatus.PUBLISHED]
+            job.skipped = [r.output_dir for r in results if r.status == RunStatus.SKIPPED]
             job.exit_code = int(overall_exit_code(results))
             job.state = "succeeded"
         except Exception as exc:
@@ -335,12 +336,10 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
         if body.date is not None:
             dates = [body.date]
         elif body.start_date and body.end_date:
-            if body.end_date < body.start_date:
-                return _problem(400, "bad_request", f"end_date {body.end_date} is before start_date {body.start_date}")
-            days = (body.end_date - body.start_date).days + 1
-            if days > MAX_JOB_DAYS:
-                return _problem(400, "bad_request", f"a range of {days} days is longer than {MAX_JOB_DAYS}; split it")
-            dates = [body.start_date + dt.timedelta(days=i) for i in range(days)]
+            try:
+                dates = date_range(body.start_date, body.end_date, names=("start_date", "end_date"))
+            except ValueError as exc:
+                return _problem(400, "bad_request", str(exc))
         else:
             return _problem(400, "bad_request", "date (or start_date and end_date) is required")
         if service.backend is None or not service.ready:

@@ -1,4 +1,4 @@
-"""``recsys backend start|stop|status`` and ``recsys serve``: registered by ``recsys.cli`` in two lines."""
+"""``recsys backend start|stop|status`` and ``recsys serve``: registered by ``recsys.cli.main`` in two lines."""
 from __future__ import annotations
 
 import argparse

@@ -12,12 +12,12 @@ What a request needs and what it costs:
   on ("today") are read for the requested users only and merged on top, by the same history
   definition the nightly job uses (``recsys.data.history``: ``build_histories`` is
   ``entries_to_histories(newest_entries(...))``).
-- **Model, candidates and fallback** come from the nightly job's stages (``recsys.stages``:
+- **Model, candidates and fallback** come from the nightly job's stages (``recsys.pipelines.nightly_stages``:
   ``read_catalog``, ``popularity_fallback_stage``, ``scoring_spec``) on the same inputs (the alias,
   the newest catalog snapshot on or before the date, popularity over the window's histories), 
   checked again every ``serve.refresh_s``; the workers' cache key (model version, candidate-set
   digest) makes the next batch after a change load the new ones.
-- **Scoring** is the nightly job's ``recsys.stages.score_users`` on one partition per batch; the
+- **Scoring** is the nightly job's ``recsys.pipelines.nightly_stages.score_users`` on one partition per batch; the
   rows are collected instead of written.
 
 So for a user the nightly job scored for date D, a request served ``as_of`` D (with no events of D
@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from recsys.config import Config
+from recsys.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ class OnDemand:
                 self.spark.sql("SELECT 1").collect()
             except Exception as exc:
                 self.spark = None
-                raise BackendUnavailable(f"cannot reach the backend at {self._where()}: {_first_line(exc)}") from None
+                raise BackendUnavailable(f"cannot reach the backend at {self._where()}: {first_line(exc, with_type=True)}") from None
             self.window = None
             self.context = None
             self._model = None
@@ -178,7 +179,7 @@ class OnDemand:
         try:
             spark.sql("SELECT 1").collect()
         except Exception as exc:
-            raise BackendUnavailable(f"the backend at {self._where()} does not answer: {_first_line(exc)}") from None
+            raise BackendUnavailable(f"the backend at {self._where()} does not answer: {first_line(exc, with_type=True)}") from None
 
     def _where(self) -> str:
         return self.url.split("/;", 1)[0]
@@ -204,7 +205,8 @@ class OnDemand:
         from pyspark import StorageLevel
 
         from recsys.data import history as hist
-        from recsys.data.readers import events_window, list_partitions, read_events
+        from recsys.data.partitions import list_partitions
+        from recsys.data.readers import events_window, read_events
 
         cfg = self.cfg
         as_of = self.as_of()
@@ -259,7 +261,7 @@ class OnDemand:
         return True
 
     def _refresh_context(self, spark, *, force_model: bool) -> bool:
-        from recsys.last_model import resolve_or_remembered
+        from recsys.tracking.last_model import resolve_or_remembered
 
         cfg = self.cfg
         now = time.monotonic()
@@ -307,7 +309,7 @@ class OnDemand:
     def score(self, user_ids: Sequence[int]) -> BatchResult:
         """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
         from recsys.scoring.stage import worker_figures
-        from recsys.stages import score_users, workers_refusal
+        from recsys.pipelines.nightly_stages import score_users, workers_refusal
 
         spark, context = self.spark, self.context
         if spark is None or context is None or self.window is None:
@@ -319,26 +321,19 @@ class OnDemand:
             figures = worker_figures(observation)
         except Exception as exc:
             if is_backend_unavailable(exc):
-                raise BackendUnavailable(f"the backend at {self._where()} failed: {_first_line(exc)}") from None
+                raise BackendUnavailable(f"the backend at {self._where()} failed: {first_line(exc, with_type=True)}") from None
             refusal = workers_refusal(exc)
             if refusal is not None:   # configuration, not this batch: the frontend stays not ready, saying why
                 raise BatchFailed(f"the executors refused scoring.dtype={context.spec.dtype}: {refusal}") from None
-            raise BatchFailed(f"the Spark job for {len(user_ids)} user(s) failed: {_first_line(exc)}") from exc
+            raise BatchFailed(f"the Spark job for {len(user_ids)} user(s) failed: {first_line(exc, with_type=True)}") from exc
         rows = {}
         for row in table.to_pylist():
             rows[row["user_id"]] = row
         return BatchResult(rows, figures, time.perf_counter() - started)
 
 
-def _first_line(exc: BaseException) -> str:
-    from recsys.uris import redact_text
-
-    text = str(exc).strip().splitlines()
-    return redact_text(f"{type(exc).__name__}: {text[0] if text else ''}")[:500]
-
-
 def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
-    from recsys.data.readers import list_partitions, with_files
+    from recsys.data.partitions import list_partitions, with_files
 
     fs, parts = list_partitions(root, "catalog")
     for part in reversed([p for p in parts if p.date <= as_of]):
@@ -350,7 +345,7 @@ def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
 
 def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tuple[Any, dt.date]:
     """The nightly job's stages for ``window``: catalog -> candidates, popularity fallback -> ScoringSpec."""
-    from recsys import stages
+    from recsys.pipelines import nightly_stages as stages
     from recsys.data.history import entries_to_histories
     from recsys.hooks import NO_HOOKS
     from recsys.scoring.shipping import ship_model

@@ -21,7 +21,7 @@ from pathlib import Path
 from recsys.config import MlflowConfig
 from recsys.errors import TrackingUnavailable
 from recsys import fs as rfs
-from recsys.tracking import ResolvedModel, resolve_model
+from recsys.tracking.store import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
 

@@ -206,7 +206,7 @@ class LiveProgress:
         if self.spark is None or self.interval_s <= 0:
             return self
         try:
-            from recsys.spark_session import is_connect
+            from recsys.spark.session import is_connect
 
             self._source = _ConnectSource(self.spark) if is_connect(self.spark) else _ClassicSource(self.spark)
         except Exception as exc:

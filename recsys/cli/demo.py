@@ -39,9 +39,9 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
              launch: LaunchSettings | None = None) -> ExitCode:
     """``spark``: an existing session to use (and leave running); by default the demo builds its own
     (with ``launch``, the environment's session settings)."""
-    from recsys.nightly import run_nightly
-    from recsys.spark_session import apply_runtime_settings, build_session
-    from recsys.train import run_training
+    from recsys.pipelines.nightly import run_nightly
+    from recsys.spark.session import apply_runtime_settings, build_session
+    from recsys.pipelines.train import run_training
 
     root = _dataset_root(cfg)
     date = _prepare_data(root, data, synthetic)

@@ -16,7 +16,7 @@ executor (and, in client mode, the driver) unpacks and deletes again on every su
 
 venv-pack does not include the interpreter: the archive's ``bin/python`` is a link to the base
 interpreter the virtualenv was made from, which must exist at the same path on every executor (or
-at ``--python-prefix``). Run as ``python -m recsys.packing``: prints the archive's path on stdout,
+at ``--python-prefix``). Run as ``python -m recsys.spark.packing``: prints the archive's path on stdout,
 or one line on stderr and exit code 2 when the archive cannot be built or is unusable.
 """
 from __future__ import annotations
@@ -118,7 +118,7 @@ def check(archive: Path) -> Path:
     archive = Path(archive)
     if not archive.is_file():
         raise ConfigError(f"packed environment {str(archive)!r} does not exist; build it with "
-                          "'./spark-submit.sh --pack ...' (or python -m recsys.packing) or give an existing archive")
+                          "'./spark-submit.sh --pack ...' (or python -m recsys.spark.packing) or give an existing archive")
     sidecar = _sidecar(archive)
     if sidecar.is_file():
         expected = sidecar.read_text().split()[0] if sidecar.read_text().strip() else ""
@@ -157,7 +157,7 @@ def _sha256(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recsys.packing", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m recsys.spark.packing", description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache-dir", default=os.path.join(".recsys", "pack"),
                         help="where archives are cached (default: .recsys/pack)")
     parser.add_argument("--archive", help="check and use this archive instead of building one")

@@ -2,7 +2,7 @@
 
     read_catalog -> read_histories -> popularity_fallback_stage -> score -> validate -> publish -> record
 
-``recsys.nightly.run_nightly`` calls them in that order, one call each, under the date's lock and
+``recsys.pipelines.nightly.run_nightly`` calls them in that order, one call each, under the date's lock and
 an MLflow run. An on-demand request for a few users calls the same functions: ``read_histories``
 takes a user filter, and ``scoring_spec`` + ``score_users`` score any histories DataFrame without
 writing or publishing anything. Data flows one way: a stage reads only the results handed to it.
@@ -24,14 +24,17 @@ import numpy as np
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from recsys import __version__, tracking
+from recsys import __version__
+
+from recsys.tracking import tags
+from recsys.tracking import store as tracking
 from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
 from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
-from recsys.errors import ConfigError, InputDataError, ValidationFailed
+from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
@@ -408,7 +411,7 @@ def record(recorder: tracking.RunRecorder, spark: SparkSession, cfg: Config, pub
     """Metrics, per-worker cache figures, artifacts and plots; each call degrades, never raises."""
     import yaml
 
-    from recsys import plots
+    from recsys.tracking import plots
 
     recorder.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     for step, w in enumerate(scored.worker["per_worker"]):   # one point per worker: a per-worker series in the UI
@@ -418,8 +421,8 @@ def record(recorder: tracking.RunRecorder, spark: SparkSession, cfg: Config, pub
     recorder.log_text(yaml.safe_dump(cfg.redacted_dict(), sort_keys=False), "config.yaml")
     recorder.log_dict({"workers": scored.worker["per_worker"]}, "worker_stats.json")
     recorder.log_dict(report.as_dict(), "validation_report.json")
-    recorder.set_tags({"recsys.status": "published", "recsys.output": redact_uri(published_dir),
-                       "recsys.model_version": published_manifest["model"]["version"]})
+    recorder.set_tags({tags.STATUS: RunStatus.PUBLISHED.value, tags.OUTPUT: redact_uri(published_dir),
+                       tags.MODEL_VERSION: published_manifest["model"]["version"]})
     if recorder.failed or recorder.run_id is None:
         return
     # Samples from the first rows Spark reads (a limit without an order stops after the first file):

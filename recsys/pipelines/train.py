@@ -17,29 +17,25 @@ from typing import Any
 import numpy as np
 from pyspark.sql import SparkSession
 
-from recsys import __version__, run_record, tracking
-from recsys.config import Config, ModelConfig, TrainConfig
+from recsys import __version__
+from recsys.tracking import tags
+from recsys.tracking import run_notes as run_record
+from recsys.tracking import store as tracking
+from recsys.config import Config
 from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
-from recsys.errors import GateError, InputDataError, TrackingFailed
-from recsys.progress import StageTimer
-from recsys.sequences import Sequences, Vocabulary
-from recsys.spark_session import job_description
+from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
+from recsys.learning.settings import model_config, train_settings
+from recsys.learning.split import SplitData, build_vocabulary, score_on_split, split_last_item, validation_set
+from recsys.pipelines.timing import StageTimer
+from recsys.sequences import Sequences
+from recsys.spark.session import job_description
 
 log = logging.getLogger(__name__)
 
 VALIDATION_METRIC = "val_ndcg@10"
-
-
-@dataclass(frozen=True)
-class SplitData:
-    """Id-space training data: model-independent, so any model version can be evaluated on it."""
-
-    train: Sequences               # item ids, oldest first (validation targets removed)
-    valid_histories: Sequences     # item ids, for users with a validation target
-    valid_targets: np.ndarray      # [V] item ids
 
 
 @dataclass
@@ -57,43 +53,6 @@ class TrainResult:
                 f"{VALIDATION_METRIC}={self.metrics.get(VALIDATION_METRIC, float('nan')):.4f}; {self.decision}")
 
 
-def split_last_item(seqs: Sequences, min_len: int = 3) -> SplitData:
-    """Hold out each user's newest item as the validation target (users with >= ``min_len`` items)."""
-    lengths = seqs.lengths
-    has_target = lengths >= min_len
-    last_pos = seqs.offsets[1:] - 1
-    keep = np.ones(len(seqs.items), dtype=bool)
-    keep[last_pos[has_target]] = False
-    new_len = lengths - has_target.astype(np.int64)
-    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-    np.cumsum(new_len, out=offsets[1:])
-    train = Sequences(offsets, seqs.items[keep])
-    rows = np.flatnonzero(has_target)
-    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=seqs.items[last_pos[has_target]])
-
-
-def build_vocabulary(train: Sequences, min_count: int) -> Vocabulary:
-    """Items seen at least ``min_count`` times in training, ordered by id (stable across runs)."""
-    ids, counts = np.unique(train.items, return_counts=True)
-    return Vocabulary(ids[counts >= min_count])
-
-
-def model_config(model: ModelConfig, num_items: int, model_type: str | None = None):
-    """The config dataclass of ``model_type`` (default: the selected one) from its config section."""
-    from recsys.model.registry import MODEL_TYPES
-
-    model_type = model_type or model.type
-    config_cls, _ = MODEL_TYPES[model_type]
-    return config_cls(num_items=num_items, **model.section(model_type).model_dump())
-
-
-def train_settings(train: TrainConfig):
-    from recsys.model.training import TrainSettings
-
-    return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
-                         weight_decay=train.weight_decay, patience=train.patience, seed=train.seed)
-
-
 def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
     """Each user's history before ``date``, built by the nightly job's own code, but up to
     ``train.history_items`` long: scoring needs only the recent items (``history.max_items``),
@@ -107,7 +66,7 @@ def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple
 def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False) -> TrainResult:
     import torch
 
-    from recsys import plots
+    from recsys.tracking import plots
     from recsys.model.io import save_model
     from recsys.model.training import fit
     from recsys.scoring.core import resolve_device
@@ -125,7 +84,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
         split = split_last_item(id_seqs)
         vocab = build_vocabulary(split.train, cfg.train.min_item_count)
         train_seqs, dropped = vocab.map_sequences(split.train)
-        valid = _validation_set(vocab, split)
+        valid = validation_set(vocab, split)
         c.update(items=len(vocab), train_items=len(train_seqs.items), dropped_rare=dropped,
                  validation_users=len(valid.targets))
     if len(vocab) < 2:
@@ -137,7 +96,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     device = resolve_device(cfg.train.device)
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=f"{cfg.mlflow.experiment}-training",
-                                    tags={"recsys.job": "train", "recsys.date": str(date), "recsys.version": __version__})
+                                    tags={tags.JOB: "train", tags.DATE: str(date), tags.VERSION: __version__})
     if recorder.failed:
         raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")
     recorder.log_params({
@@ -177,31 +136,21 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
             new_score = score_on_split(result.model, vocab.item_ids, split, device)
             promoted, decision = _gate(cfg, version, new_score, split, force, device)
             c.update(decision=decision)
-        recorder.set_tags({"recsys.model_version": version, "recsys.promoted": str(promoted),
-                           "recsys.gate": decision})
+        recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted),
+                           tags.GATE: decision})
         run_record.record_training(recorder, events_root=cfg.paths.events, date=date,
                                    window_days=cfg.history.window_days, model_type=cfg.train.model.type,
                                    users=len(user_ids), items=len(vocab), metrics=metrics,
                                    model_name=cfg.mlflow.model_name, version=version, decision=decision)
         recorder.end("FINISHED")
     except BaseException as exc:
-        recorder.set_tags({"recsys.error": redact_text(str(exc))[:4000]})
+        recorder.set_tags({tags.ERROR: redact_text(str(exc))[:4000]})
         recorder.end("FAILED")
         raise
     finally:
         torch.set_grad_enabled(True)
     log.info("[train %s] %s", date, decision)
     return TrainResult(date, recorder.run_id, version, metrics, promoted, decision, result.curve)
-
-
-def _validation_set(vocab: Vocabulary, split: SplitData):
-    """Validation users whose target the model can know, histories mapped to its vocabulary."""
-    from recsys.model.training import ValidationSet
-
-    histories, _ = vocab.map_sequences(split.valid_histories)
-    targets = vocab.index_of(split.valid_targets)
-    keep = np.flatnonzero(targets > 0)
-    return ValidationSet(histories=histories.take(keep), targets=targets[keep])
 
 
 def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: bool, device):
@@ -222,7 +171,7 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
     try:
         holder_score = _score_version(cfg, holder_version, split, device)
     except Exception as exc:
-        problem = f"the holder version {holder_version} could not be scored ({type(exc).__name__}: {_first_line(exc)})"
+        problem = f"the holder version {holder_version} could not be scored ({first_line(exc, with_type=True, limit=300)})"
         if force:
             tracking.set_alias(name, alias, version)
             return True, f"promoted version {version} to @{alias} because of --force; {problem}"
@@ -241,34 +190,12 @@ def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: 
     return False, f"kept @{alias} on version {holder_version}: the new version validates worse; {detail}; use --force to override"
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else ""
-
-
 def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
     from recsys.model.io import load_model
 
     local = tracking.model_version_dir(cfg.mlflow.model_name, version, cfg.paths.driver_dir / "models")
     loaded = load_model(local, device=device)
     return score_on_split(loaded.model, loaded.item_ids, split, device)
-
-
-def score_on_split(model, item_ids: np.ndarray, split: SplitData, device) -> float:
-    """NDCG@10 over *all* validation users; a target the model's vocabulary lacks counts as a miss.
-
-    Any two model versions scored with this function are compared on the same users, whatever
-    their vocabularies.
-    """
-    from recsys.evaluation.metrics import evaluate_ranking
-
-    valid = _validation_set(Vocabulary(item_ids), split)
-    if len(split.valid_targets) == 0:
-        return float("nan")
-    if len(valid.targets) == 0:
-        return 0.0
-    scores = evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
-    return float(scores["ndcg@10"]) * len(valid.targets) / len(split.valid_targets)
 
 
 def _val_name(key: str) -> str:

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 from recsys.config import MlflowConfig
 from recsys.uris import is_local_path, local_path, redact_text, redact_uri
-from recsys.errors import ModelNotFoundError, TrackingUnavailable
+from recsys.errors import ModelNotFoundError, TrackingUnavailable, first_line
+from recsys.tracking import tags
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
     name = experiment or cfg.experiment
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
-        if EXPERIMENT_KIND_TAG not in found.tags:
+        if tags.EXPERIMENT_KIND not in found.tags:
             _mark_model_development(found.experiment_id)
         return found.experiment_id
     location = None
@@ -64,19 +65,19 @@ def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
             local_path(location).mkdir(parents=True, exist_ok=True)
             location = local_path(location).as_uri()
     return mlflow.create_experiment(name, artifact_location=location,
-                                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+                                    tags={tags.EXPERIMENT_KIND: EXPERIMENT_KIND})
 
 
 # Without it, MLflow 3's UI guesses the experiment's kind and opened ours as GenAI "evaluation runs"
 # (traces, judges, an assistant panel) instead of model training (metrics, parameters, artifacts).
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def _mark_model_development(experiment_id: str) -> None:
     from mlflow import MlflowClient
 
     try:
-        MlflowClient().set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        MlflowClient().set_experiment_tag(experiment_id, tags.EXPERIMENT_KIND, EXPERIMENT_KIND)
     except Exception as exc:   # cosmetic: never worth failing a run for
         log.debug("could not tag experiment %s with its kind: %s", experiment_id, exc)
 
@@ -100,7 +101,7 @@ def resolve_model(cfg: MlflowConfig, download_root: Path) -> ResolvedModel:
     Two failures are told apart because a scheduler must treat them differently: the store
     answered that there is no such model or alias (ModelNotFoundError, exit 2: fix the config or
     train), or the store could not be asked (TrackingUnavailable: the caller may fall back to the
-    last resolution it remembers, see :mod:`recsys.last_model`).
+    last resolution it remembers, see :mod:`recsys.tracking.last_model`).
     """
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -112,17 +113,17 @@ def resolve_model(cfg: MlflowConfig, download_root: Path) -> ResolvedModel:
     except MlflowException as exc:
         if exc.error_code in _NOT_FOUND_CODES:
             raise ModelNotFoundError(
-                f"no model at {where} ({_first_line(exc)}); run `recsys train` first, or set mlflow.model_name / "
+                f"no model at {where} ({first_line(exc)}); run `recsys train` first, or set mlflow.model_name / "
                 f"mlflow.alias"
             ) from None
-        raise TrackingUnavailable(f"cannot resolve {where}: {_first_line(exc)}") from None
+        raise TrackingUnavailable(f"cannot resolve {where}: {first_line(exc)}") from None
     except Exception as exc:  # connection errors that MLflow did not wrap
-        raise TrackingUnavailable(f"cannot resolve {where}: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise TrackingUnavailable(f"cannot resolve {where}: {first_line(exc, with_type=True)}") from None
     try:
         local_dir = local_model_dir(mv.source, download_root / cfg.model_name / str(mv.version))
     except Exception as exc:
         raise TrackingUnavailable(f"cannot download the files of {where} version {mv.version}: "
-                                  f"{type(exc).__name__}: {_first_line(exc)}") from None
+                                  f"{first_line(exc, with_type=True)}") from None
     return ResolvedModel(
         name=cfg.model_name,
         alias=cfg.alias,
@@ -224,7 +225,7 @@ class RunRecorder:
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
-            self.error = f"{type(exc).__name__}: {_first_line(exc)}"
+            self.error = f"{first_line(exc, with_type=True)}"
             log.warning("MLflow tracking failed, continuing without it: %s", self.error)
 
     def _call(self, fn_name: str, *args: Any, **kwargs: Any) -> None:
@@ -320,8 +321,3 @@ def _is_number(value: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redact_text(text[0]) if text else type(exc).__name__

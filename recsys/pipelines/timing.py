@@ -1,4 +1,4 @@
-"""Stage timing and progress lines: one log line per stage with its counts and seconds.
+"""Stage timing: one log line per stage with its counts and seconds.
 
 The timings double as the run's per-stage metrics (``stage_<name>_s``) and go into the manifest,
 so the figures an operator sees in the log, in MLflow and next to the data are the same numbers.
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 log = logging.getLogger("recsys")
 
 # label(text) -> a context under which the work a stage starts carries ``text`` (e.g. the Spark UI's
-# job description: ``functools.partial(recsys.spark_session.job_description, spark)``)
+# job description: ``functools.partial(recsys.spark.session.job_description, spark)``)
 JobLabel = Callable[[str], AbstractContextManager]
 
 
@@ -22,7 +22,7 @@ class StageTimer:
 
     Knows nothing of Spark: the pipeline hands in how to label a stage's jobs, and how to report a
     running stage's progress (``progress(text, expected_users=N)``: a context manager, e.g.
-    :class:`recsys.live_progress.LiveProgress` bound to the session).
+    :class:`recsys.spark.task_progress.LiveProgress` bound to the session).
     """
 
     def __init__(self, label: JobLabel | None = None, job: str = "recsys",
@@ -84,35 +84,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
-
-
-class RedactingFilter(logging.Filter):
-    """Removes credentials from every record a handler writes, whichever library logged it.
-
-    MLflow, urllib3 and friends quote the URL they could not reach; a tracking URI with
-    ``user:password@`` or ``?token=`` would otherwise end up in scheduler logs.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from recsys.uris import redact_text
-
-        message = record.getMessage()
-        clean = redact_text(message)
-        if clean != message:
-            record.msg, record.args = clean, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
-        return True
-
-
-def configure_logging(verbose: bool = False) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-    )
-    for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
-    for noisy in ("py4j", "urllib3", "alembic", "mlflow.store", "matplotlib"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -8,22 +8,15 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-MEANING = {
-    0: "success",
-    1: "unexpected error, a retry may help",
-    2: "bad input or configuration, fix it: a retry will not help",
-    3: "output failed validation, nothing published: investigate, a retry will not help",
-    4: "the date is locked by another run, nothing published: retry later",
-    5: "published, but the MLflow run was not recorded: no need to rerun",
-    130: "interrupted",
-}
+from recsys.errors import ExitCode, RunStatus
+
 
 
 def final_line(command: str, code: int, detail: str | None) -> tuple[int, str]:
     """(logging level, message) of the command's last line."""
     # never ERROR: an expected failure prints exactly one ERROR line (the contract), which came before
     level = logging.INFO if code == 0 else logging.WARNING
-    meaning = MEANING.get(code, "unknown exit code")
+    meaning = ExitCode(code).meaning if code in ExitCode._value2member_map_ else "unknown exit code"
     return level, f"recsys {command} finished with exit code {code} ({meaning})" + (f": {detail}" if detail else "")
 
 
@@ -31,7 +24,7 @@ def recommend_detail(results: Sequence[Any]) -> str:
     """Per date: published (and where, which run) or skipped (and why), for one date or a backfill."""
     parts = []
     for r in results:
-        if r.status == "skipped":
+        if r.status == RunStatus.SKIPPED:
             parts.append(f"skipped {r.date}, {r.reason}")
         else:
             tracking_error = (r.manifest.get("tracking") or {}).get("error")

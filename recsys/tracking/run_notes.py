@@ -10,7 +10,7 @@
   version, so the registry page of a version lists the nights that scored with it (a rerun of a
   date replaces that date's tag, so the tags stay one per date).
 
-Every call goes through :class:`recsys.tracking.RunRecorder`, so a tracking store that fails
+Every call goes through :class:`recsys.tracking.store.RunRecorder`, so a tracking store that fails
 here degrades the run to exit code 5 like any other recording failure, never fails the job.
 """
 from __future__ import annotations
@@ -22,13 +22,12 @@ from typing import Any, Mapping
 
 from recsys import fs as rfs
 from recsys.data.contracts import partition_name
-from recsys.uris import redact_text, redact_uri
+from recsys.errors import first_line
+from recsys.uris import redact_uri
+from recsys.tracking import tags
 
 log = logging.getLogger(__name__)
 
-NOTE_TAG = "mlflow.note.content"
-USED_BY_TAG = "recsys.used_by."          # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
-EXIT_CODE_TAG = "recsys.exit_code"
 
 
 def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
@@ -83,15 +82,13 @@ def failure_tags(date: dt.date, exc: BaseException) -> dict[str, str]:
     from recsys.errors import ExitCode, RecsysError
 
     code = int(exc.exit_code) if isinstance(exc, RecsysError) else int(ExitCode.UNEXPECTED_ERROR)
-    first = (redact_text(str(exc)).strip().splitlines() or [type(exc).__name__])[0]
-    if not isinstance(exc, RecsysError):
-        first = f"{type(exc).__name__}: {first}"
-    return {EXIT_CODE_TAG: str(code),
-            NOTE_TAG: f"Failed for {date} with exit code {code} ({ExitCode(code).name.lower()}), nothing "
-                      f"published: {first[:1000]}"}
+    first = first_line(exc, with_type=not isinstance(exc, RecsysError), limit=1000)
+    return {tags.EXIT_CODE: str(code),
+            tags.NOTE: f"Failed for {date} with exit code {code} ({ExitCode(code).name.lower()}), nothing "
+                      f"published: {first}"}
 
 
-def files_digest(root: str, dates: list[dt.date]) -> tuple[str, int, int]:
+def partition_files_digest(root: str, dates: list[dt.date]) -> tuple[str, int, int]:
     """(digest, files, bytes) of the data files of ``root``'s ``dt=`` partitions for ``dates``.
 
     Paths relative to ``root``, sizes and modification times: cheap (a listing, no reads) and
@@ -129,7 +126,7 @@ def events_dataset(events_root: str, date: dt.date, window_days: int) -> Any:
 
     start = date - dt.timedelta(days=window_days)
     window = [d for d in _partition_dates(events_root) if start <= d < date]
-    digest, files, size = files_digest(events_root, window)
+    digest, files, size = partition_files_digest(events_root, window)
     first, last = (str(window[0]), str(window[-1])) if window else ("none", "none")
     log.debug("events dataset: %d partitions, %d files, %d bytes", len(window), files, size)
     return MetaDataset(
@@ -150,7 +147,7 @@ def input_datasets(events_root: str, catalog_root: str, date: dt.date, window_da
     from recsys.data.contracts import CATALOG_SCHEMA
 
     events = events_dataset(events_root, date, window_days)
-    cat_digest, cat_files, cat_bytes = files_digest(catalog_root, [catalog_date])
+    cat_digest, cat_files, cat_bytes = partition_files_digest(catalog_root, [catalog_date])
     catalog = MetaDataset(
         SparkDatasetSource(path=redact_uri(rfs.join(catalog_root, partition_name(catalog_date)))),
         name=f"catalog {catalog_date}",
@@ -162,7 +159,7 @@ def input_datasets(events_root: str, catalog_root: str, date: dt.date, window_da
 
 
 def _partition_dates(root: str) -> list[dt.date]:
-    from recsys.data.readers import list_partitions
+    from recsys.data.partitions import list_partitions
 
     try:
         _, parts = list_partitions(root, "events")
@@ -191,7 +188,7 @@ def record(recorder: Any, *, manifest: Mapping[str, Any], metrics: Mapping[str, 
     if recorder.run_id is None or recorder.failed:
         return
     date = dt.date.fromisoformat(str(manifest["date"]))
-    recorder.set_tags({NOTE_TAG: note(manifest, metrics), EXIT_CODE_TAG: "0"})
+    recorder.set_tags({tags.NOTE: note(manifest, metrics), tags.EXIT_CODE: "0"})
     try:
         datasets = input_datasets(events_root, catalog_root, date, window_days,
                                   dt.date.fromisoformat(str(manifest["catalog_snapshot"])))
@@ -205,11 +202,11 @@ def record(recorder: Any, *, manifest: Mapping[str, Any], metrics: Mapping[str, 
         try:   # a convenience on the registry side: its failure is a warning, not an unrecorded run
             from mlflow import MlflowClient
 
-            MlflowClient().set_model_version_tag(model["name"], str(model["version"]), f"{USED_BY_TAG}{date}",
+            MlflowClient().set_model_version_tag(model["name"], str(model["version"]), f"{tags.USED_BY_PREFIX}{date}",
                                                  recorder.run_id)
         except Exception as exc:
             log.warning("could not tag model version %s of %s with run %s: %s", model["version"], model["name"],
-                        recorder.run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                        recorder.run_id, first_line(exc))
 
 
 def record_training(recorder: Any, *, events_root: str, date: dt.date, window_days: int, model_type: str,
@@ -219,7 +216,7 @@ def record_training(recorder: Any, *, events_root: str, date: dt.date, window_da
     if recorder.run_id is None or recorder.failed:
         return
     ndcg = next((v for k, v in metrics.items() if k.startswith("val_ndcg")), None)
-    recorder.set_tags({NOTE_TAG: (
+    recorder.set_tags({tags.NOTE: (
         f"Trained {model_type} on the events before {date} ({users:,} users, {items:,} items in the vocabulary); "
         f"best epoch {int(metrics.get('best_epoch', 0))}"
         + (f", validation NDCG@10 {ndcg:.4f}" if ndcg is not None else "")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from recsys.errors import ConfigError, ExitCode, RecsysError
+from recsys.errors import ConfigError, ExitCode, RecsysError, RunStatus, first_line
 
 log = logging.getLogger("recsys")
 
@@ -139,14 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from recsys.progress import configure_logging
+    from recsys.logs import configure_logging
 
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     code = run_command(args.func, args)
     if args.command in ("recommend", "train"):
-        from recsys.outcome import final_line
+        from recsys.cli.outcome import final_line
 
         log.log(*final_line(args.command, code, getattr(args, "outcome", None)))
     return code
@@ -158,14 +158,14 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
         return int(func(args))
     except RecsysError as exc:
         log.error("%s", exc)
-        args.outcome = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        args.outcome = first_line(exc)
         return int(exc.exit_code)
     except KeyboardInterrupt:
         log.error("interrupted")
-        return 130
+        return int(ExitCode.INTERRUPTED)
     except Exception as exc:
         log.exception("unexpected error; this is a bug or an infrastructure failure")
-        args.outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} (traceback above)"
+        args.outcome = f"{first_line(exc, with_type=True)} (traceback above)"
         return int(ExitCode.UNEXPECTED_ERROR)
 
 
@@ -220,8 +220,8 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from recsys.spark_session import build_session
-    from recsys.train import run_training
+    from recsys.spark.session import build_session
+    from recsys.pipelines.train import run_training
 
     cfg = _config(args)
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
@@ -234,9 +234,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-MAX_BACKFILL_DAYS = 3660
-
-
 def recommend_dates(args: argparse.Namespace) -> list[dt.date]:
     """--date D, or --start-date A --end-date B (inclusive, in order); never both."""
     if args.start_date is None and args.end_date is None:
@@ -245,17 +242,17 @@ def recommend_dates(args: argparse.Namespace) -> list[dt.date]:
         raise ConfigError("give either --date or --start-date/--end-date, not both")
     if args.start_date is None or args.end_date is None:
         raise ConfigError("a backfill needs both --start-date and --end-date (inclusive)")
-    if args.end_date < args.start_date:
-        raise ConfigError(f"--end-date {args.end_date} is before --start-date {args.start_date}")
-    days = (args.end_date - args.start_date).days + 1
-    if days > MAX_BACKFILL_DAYS:
-        raise ConfigError(f"a backfill of {days} days is longer than {MAX_BACKFILL_DAYS}; split it")
-    return [args.start_date + dt.timedelta(days=i) for i in range(days)]
+    from recsys.data.contracts import date_range
+
+    try:
+        return date_range(args.start_date, args.end_date, names=("--start-date", "--end-date"))
+    except ValueError as exc:
+        raise ConfigError(f"backfill: {exc}") from None
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from recsys.nightly import overall_exit_code, run_dates
-    from recsys.spark_session import build_session
+    from recsys.pipelines.nightly import overall_exit_code, run_dates
+    from recsys.spark.session import build_session
 
     dates = recommend_dates(args)
     cfg = _config(args)
@@ -265,14 +262,14 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
         spark.stop()
-    from recsys.outcome import recommend_detail
+    from recsys.cli.outcome import recommend_detail
 
     args.outcome = recommend_detail(results)
 
     from recsys.uris import redact_uri
 
     for result in results:
-        if result.status == "skipped":
+        if result.status == RunStatus.SKIPPED:
             print(f"skipped {redact_uri(result.output_dir)}: {result.reason} (pass --force to recompute)")
         else:
             print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
@@ -280,7 +277,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from recsys import runs
+    from recsys.cli import runs
 
     cfg = _config(args)
     if args.action == "show":
@@ -298,7 +295,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from recsys.evaluation.evaluate import check_dataset_root, run_evaluation
-    from recsys.spark_session import build_session
+    from recsys.spark.session import build_session
 
     cfg = _config(args)
     check_dataset_root(args.data)
@@ -316,7 +313,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from recsys.demo import run_demo
+    from recsys.cli.demo import run_demo
 
     cfg = _config(args)
     return int(run_demo(cfg, data=args.data, synthetic=args.synthetic, launch=_launch()))

@@ -1,7 +1,7 @@
 """The nightly job: read catalog -> histories -> fallback -> score -> validate -> publish -> record.
 
 ``run_dates`` is what ``jobs/nightly_recommendations.py`` (spark-submit) and ``recsys recommend``
-both call; it runs ``run_nightly`` per date. The stages themselves live in :mod:`recsys.stages`
+both call; it runs ``run_nightly`` per date. The stages themselves live in :mod:`recsys.pipelines.nightly_stages`
 (one call each in ``_run``, each returning a small frozen result); this module adds what makes
 them a scheduled job: the date's lock, recovery, the skip check, the MLflow run and the exit code.
 Nothing is visible to readers until validation has passed.
@@ -24,26 +24,32 @@ from typing import Any, Sequence
 
 from pyspark.sql import SparkSession
 
-from recsys import __version__, run_record, stages, tracking
+from recsys import __version__
+
+from recsys.tracking import tags
+from recsys.tracking import run_notes as run_record
+
+from recsys.pipelines import nightly_stages as stages
+
+from recsys.tracking import store as tracking
 from recsys.config import Config
 from recsys.uris import redact_text
 from recsys.data.contracts import parse_date, partition_name
-from recsys.errors import ExitCode, ValidationFailed
+from recsys.errors import ExitCode, RunStatus, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
-from recsys.last_model import resolve_or_remembered
-from recsys.live_progress import LiveProgress
-from recsys.progress import StageTimer
+from recsys.tracking.last_model import resolve_or_remembered
+from recsys.spark.task_progress import LiveProgress
+from recsys.pipelines.timing import StageTimer
 from recsys import fs as rfs
 from recsys.publish.lock import DateLock
 from recsys.scoring.shipping import ship_model
-from recsys.workdir import check_executors_can_write
-from recsys.spark_session import default_parallelism, job_description
+from recsys.spark.workdir import check_executors_can_write
+from recsys.spark.session import default_parallelism, job_description
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       read_manifest, recover)
 
 log = logging.getLogger(__name__)
 
-PUBLISHED, SKIPPED = "published", "skipped"
 STAGE_BREAKDOWN = "seconds by stage:"   # the run's last figures; benchmarks/scale_test.py reads this line
 
 
@@ -55,7 +61,7 @@ class NightlyResult:
     manifest: dict[str, Any]
     metrics: dict[str, float] = field(default_factory=dict)
     exit_code: ExitCode = ExitCode.OK
-    status: str = PUBLISHED          # or SKIPPED: the date was already published the same way
+    status: RunStatus = RunStatus.PUBLISHED   # or SKIPPED: the date was already published the same way
     reason: str | None = None        # why it was skipped
 
 
@@ -90,8 +96,8 @@ def overall_exit_code(results: Sequence[NightlyResult]) -> ExitCode:
 
 
 def _summary(results: Sequence[NightlyResult]) -> str:
-    published = [str(r.date) for r in results if r.status == PUBLISHED]
-    skipped = [str(r.date) for r in results if r.status == SKIPPED]
+    published = [str(r.date) for r in results if r.status == RunStatus.PUBLISHED]
+    skipped = [str(r.date) for r in results if r.status == RunStatus.SKIPPED]
     parts = []
     if published:
         parts.append(f"published {len(published)} ({', '.join(published)})")
@@ -131,7 +137,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         reason = skip_reason(published, model.version, config_digest)
         if reason is not None and not force:
             log.info("recommend %s: skipped: %s; pass --force to recompute it", date, reason)
-            return NightlyResult(date, published.get("run_id"), layout.final_dir, published, status=SKIPPED,
+            return NightlyResult(date, published.get("run_id"), layout.final_dir, published, status=RunStatus.SKIPPED,
                                  reason=reason)
         if published is not None:
             log.info("recommend %s: replacing the published partition (%s)", date,
@@ -139,8 +145,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
 
         recorder = tracking.RunRecorder(
             cfg.mlflow, run_name=f"recommend {date}", unavailable=resolution_error,
-            tags={"recsys.job": "nightly", "recsys.date": str(date), "recsys.version": __version__,
-                  "recsys.job_run": run_key, "recsys.model_version": model.version},
+            tags={tags.JOB: "nightly", tags.DATE: str(date), tags.VERSION: __version__,
+                  tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
         )
         work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
         try:
@@ -150,7 +156,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         except BaseException as exc:
             discard_staging(layout)
             _cleanup(work_dir)
-            recorder.set_tags({"recsys.status": "failed", "recsys.error": redact_text(str(exc))[:4000],
+            recorder.set_tags({tags.STATUS: RunStatus.FAILED.value, tags.ERROR: redact_text(str(exc))[:4000],
                                **run_record.failure_tags(date, exc)})
             if isinstance(exc, ValidationFailed):
                 recorder.log_dict(exc.report, "validation_report.json")

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from recsys import fs as rfs
+from recsys.tracking import tags
 from recsys.config import Config
 from recsys.data.contracts import partition_name
-from recsys.errors import ConfigError, TrackingUnavailable
+from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line
 from recsys.uris import redact_uri
 
-NIGHTLY_FILTER = "tags.`recsys.job` = 'nightly'"
 PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",
                    "task_retries", "fallback_users")
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -33,7 +33,7 @@ _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 def _client(cfg: Config):
     from mlflow import MlflowClient
 
-    from recsys import tracking
+    from recsys.tracking import store as tracking
 
     tracking.point_at(cfg.mlflow)
     return MlflowClient()
@@ -46,7 +46,7 @@ def _experiment_id(client, cfg: Config) -> str | None:
         experiment = client.get_experiment_by_name(cfg.mlflow.experiment)
     except MlflowException as exc:
         raise TrackingUnavailable(f"cannot read runs from {redact_uri(cfg.mlflow.tracking_uri)}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+                                  f"{first_line(exc)}") from None
     except Exception as exc:
         raise TrackingUnavailable(f"cannot read runs from {redact_uri(cfg.mlflow.tracking_uri)}: "
                                   f"{type(exc).__name__}") from None
@@ -61,51 +61,51 @@ def list_runs(cfg: Config, *, last: int = 20, date: dt.date | None = None) -> li
     experiment_id = _experiment_id(client, cfg)
     if experiment_id is None:
         return []
-    query = NIGHTLY_FILTER + (f" and tags.`recsys.date` = '{date}'" if date else "")
+    query = tags.search_filter(tags.NIGHTLY_JOB, date)
     try:
         runs = client.search_runs([experiment_id], filter_string=query, order_by=["attributes.start_time DESC"],
                                   max_results=last)
     except Exception as exc:
         raise TrackingUnavailable(f"cannot search runs in {redact_uri(cfg.mlflow.tracking_uri)}: "
-                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from None
-    return [summarise(run, _published_manifest(cfg, run.data.tags.get("recsys.date"))) for run in runs]
+                                  f"{first_line(exc, with_type=True)}") from None
+    return [summarise(run, _published_manifest(cfg, run.data.tags.get(tags.DATE))) for run in runs]
 
 
 def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """One run as the row ``recsys runs`` prints (and ``--json`` emits)."""
-    tags, metrics = run.data.tags, run.data.metrics
+    run_tags, metrics = run.data.tags, run.data.metrics
     status, exit_code = _status(run, manifest)
     start = run.info.start_time
     return {
         "run_id": run.info.run_id,
-        "date": tags.get("recsys.date"),
+        "date": run_tags.get(tags.DATE),
         "started": dt.datetime.fromtimestamp(start / 1000, dt.timezone.utc).isoformat(timespec="seconds")
         if start else None,
         "status": status,
         "exit_code": exit_code,
-        "model_version": tags.get("recsys.model_version"),
+        "model_version": run_tags.get(tags.MODEL_VERSION),
         "users": _int(metrics.get("rows", metrics.get("users_in_window"))),
         "users_per_s": round(metrics["users_per_s"], 1) if "users_per_s" in metrics else None,
         "wall_s": round(metrics["total_s"], 1) if "total_s" in metrics else None,
         "stages_s": {k.removeprefix("stage_").removesuffix("_s"): round(v, 1) for k, v in sorted(metrics.items())
                      if k.startswith("stage_") and k.endswith("_s")},
         "problems": {k: _int(metrics[k]) for k in PROBLEM_METRICS if metrics.get(k)},
-        "error": next(iter((tags.get("recsys.error") or "").splitlines()), "")[:300] or None,
-        "note": tags.get("mlflow.note.content"),
+        "error": next(iter((run_tags.get(tags.ERROR) or "").splitlines()), "")[:300] or None,
+        "note": run_tags.get(tags.NOTE),
     }
 
 
 def _status(run: Any, manifest: dict[str, Any] | None) -> tuple[str, int | None]:
-    tags = run.data.tags
-    code = tags.get("recsys.exit_code")
+    run_tags = run.data.tags
+    code = run_tags.get(tags.EXIT_CODE)
     if run.info.status == "FINISHED":
-        return tags.get("recsys.status", "finished"), int(code) if code is not None else 0
+        return run_tags.get(tags.STATUS, "finished"), int(code) if code is not None else 0
     if run.info.status == "FAILED":
-        return "failed", int(code) if code is not None else None
+        return RunStatus.FAILED.value, int(code) if code is not None else None
     if manifest and manifest.get("run_id") == run.info.run_id:
         if (manifest.get("tracking") or {}).get("error"):
-            return "published, not recorded", 5
-        return "published, recording unfinished", None
+            return f"{RunStatus.PUBLISHED}, not recorded", int(ExitCode.TRACKING_FAILED)
+        return f"{RunStatus.PUBLISHED}, recording unfinished", None
     return run.info.status.lower(), None   # RUNNING: in progress, or a run killed before it could end
 
 
@@ -154,7 +154,7 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
             run = client.get_run(which)
         except MlflowException as exc:
             raise ConfigError(f"no run {which} in {redact_uri(cfg.mlflow.tracking_uri)} "
-                              f"({str(exc).splitlines()[0]}); list runs with `recsys runs`") from None
+                              f"({first_line(exc)}); list runs with `recsys runs`") from None
     else:
         try:
             date = dt.date.fromisoformat(which)
@@ -165,7 +165,7 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
             raise ConfigError(f"no nightly run for {date} in experiment {cfg.mlflow.experiment!r} of "
                               f"{redact_uri(cfg.mlflow.tracking_uri)}; list runs with `recsys runs`")
         run = client.get_run(found[0]["run_id"])
-    manifest_published = _published_manifest(cfg, run.data.tags.get("recsys.date"))
+    manifest_published = _published_manifest(cfg, run.data.tags.get(tags.DATE))
     out = summarise(run, manifest_published)
     artifacts = _list_artifacts(client, run.info.run_id)
     manifest = None
@@ -184,9 +184,9 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
         mlflow_status=run.info.status,
         params=dict(sorted(run.data.params.items())),
         metrics=dict(sorted(run.data.metrics.items())),
-        tags={k: v for k, v in sorted(run.data.tags.items()) if k.startswith("recsys.")},
+        tags={k: v for k, v in sorted(run.data.tags.items()) if k.startswith(tags.PREFIX)},
         inputs=[{"name": d.dataset.name, "digest": d.dataset.digest, "source": _source(d.dataset.source),
-                 "context": next((t.value for t in d.tags if t.key == "mlflow.data.context"), None)}
+                 "context": next((t.value for t in d.tags if t.key == tags.DATASET_CONTEXT), None)}
                 for d in (run.inputs.dataset_inputs if run.inputs else [])],
         manifest=manifest,
         artifacts=[f"{base}/{a}" for a in artifacts],

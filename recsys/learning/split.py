@@ -1,0 +1,69 @@
+"""The held-out split that training and the gate share: each user's newest item set aside.
+
+Id-space and model-independent, so every model version (the candidate and the alias holder, with
+different vocabularies) is scored on the same users by :func:`score_on_split`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from recsys.sequences import Sequences, Vocabulary
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """Id-space training data: model-independent, so any model version can be evaluated on it."""
+
+    train: Sequences               # item ids, oldest first (validation targets removed)
+    valid_histories: Sequences     # item ids, for users with a validation target
+    valid_targets: np.ndarray      # [V] item ids
+
+
+def split_last_item(seqs: Sequences, min_len: int = 3) -> SplitData:
+    """Hold out each user's newest item as the validation target (users with >= ``min_len`` items)."""
+    lengths = seqs.lengths
+    has_target = lengths >= min_len
+    last_pos = seqs.offsets[1:] - 1
+    keep = np.ones(len(seqs.items), dtype=bool)
+    keep[last_pos[has_target]] = False
+    new_len = lengths - has_target.astype(np.int64)
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(new_len, out=offsets[1:])
+    train = Sequences(offsets, seqs.items[keep])
+    rows = np.flatnonzero(has_target)
+    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=seqs.items[last_pos[has_target]])
+
+
+def build_vocabulary(train: Sequences, min_count: int) -> Vocabulary:
+    """Items seen at least ``min_count`` times in training, ordered by id (stable across runs)."""
+    ids, counts = np.unique(train.items, return_counts=True)
+    return Vocabulary(ids[counts >= min_count])
+
+
+def validation_set(vocab: Vocabulary, split: SplitData):
+    """Validation users whose target the model can know, histories mapped to its vocabulary."""
+    from recsys.model.training import ValidationSet
+
+    histories, _ = vocab.map_sequences(split.valid_histories)
+    targets = vocab.index_of(split.valid_targets)
+    keep = np.flatnonzero(targets > 0)
+    return ValidationSet(histories=histories.take(keep), targets=targets[keep])
+
+
+def score_on_split(model, item_ids: np.ndarray, split: SplitData, device) -> float:
+    """NDCG@10 over *all* validation users; a target the model's vocabulary lacks counts as a miss.
+
+    Any two model versions scored with this function are compared on the same users, whatever
+    their vocabularies.
+    """
+    from recsys.model.metrics import evaluate_ranking
+
+    valid = validation_set(Vocabulary(item_ids), split)
+    if len(split.valid_targets) == 0:
+        return float("nan")
+    if len(valid.targets) == 0:
+        return 0.0
+    scores = evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
+    return float(scores["ndcg@10"]) * len(valid.targets) / len(split.valid_targets)

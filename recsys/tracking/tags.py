@@ -1,0 +1,34 @@
+"""The names of the MLflow tags the project writes and reads back: one home, so the writer (the
+pipelines), the reader (``recsys runs``) and the filter that finds nightly runs cannot drift apart.
+
+Values are documented with the run record in docs/operations.md; renaming one breaks every query
+an operator saved, so these are part of the interface.
+"""
+from __future__ import annotations
+
+PREFIX = "recsys."
+JOB = "recsys.job"                      # nightly | train | evaluate
+DATE = "recsys.date"                    # the run's date, YYYY-MM-DD
+VERSION = "recsys.version"              # the recsys package version that ran
+JOB_RUN = "recsys.job_run"              # the run key: one per attempt of one date
+MODEL_VERSION = "recsys.model_version"
+STATUS = "recsys.status"                # published | failed (nightly); absent while running
+ERROR = "recsys.error"                  # the redacted error, when a run failed
+EXIT_CODE = "recsys.exit_code"          # the command's exit code (see recsys.errors.ExitCode)
+OUTPUT = "recsys.output"                # the published partition
+PROTOCOL = "recsys.protocol"            # evaluate: loo | temporal
+PROMOTED = "recsys.promoted"            # train: whether the alias moved
+GATE = "recsys.gate"                    # train: the gate's decision, in words
+USED_BY_PREFIX = "recsys.used_by."      # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
+
+NOTE = "mlflow.note.content"            # MLflow's run description
+DATASET_CONTEXT = "mlflow.data.context"
+EXPERIMENT_KIND = "mlflow.experimentKind"
+
+NIGHTLY_JOB = "nightly"
+
+
+def search_filter(job: str, date: object | None = None) -> str:
+    """An MLflow search filter for the runs of ``job`` (on ``date`` only, if given)."""
+    query = f"tags.`{JOB}` = '{job}'"
+    return query + (f" and tags.`{DATE}` = '{date}'" if date is not None else "")
