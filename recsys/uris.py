@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -84,3 +85,14 @@ def redact_uri(uri: str) -> str:
     # know, e.g. sqlite:////abs/path came back as sqlite://abs/path.
     # Secrets also hide in path parameters, e.g. Spark Connect's sc://host:15002/;token=...
     return redact_text(uri)
+
+
+def redact_values(data: Any) -> Any:
+    """``data`` (JSON-like) with credentials removed from every string in it, keys included."""
+    if isinstance(data, str):
+        return redact_text(data)
+    if isinstance(data, Mapping):
+        return {redact_values(k): redact_values(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [redact_values(v) for v in data]
+    return data

@@ -8,7 +8,7 @@ import pytest
 from recsys.bench.run import (ALS, BARE, BARE_THREADS, BF16, JOB, PBU, REF, BenchOptions, _report, format_table,
                               run_bench, write_json)
 from recsys.scoring import core as core_module
-from recsys.bench.shapes import BenchShape
+from recsys.bench.shapes import BenchShape, params
 
 
 def test_ratios_are_medians_against_the_faster_bare_core_by_hand():
@@ -42,7 +42,8 @@ def test_reference_and_bf16_rows_are_ratios_in_the_same_mode_by_hand():
 def test_core_only_runs_without_spark_and_writes_json(tmp_path, monkeypatch):
     shape = BenchShape(users=300, items=60, dim=8, history=6, top_n=10, layers=1, heads=1)
     monkeypatch.setattr(core_module, "cpu_bf16_supported", lambda: True)   # the bf16 row runs (emulated if need be)
-    result = run_bench(BenchOptions(shape=shape, repeats=2, chunk_size=64, cores=2, core_only=True), log=lambda _: None)
+    result = run_bench(BenchOptions(shape=shape, repeats=2, cores=2, scoring=params(shape, chunk_size=64, device="cpu"),
+                                    core_only=True), log=lambda _: None)
 
     assert set(result["users_per_s"]) == {REF, BARE, BARE_THREADS, BF16}
     assert result["reference_identical_lists"] > 0.9 and result["bf16_overlap"] > 0.9
@@ -54,8 +55,28 @@ def test_core_only_runs_without_spark_and_writes_json(tmp_path, monkeypatch):
 def test_bf16_row_is_skipped_with_the_reason_on_a_cpu_without_bf16(monkeypatch):
     monkeypatch.setattr(core_module, "cpu_bf16_supported", lambda: False)
     shape = BenchShape(users=100, items=60, dim=8, history=6, top_n=10, layers=1, heads=1)
-    result = run_bench(BenchOptions(shape=shape, repeats=1, chunk_size=64, cores=1, core_only=True,
-                                    skip=(REF,)), log=lambda _: None)
+    result = run_bench(BenchOptions(shape=shape, repeats=1, cores=1, scoring=params(shape, chunk_size=64, device="cpu"),
+                                    core_only=True, skip=(REF,)), log=lambda _: None)
     assert set(result["users_per_s"]) == {BARE}
     assert "AVX-512-BF16" in result["bf16_skipped"]
     assert "bf16 row skipped" in format_table(result)
+
+
+def test_the_bench_scores_with_the_job_s_settings_unless_told_otherwise():
+    from recsys.config import load_config
+    from recsys.scoring.params import ScoringParams
+
+    job = ScoringParams.from_config(load_config().scoring)
+    opts = BenchOptions(shape=BenchShape(users=100, top_n=job.top_n))
+    assert opts.scoring == ScoringParams(**{**job.__dict__, "device": "cpu"})   # max_tile_mb included
+
+
+def test_scoring_params_defaults_are_the_embedded_configuration_s():
+    import dataclasses
+
+    from recsys.config import load_config
+    from recsys.scoring.params import ScoringParams
+
+    scoring = load_config().scoring
+    defaults = {f.name: f.default for f in dataclasses.fields(ScoringParams) if f.default is not dataclasses.MISSING}
+    assert defaults == {name: getattr(scoring, name) for name in defaults}

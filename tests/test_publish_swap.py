@@ -17,7 +17,8 @@ import pytest
 from recsys.config import load_config
 from recsys.errors import ConfigError
 from recsys.publish import publisher, swap
-from recsys.publish.publisher import PartitionLayout, check_output_location, publish, read_manifest, recover
+from recsys.publish.manifest import read as read_manifest
+from recsys.publish.publisher import PartitionLayout, check_output_location, publish, recover
 
 DATE = dt.date(2024, 5, 8)
 REPO = Path(__file__).resolve().parent.parent

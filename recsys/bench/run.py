@@ -12,7 +12,7 @@ import resource
 import statistics
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +21,7 @@ import torch
 
 from recsys.bench import core_bench, shapes
 from recsys.scoring.core import Scorer, check_dtype
+from recsys.scoring.params import ScoringParams
 
 
 def bf16_refusal(device: torch.device) -> str:
@@ -46,17 +47,22 @@ LABELS = {
 
 @dataclass
 class BenchOptions:
+    """What to run. ``scoring``: the job's scoring settings the systems run with (default: the job's
+    defaults for the shape's top N, on the CPU), the same object the nightly stage hands its workers."""
+
     shape: shapes.BenchShape
     repeats: int = 3
-    chunk_size: int = 4096
     cores: int = 2
-    device: str = "cpu"
-    dtype: str = "float32"
-    item_tile: int = 0
+    scoring: ScoringParams | None = None
     arrow_batch_size: int = 10_000
     core_only: bool = False
     skip: tuple[str, ...] = ()
     work_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        self.scoring = self.scoring or shapes.params(self.shape, device="cpu")
+        if self.scoring.top_n != self.shape.top_n:
+            raise ValueError(f"scoring.top_n {self.scoring.top_n} differs from the shape's top N {self.shape.top_n}")
 
 
 class PeakRss:
@@ -87,12 +93,13 @@ class PeakRss:
 def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     shape = opts.shape
     torch.set_num_threads(opts.cores)
-    device = torch.device(opts.device)
+    settings = opts.scoring
+    device = torch.device(settings.device)
     log(f"generating {shape.users:,} users x {shape.items:,} items, history {shape.history}, dim {shape.dim}")
     user_ids, seqs = shapes.histories(shape)
     net = shapes.model(shape)
-    scorer = shapes.scorer(shape, net, device, opts.dtype, opts.item_tile)
-    chunks = core_bench.contiguous_chunks(seqs, opts.chunk_size)
+    scorer = shapes.scorer(shape, net, device, settings)
+    chunks = core_bench.contiguous_chunks(seqs, settings.chunk_size)
     core_bench.score_chunks(scorer, user_ids, chunks[:1])  # warm-up: kernels, allocator, caches
 
     threads_mode = device.type == "cpu" and opts.cores > 1
@@ -107,18 +114,18 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     systems: dict[str, Callable[[], float]] = {}
     extra: dict = {"device": str(device), "torch": torch.__version__, "threads": opts.cores}
     if REF not in opts.skip:
-        reference = shapes.scorer(shape, net, device, "float32", opts.item_tile, reference=True)
+        reference = shapes.scorer(shape, net, device, replace(settings, dtype="float32"), reference=True)
         systems[REF] = timed(reference)
         extra["reference_identical_lists"] = core_bench.agreement(reference, scorer, chunks[0][2])
     systems[BARE] = lambda: core_bench.score_chunks(scorer, user_ids, chunks)[0]
     if threads_mode:
         systems[BARE_THREADS] = lambda: core_bench.score_chunks_parallel(scorer, user_ids, chunks, opts.cores)[0]
-    if BF16 not in opts.skip and opts.dtype == "float32":
+    if BF16 not in opts.skip and settings.dtype == "float32":
         refusal = bf16_refusal(device)
         if refusal:
             extra["bf16_skipped"] = refusal
         else:
-            bf16 = shapes.scorer(shape, net, device, "bfloat16", opts.item_tile)
+            bf16 = shapes.scorer(shape, net, device, replace(settings, dtype="bfloat16"))
             core_bench.score_chunks(bf16, user_ids, chunks[:1])
             systems[BF16] = timed(bf16)
             extra["bf16_overlap"] = core_bench.agreement(scorer, bf16, chunks[0][2], overlap=True)
@@ -169,27 +176,24 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
     root = Path(tmp.name)
     ids = shapes.item_ids(shape)
     model_dir = save_model(net.cpu(), ids, root / "model")
-    net.to(opts.device)
+    net.to(opts.scoring.device)
     hist_path = root / "histories"
     spark_bench.write_histories(hist_path, user_ids, seqs, files=4 * opts.cores)
     # a few chunks per core, in one file per task: scoring them starts and warms every Python worker
     warm_path = root / "warm-up"
-    warm_rows = min(len(user_ids), 2 * opts.cores * opts.chunk_size)
+    warm_rows = min(len(user_ids), 2 * opts.cores * opts.scoring.chunk_size)
     spark_bench.write_histories(warm_path, user_ids[:warm_rows], seqs.take(np.arange(warm_rows)), files=2 * opts.cores)
     spark_cfg = SparkConfig(master=f"local[{opts.cores}]", app_name="recsys-bench",
                             conf={"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": str(4 * opts.cores),
-                                  "spark.sql.execution.arrow.maxRecordsPerBatch": str(opts.arrow_batch_size),
                                   "spark.ui.enabled": "false"})
-    spark = build_session(spark_cfg)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(opts.arrow_batch_size))
+    spark = build_session(spark_cfg, opts.arrow_batch_size)
     fallback = shapes.scorer(shape, net, torch.device("cpu")).fallback
     index = np.arange(1, shape.items + 1, dtype=np.int64)
     shipped = ship_model(spark, model_dir, name="bench", version="bench", scratch=root / "driver")
     spec = ScoringSpec(model=shipped, model_version="bench",
                        candidates_index=index, candidates_item_ids=ids, candidates_digest="bench",
                        fallback_item_ids=fallback.item_ids, fallback_scores=fallback.scores,
-                       fallback_name=fallback.name, top_n=shape.top_n, chunk_size=opts.chunk_size,
-                       device=opts.device, dtype=opts.dtype, item_tile=opts.item_tile, cache_size=2)
+                       fallback_name=fallback.name, params=opts.scoring)
     figures: dict = {}
 
     def job() -> float:
@@ -202,7 +206,7 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
 
     systems: dict[str, Callable[[], float]] = {JOB: job}
     if PBU not in opts.skip:
-        pbu = spark_bench.PredictBatch(model_dir, shape, opts.chunk_size)
+        pbu = spark_bench.PredictBatch(model_dir, shape, opts.scoring.chunk_size)
 
         def predict_batch() -> float:
             pbu.run(spark, warm_path)
@@ -248,8 +252,9 @@ def _report(opts: BenchOptions, seconds: dict[str, list[float]], extra: dict) ->
         ratios["job/als"] = ups[JOB] / ups[ALS]
     return {
         "shape": opts.shape.as_dict(),
-        "cores": opts.cores, "repeats": opts.repeats, "chunk_size": opts.chunk_size,
-        "arrow_batch_size": opts.arrow_batch_size, "dtype": opts.dtype, "item_tile": opts.item_tile,
+        "cores": opts.cores, "repeats": opts.repeats, "chunk_size": opts.scoring.chunk_size,
+        "arrow_batch_size": opts.arrow_batch_size, "dtype": opts.scoring.dtype, "item_tile": opts.scoring.item_tile,
+        "max_tile_mb": opts.scoring.max_tile_mb,
         "seconds": seconds, "users_per_s": ups, "bare_limit_users_per_s": bare, "ratios": ratios,
         "overhead_us_per_user": overhead_us,
         **{k: v for k, v in extra.items() if k != "figures"},

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.scoring.core import Candidates, ReferenceScorer, Scorer, popularity_fallback
+from recsys.scoring.params import ScoringParams
 from recsys.sequences import Sequences, Vocabulary
 
 
@@ -51,14 +53,23 @@ def model(shape: BenchShape) -> SASRec:
     return SASRec(cfg).eval()
 
 
-def scorer(shape: BenchShape, net: SASRec, device: torch.device, dtype: str = "float32", item_tile: int = 0,
+def params(shape: BenchShape, **settings: Any) -> ScoringParams:
+    """The job's scoring settings (its defaults: chunk size, tiling, ...) for this shape's top N."""
+    return ScoringParams(top_n=shape.top_n, **settings)
+
+
+def scorer(shape: BenchShape, net: SASRec, device: torch.device, settings: ScoringParams | None = None,
            reference: bool = False) -> Scorer:
-    """Every item is a candidate (the benchmark's catalog is fully available). ``reference``: the
-    reference core (full forward, one product, torch.topk, fp32) instead of the fast one."""
+    """Every item is a candidate (the benchmark's catalog is fully available). ``settings``: the
+    scoring settings (default: the job's, :func:`params`); ``reference``: the reference core (full
+    forward, one product, torch.topk, fp32) instead of the fast one."""
+    settings = settings or params(shape)
+    if settings.top_n != shape.top_n:
+        raise ValueError(f"the scoring settings ask for top {settings.top_n}, the shape for top {shape.top_n}")
     ids = item_ids(shape)
     vocab = Vocabulary(ids)
     index = np.arange(1, shape.items + 1, dtype=np.int64)
     fallback = popularity_fallback(ids, np.ones(shape.items), shape.top_n)
     cls = ReferenceScorer if reference else Scorer
     return cls(model=net.to(device), vocab=vocab, candidates=Candidates(index, ids), fallback=fallback,
-               top_n=shape.top_n, device=device, dtype=dtype, item_tile=item_tile)
+               device=device, **settings.scorer_settings())

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from recsys.config import Config, LaunchSettings
 from recsys.uris import local_path, redact_text
 from recsys.errors import ConfigError, ExitCode
+from recsys.publish import manifest
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,9 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
     print(f"\n== recsys demo: data in {root}, producing recommendations for {date} ==\n", flush=True)
     own_session = spark is None
     if own_session:
-        spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-demo", launch=launch)
+        spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-demo", launch=launch)
     else:
-        apply_runtime_settings(spark, cfg.scoring)
+        apply_runtime_settings(spark, cfg.scoring.arrow_batch_size)
     try:
         trained = run_training(spark, cfg, date)
         result = run_nightly(spark, cfg, date)
@@ -130,7 +131,7 @@ def _show(cfg: Config, result, trained) -> None:
     print(f"   inspect runs:   .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   (then open "
           "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning: the model-training view)")
     print(f"   rerun the job:  .venv/bin/recsys recommend --date {result.date}")
-    print(f"   run id {result.run_id}; manifest: {out / '_manifest.json'}\n", flush=True)
+    print(f"   run id {result.run_id}; manifest: {out / manifest.NAME}\n", flush=True)
 
 
 def _titles(cfg: Config, snapshot: str) -> dict[int, str]:

@@ -18,11 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from recsys import fs as rfs
 from recsys.tracking import tags
 from recsys.config import Config
-from recsys.data.contracts import partition_name
 from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line
+from recsys.publish.manifest import read as read_manifest
 from recsys.uris import redact_uri
 
 PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",
@@ -113,8 +112,7 @@ def _published_manifest(cfg: Config, date: str | None) -> dict[str, Any] | None:
     if not date:
         return None
     try:
-        fs, root = rfs.resolve(rfs.join(cfg.paths.output, partition_name(dt.date.fromisoformat(date)), "_manifest.json"))
-        return json.loads(rfs.read_text(fs, root)) if rfs.exists(fs, root) else None
+        return read_manifest(cfg.paths.output, dt.date.fromisoformat(date))
     except (OSError, ValueError):
         return None
 

@@ -20,7 +20,6 @@ to a dead run" true in :func:`recover`.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +28,11 @@ import pyarrow.fs as pafs
 
 from recsys.config import PathsConfig
 from recsys.uris import is_local_path, local_path, redact_uri
-from recsys.data.contracts import MANIFEST_NAME, SUCCESS_MARKER, partition_name
+from recsys.data.contracts import SUCCESS_MARKER, partition_name
 from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys import fs as rfs
+from recsys.publish import manifest as manifest_file
 from recsys.publish import swap
 
 log = logging.getLogger(__name__)
@@ -86,23 +86,6 @@ def _normalised(path: str) -> str:
     return str(local_path(path)) if is_local_path(path) else path.rstrip("/")
 
 
-def read_manifest(output_root: str, date: dt.date) -> dict[str, Any] | None:
-    """The manifest of the published partition for ``date``, or None if nothing complete is published.
-
-    A partition without ``_SUCCESS`` (only possible on object stores, after a kill mid-copy) counts
-    as not published.
-    """
-    fs, root = rfs.resolve(output_root)
-    part = rfs.join(root, partition_name(date))
-    if not rfs.exists(fs, rfs.join(part, SUCCESS_MARKER)) or not rfs.exists(fs, rfs.join(part, MANIFEST_NAME)):
-        return None
-    try:
-        return json.loads(rfs.read_text(fs, rfs.join(part, MANIFEST_NAME)))
-    except ValueError:
-        log.warning("the manifest of %s is not valid JSON; treating the date as not published", part)
-        return None
-
-
 def publish_method(layout: PartitionLayout) -> swap.Method:
     """How this layout's partition will be replaced; local filesystems are probed for the swap."""
     method = swap.method_for(layout.output_root)
@@ -129,11 +112,11 @@ def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Meth
     _, final = rfs.resolve(layout.final_dir)
     if not rfs.exists(fs, rfs.join(staging, SUCCESS_MARKER)):
         raise RuntimeError(f"staging directory {layout.staging_dir} has no {SUCCESS_MARKER}; refusing to publish")
-    text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
+    text = manifest_file.to_text(manifest)
     if method == "copy":
         _publish_by_copy(fs, staging, final, text, hooks)
     else:
-        rfs.write_text_atomic(fs, rfs.join(staging, MANIFEST_NAME), text)
+        rfs.write_text_atomic(fs, manifest_file.path_in(staging), text)
         hooks.pause("before_swap")
         if method == "exchange":
             _publish_by_exchange(staging, final, hooks)
@@ -171,7 +154,7 @@ def _publish_by_copy(fs: pafs.FileSystem, staging: str, final: str, manifest_tex
     for info in infos:
         if info.type == pafs.FileType.File and not info.base_name.startswith(("_", ".")):
             fs.copy_file(info.path, rfs.join(final, info.path[len(staging):]))
-    with fs.open_output_stream(rfs.join(final, MANIFEST_NAME)) as f:
+    with fs.open_output_stream(manifest_file.path_in(final)) as f:
         f.write(manifest_text.encode())
     hooks.pause("after_swap")
     with fs.open_output_stream(rfs.join(final, SUCCESS_MARKER)) as f:

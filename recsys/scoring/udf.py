@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
 from recsys.hooks import NO_HOOKS, Hooks
+from recsys.scoring.params import ScoringParams
 from recsys.scoring.shipping import ShippedModel
 
 STATS_COLUMN = "_stats"
@@ -48,14 +49,8 @@ class ScoringSpec:
     fallback_item_ids: np.ndarray  # [F] int64
     fallback_scores: np.ndarray    # [F] float32
     fallback_name: str
-    top_n: int
-    chunk_size: int
-    device: str
-    dtype: str
-    item_tile: int
-    cache_size: int
+    params: ScoringParams          # top N, chunk size, device, dtype, tiling, cache size
     hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
-    max_tile_mb: float = 0.0
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -76,27 +71,28 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         attempt = ctx.attemptNumber() if ctx else 0
         spec.hooks.inject_faults(attempt)
         gpus = list(ctx.resources()["gpu"].addresses) if ctx and "gpu" in ctx.resources() else []
-        device = resolve_device(spec.device, gpus)
+        params = spec.params
+        device = resolve_device(params.device, gpus)
         threads = max(1, ctx.cpus() if ctx else 1)
         if device.type == "cpu":
             torch.set_num_threads(threads)
 
-        cache.MODELS.resize(spec.cache_size)
-        cache.SCORERS.resize(spec.cache_size)
+        cache.MODELS.resize(params.cache_size)
+        cache.SCORERS.resize(params.cache_size)
         models_before, scorers_before = cache.MODELS.snapshot(), cache.SCORERS.snapshot()
         scorer = _get_scorer(spec, device)
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
         check_s = 0.0
-        for chunk in _chunks(batches, spec.chunk_size):
+        for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
             user_ids = chunk.column("user_id").to_numpy(zero_copy_only=False)
             out, chunk_stats = scorer.score(user_ids, histories)
             stats.add(chunk_stats)
             started = time.perf_counter()
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
-                             top_n=spec.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids))
+                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids))
             check_s += time.perf_counter() - started
             n = out.num_rows
             yield pa.RecordBatch.from_arrays(
@@ -154,14 +150,11 @@ def _get_scorer(spec: ScoringSpec, device):
             vocab=vocab,
             candidates=Candidates(spec.candidates_index, spec.candidates_item_ids),
             fallback=Fallback(spec.fallback_name, spec.fallback_item_ids, spec.fallback_scores),
-            top_n=spec.top_n,
             device=device,
-            dtype=spec.dtype,
-            item_tile=spec.item_tile,
-            max_tile_mb=spec.max_tile_mb,
+            **spec.params.scorer_settings(),
         )
 
-    scorer_key = model_key + (spec.candidates_digest, spec.dtype, spec.item_tile, spec.max_tile_mb, spec.top_n)
+    scorer_key = model_key + (spec.candidates_digest,) + spec.params.scorer_key()
     scorer, _ = cache.SCORERS.get_or_load(scorer_key, prepare)
     return scorer
 

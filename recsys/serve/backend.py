@@ -27,6 +27,7 @@ from pathlib import Path
 
 from recsys.config import Config
 from recsys.errors import ConfigError, RecsysError
+from recsys.spark.session import session_settings
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +137,12 @@ def start(cfg: Config, *, properties_file: str | None = None, wait_s: float = 30
     conf = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
-        "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.python.worker.reuse": "true",
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(pools),
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "false",
-        **cfg.spark.conf,
+        # the job's own settings (scoring.arrow_batch_size included), the user's spark.conf last
+        **session_settings(cfg.spark, cfg.scoring.arrow_batch_size),
     }
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]

@@ -324,7 +324,7 @@ class OnDemand:
                 raise BackendUnavailable(f"the backend at {self._where()} failed: {first_line(exc, with_type=True)}") from None
             refusal = workers_refusal(exc)
             if refusal is not None:   # configuration, not this batch: the frontend stays not ready, saying why
-                raise BatchFailed(f"the executors refused scoring.dtype={context.spec.dtype}: {refusal}") from None
+                raise BatchFailed(f"the executors refused scoring.dtype={context.spec.params.dtype}: {refusal}") from None
             raise BatchFailed(f"the Spark job for {len(user_ids)} user(s) failed: {first_line(exc, with_type=True)}") from exc
         rows = {}
         for row in table.to_pylist():

@@ -14,17 +14,47 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from recsys.config import LaunchSettings, ScoringConfig, SparkConfig
+from recsys.config import LaunchSettings, SparkConfig
 
 log = logging.getLogger(__name__)
 
 
-def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, app_name: str | None = None,
+def runtime_settings(arrow_batch_size: int | None = None) -> dict[str, str]:
+    """SQL settings the job's semantics depend on; runtime-settable, so they hold under spark-submit
+    and over Spark Connect too. ``arrow_batch_size``: ``scoring.arrow_batch_size``, for sessions that score."""
+    settings = {"spark.sql.session.timeZone": "UTC"}   # dt partitions and ts filters are UTC days
+    if arrow_batch_size is not None:
+        settings["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(arrow_batch_size)
+    return settings
+
+
+def session_settings(spark_cfg: SparkConfig, arrow_batch_size: int | None = None,
+                     launch: LaunchSettings | None = None) -> dict[str, str]:
+    """Every setting of a Spark application recsys starts itself: a local session (:func:`build_session`),
+    the on-demand backend (``recsys backend start``, as ``--conf``) and the benchmark's session. The
+    user's ``spark.conf`` comes last and wins; the runtime settings are set again on the session.
+
+    Local workers must run the interpreter that has torch, not whatever python3 is on PATH: pyspark
+    takes the workers' interpreter from PYSPARK_PYTHON when the context starts (set by the caller).
+    """
+    launch = launch or LaunchSettings()
+    return {
+        "spark.pyspark.python": os.environ["PYSPARK_PYTHON"] if "PYSPARK_PYTHON" in os.environ else sys.executable,
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(launch.shuffle_partitions),
+        **runtime_settings(arrow_batch_size),
+        **spark_cfg.conf,
+    }
+
+
+def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, app_name: str | None = None,
                   launch: LaunchSettings | None = None):
     """Create or join the session and apply the settings every recsys job relies on.
 
-    ``launch``: the environment's settings (``recsys.config.load_launch_settings``, read by the entry
-    point); None: none (no ``SPARK_REMOTE``, 8 shuffle partitions).
+    Under spark-submit or over Spark Connect the session is configured elsewhere: only ``spark.conf``
+    and the runtime settings are applied. ``arrow_batch_size``: ``scoring.arrow_batch_size`` for a
+    session that scores. ``launch``: the environment's settings (``recsys.config.load_launch_settings``,
+    read by the entry point); None: none (no ``SPARK_REMOTE``, 8 shuffle partitions).
     """
     from pyspark.sql import SparkSession
 
@@ -32,28 +62,24 @@ def build_session(spark_cfg: SparkConfig, scoring: ScoringConfig | None = None, 
     builder = SparkSession.builder.appName(app_name or spark_cfg.app_name)
     remote = spark_cfg.remote or launch.spark_remote
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    settings = dict(spark_cfg.conf)
     if remote:
         builder = builder.remote(remote)
     elif not launched_by_submit:
         builder = builder.master(spark_cfg.master)
-        # Local workers must run the interpreter that has torch, not whatever python3 is on PATH;
-        # pyspark takes the workers' interpreter from PYSPARK_PYTHON when the context starts.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        builder = builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-        builder = builder.config("spark.sql.shuffle.partitions", str(launch.shuffle_partitions))
-    for key, value in spark_cfg.conf.items():
+        settings = session_settings(spark_cfg, arrow_batch_size, launch)
+    for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    apply_runtime_settings(spark, scoring)
+    apply_runtime_settings(spark, arrow_batch_size)
     return spark
 
 
-def apply_runtime_settings(spark, scoring: ScoringConfig | None) -> None:
-    """SQL settings the job's semantics depend on; runtime-settable, so they hold under spark-submit too."""
-    spark.conf.set("spark.sql.session.timeZone", "UTC")  # dt partitions and ts filters are UTC days
-    if scoring is not None:
-        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(scoring.arrow_batch_size))
+def apply_runtime_settings(spark, arrow_batch_size: int | None = None) -> None:
+    """Set :func:`runtime_settings` on a session that exists (one a test or the demo hands in)."""
+    for key, value in runtime_settings(arrow_batch_size).items():
+        spark.conf.set(key, value)
 
 
 def default_parallelism(spark) -> int | None:

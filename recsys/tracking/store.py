@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from recsys.config import MlflowConfig
-from recsys.uris import is_local_path, local_path, redact_text, redact_uri
+from recsys.uris import is_local_path, local_path, redact_text, redact_uri, redact_values
 from recsys.errors import ModelNotFoundError, TrackingUnavailable, first_line
 from recsys.tracking import tags
 
@@ -302,17 +302,6 @@ def metric_name(name: str) -> str:
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return redact_text(text)[:6000]
-
-
-def redact_values(data: Any) -> Any:
-    """``data`` (JSON-like) with credentials removed from every string in it, keys included."""
-    if isinstance(data, str):
-        return redact_text(data)
-    if isinstance(data, Mapping):
-        return {redact_values(k): redact_values(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [redact_values(v) for v in data]
-    return data
 
 
 def _is_number(value: Any) -> bool:
