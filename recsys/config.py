@@ -21,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from recsys.errors import ConfigError
+from recsys.model.configs import MODEL_CONFIGS
 from recsys.uris import is_local_path, local_path, redact_uri, validate_path
 
 if TYPE_CHECKING:
@@ -113,18 +114,16 @@ class _ModelSection(_Section):
     (:mod:`recsys.model.configs`), applied here when the config is loaded: one definition, checked
     before any data is read instead of when training starts."""
 
-    _dataclass: ClassVar[str]
+    _model_type: ClassVar[str]
 
     @model_validator(mode="after")
     def _valid_for_the_model(self):
-        from recsys.model import configs
-
-        getattr(configs, self._dataclass)(num_items=1, **self.model_dump())
+        MODEL_CONFIGS[self._model_type](num_items=1, **self.model_dump())
         return self
 
 
 class SASRecSection(_ModelSection):
-    _dataclass: ClassVar[str] = "SASRecConfig"
+    _model_type: ClassVar[str] = "sasrec"
     dim: int
     layers: int
     heads: int
@@ -133,14 +132,14 @@ class SASRecSection(_ModelSection):
 
 
 class GRU4RecSection(_ModelSection):
-    _dataclass: ClassVar[str] = "GRU4RecConfig"
+    _model_type: ClassVar[str] = "gru4rec"
     dim: int
     layers: int
     max_len: int
     dropout: float
 
 
-ModelType = Literal["sasrec", "gru4rec"]
+ModelType = Literal[tuple(MODEL_CONFIGS)]   # type: ignore[valid-type]  # the registered names
 
 
 class ModelConfig(_Section):
@@ -186,7 +185,7 @@ class ALSGridConfig(_Section):
         return values
 
 
-EVALUATION_MODELS = ("popularity", "als", "sasrec", "gru4rec")
+EVALUATION_MODELS = ("popularity", "als", *MODEL_CONFIGS)
 
 
 class EvaluationConfig(_Section):

@@ -100,3 +100,19 @@ def test_model_hyperparameters_follow_the_model_s_own_rules_when_the_config_is_l
     with pytest.raises(ConfigError, match=r"train\.model\.gru4rec.*layers must be at most 8"):
         load_config(overrides=["train.model.gru4rec.layers=9"])
     assert load_config(overrides=["train.model.sasrec.dim=12", "train.model.sasrec.heads=3"]).train.model.sasrec.dim == 12
+
+
+def test_model_types_and_their_sections_come_from_the_one_registry():
+    import dataclasses
+    import typing
+
+    from recsys.config import EVALUATION_MODELS, ModelConfig, ModelType
+    from recsys.model.configs import MODEL_CONFIGS
+    from recsys.model.registry import MODEL_TYPES
+
+    assert set(typing.get_args(ModelType)) == set(MODEL_CONFIGS) == set(MODEL_TYPES)
+    assert set(EVALUATION_MODELS) == {"popularity", "als", *MODEL_CONFIGS}
+    for name, config_cls in MODEL_CONFIGS.items():
+        section = ModelConfig.model_fields[name].annotation
+        model_fields = {f.name for f in dataclasses.fields(config_cls)} - {"num_items"}
+        assert set(section.model_fields) == model_fields, name

@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from recsys.evaluation.protocols import Phase
-from recsys.evaluation.ranking import ConstantScorer, FactorScorer, interaction_counts
+from recsys.evaluation.ranking import VALID_SELECTION, ConstantScorer, FactorScorer, interaction_counts
+from recsys.model.metrics import SELECTION_METRIC
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def fit_als_scorer(spark, phase: Phase, params: ALSParams) -> FactorScorer:
 
 def search_als(spark, valid: Phase, test: Phase, grid: list[ALSParams],
                validate: Callable[[FactorScorer], float]) -> ALSSearch:
-    """Choose the grid point by ``validate`` (validation NDCG@10) and refit it on the test phase's histories."""
+    """Choose the grid point by ``validate`` (the selection metric on validation, NDCG@10) and refit it on the test phase's histories."""
     if not grid:
         raise ValueError("the ALS grid is empty: give at least one rank, reg_param and alpha")
     rows, best, best_score = [], None, -np.inf
@@ -91,9 +92,9 @@ def search_als(spark, valid: Phase, test: Phase, grid: list[ALSParams],
         started = time.perf_counter()
         score = validate(fit_als_scorer(spark, valid, params))
         seconds = time.perf_counter() - started
-        log.info("[evaluate] ALS %s: validation ndcg@10 %.4f (%.1f s)", params.label(), score, seconds)
+        log.info("[evaluate] ALS %s: validation %s %.4f (%.1f s)", params.label(), SELECTION_METRIC, score, seconds)
         rows.append({"rank": params.rank, "reg_param": params.reg_param, "alpha": params.alpha,
-                     "valid_ndcg@10": score, "seconds": seconds})
+                     VALID_SELECTION: score, "seconds": seconds})
         if score > best_score:
             best, best_score = params, score
     assert best is not None

@@ -53,17 +53,17 @@ def validation_set(vocab: Vocabulary, split: SplitData):
 
 
 def score_on_split(model, item_ids: np.ndarray, split: SplitData, device) -> float:
-    """NDCG@10 over *all* validation users; a target the model's vocabulary lacks counts as a miss.
+    """The selection metric (NDCG@10) over *all* validation users; a target the model's vocabulary lacks counts as a miss.
 
     Any two model versions scored with this function are compared on the same users, whatever
     their vocabularies.
     """
-    from recsys.model.metrics import evaluate_ranking
+    from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
 
     valid = validation_set(Vocabulary(item_ids), split)
     if len(split.valid_targets) == 0:
         return float("nan")
     if len(valid.targets) == 0:
         return 0.0
-    scores = evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
-    return float(scores["ndcg@10"]) * len(valid.targets) / len(split.valid_targets)
+    scores = evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
+    return float(scores[SELECTION_METRIC]) * len(valid.targets) / len(split.valid_targets)

@@ -57,3 +57,11 @@ class GRU4RecConfig:
         _check_ints(self, ("num_items", "dim", "layers", "max_len"),
                     {"dim": MAX_DIM, "layers": MAX_LAYERS["GRU4RecConfig"], "max_len": MAX_LEN})
         _check_dropout(self)
+
+
+# The model types by name: the one list the registry (``recsys.model.registry``), the typed
+# configuration (``train.model.type`` and its sections) and ``evaluation.models`` are derived from.
+MODEL_CONFIGS: dict[str, type] = {
+    "sasrec": SASRecConfig,
+    "gru4rec": GRU4RecConfig,
+}

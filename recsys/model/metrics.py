@@ -27,6 +27,17 @@ import torch
 from recsys.model.base import SequenceRecommender
 from recsys.sequences import Sequences, pad_left
 
+# The one metric models are chosen on: the epoch (early stopping in training and in ``recsys
+# evaluate``), the gate between a new version and the alias holder, ALS's grid point. Whatever
+# cut-offs a report asks for, the choice is made on this one.
+SELECTION_K = 10
+SELECTION_METRIC = f"ndcg@{SELECTION_K}"
+
+
+def validation_name(metric: str) -> str:
+    """The name a validation-set figure carries in MLflow and logs (``ndcg@10`` -> ``val_ndcg@10``)."""
+    return metric if metric.startswith("val_") else f"val_{metric}"
+
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor, exclude: torch.Tensor) -> torch.Tensor:
     """0-based rank of each target among the non-excluded items, [B] float (+inf for a miss).

@@ -1,17 +1,20 @@
 """Model types by the name saved in ``config.json``, so loading never unpickles a class.
 
 A model type is a frozen config dataclass and an ``nn.Module`` built from it alone
-(``model_cls(config)``); adding a type is one line here.
+(``model_cls(config)``); adding a type is its config dataclass in ``recsys.model.configs.MODEL_CONFIGS``
+(which the configuration and the evaluation list follow), its module here, and its config section.
 """
 from __future__ import annotations
 
-from recsys.model.gru4rec import GRU4Rec, GRU4RecConfig
-from recsys.model.sasrec import SASRec, SASRecConfig
+from recsys.model.configs import MODEL_CONFIGS
+from recsys.model.gru4rec import GRU4Rec
+from recsys.model.sasrec import SASRec
 
-MODEL_TYPES: dict[str, tuple[type, type]] = {
-    "sasrec": (SASRecConfig, SASRec),
-    "gru4rec": (GRU4RecConfig, GRU4Rec),
-}
+MODEL_CLASSES: dict[str, type] = {"sasrec": SASRec, "gru4rec": GRU4Rec}
+if set(MODEL_CLASSES) != set(MODEL_CONFIGS):
+    raise ImportError(f"model types with a config but no module, or the reverse: {set(MODEL_CLASSES) ^ set(MODEL_CONFIGS)}")
+
+MODEL_TYPES: dict[str, tuple[type, type]] = {name: (MODEL_CONFIGS[name], MODEL_CLASSES[name]) for name in MODEL_CONFIGS}
 
 
 def build_model(config: object):

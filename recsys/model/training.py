@@ -26,12 +26,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recsys.model.metrics import evaluate_ranking
+from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
 from recsys.model.registry import build_model
 from recsys.sequences import Sequences, pad_left
-
-VALIDATION_METRIC = "ndcg@10"
-
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -111,7 +108,7 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
     the nondeterminism of its kernels). The caller's global torch RNG state is left untouched.
     ``progress`` receives each epoch's curve row as soon as the epoch ends. ``validate``, instead of
     ``valid``, measures the model (in eval mode) by any protocol, e.g. several targets per user or a
-    ranking restricted to a catalog; it must return ``ndcg@10`` among its metrics.
+    ranking restricted to a catalog; it must return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics.
     """
     if valid is not None and validate is not None:
         raise ValueError("pass valid or validate, not both")
@@ -135,7 +132,7 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
             torch.manual_seed(settings.seed)
             if valid is not None:
                 def validate(model: torch.nn.Module) -> dict[str, float]:
-                    return evaluate_ranking(model, valid.histories, valid.targets, ks=(10,), device=device)
+                    return evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
             return _fit(inputs, labels, model_config, settings, validate, device, progress)
     finally:
         torch.set_num_threads(previous_threads)
@@ -176,8 +173,8 @@ def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config, settings: Tra
                 metrics = dict(validate(model))
             model.train()
             row.update(metrics)
-            if metrics[VALIDATION_METRIC] > best_score:
-                best_score, best_epoch, best_metrics = metrics[VALIDATION_METRIC], epoch, metrics
+            if metrics[SELECTION_METRIC] > best_score:
+                best_score, best_epoch, best_metrics = metrics[SELECTION_METRIC], epoch, metrics
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             stop = epoch - best_epoch >= settings.patience
         row["seconds"] = time.perf_counter() - started

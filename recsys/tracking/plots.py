@@ -58,7 +58,7 @@ def popularity_long_tail(recommended_counts: np.ndarray, popularity_counts: np.n
     return fig
 
 
-def learning_curve(curve: list[dict], metric: str = "val_ndcg@10"):
+def learning_curve(curve: list[dict], metric: str):
     plt = _pyplot()
     fig, ax1 = plt.subplots(figsize=(7, 4))
     epochs = [row["epoch"] for row in curve]
