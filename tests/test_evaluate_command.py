@@ -63,11 +63,11 @@ def dataset(tmp_path_factory):
 def loo(spark, dataset):
     import torch
 
-    from recsys.evaluation.evaluate import run_evaluation
+    from recsys.evaluation.evaluate import EvaluationRequest, run_evaluation
 
     torch.set_num_threads(1)
     out = dataset["root"] / "loo.json"
-    result = run_evaluation(spark, dataset["cfg"], dataset["data"], protocol="loo", ks=(5, 10), json_path=out)
+    result = run_evaluation(spark, dataset["cfg"], EvaluationRequest(dataset["data"], "loo", ks=(5, 10), json_path=out))
     return dict(result=result, json=json.loads(out.read_text()))
 
 
@@ -158,7 +158,7 @@ def test_temporal_tests_the_following_days_on_items_new_to_each_user(spark, data
 
 
 def test_temporal_end_to_end(spark, dataset):
-    from recsys.evaluation.evaluate import run_evaluation
+    from recsys.evaluation.evaluate import EvaluationRequest, run_evaluation
 
     cfg = load_config(overrides=[
         f"mlflow.tracking_uri={dataset['cfg'].mlflow.tracking_uri}", f"paths.work={dataset['root'] / 'work'}", f"paths.driver_scratch={dataset['root'] / 'driver'}",
@@ -167,8 +167,8 @@ def test_temporal_end_to_end(spark, dataset):
         "evaluation.models=[popularity, sasrec]", "evaluation.bootstrap_resamples=50",
     ])
     out = dataset["root"] / "temporal.json"
-    result = run_evaluation(spark, cfg, dataset["data"], protocol="temporal", split_date=dt.date(2024, 3, 15),
-                            test_days=5, json_path=out)
+    result = run_evaluation(spark, cfg, EvaluationRequest(dataset["data"], "temporal", split_date=dt.date(2024, 3, 15),
+                                                          test_days=5, json_path=out))
     doc = json.loads(out.read_text())
     assert doc["protocol"] == "temporal" and doc["k"] == [10] and list(doc["models"]) == ["popularity", "sasrec"]
     assert result.comparison.reference is None and "Paired difference" not in result.table   # no ALS, no reference
@@ -189,7 +189,7 @@ def test_evaluate_command_line_and_its_errors(tmp_path):
 def test_a_bf16_row_ranks_the_same_model_through_the_jobs_core(spark, dataset):
     """``--set scoring.dtype=bfloat16`` adds ``sasrec@bfloat16`` right after ``sasrec``: the model
     that row trained, ranked by the job's core in bf16 (refused on CPUs without bf16 support)."""
-    from recsys.evaluation.evaluate import run_evaluation
+    from recsys.evaluation.evaluate import EvaluationRequest, run_evaluation
     from recsys.scoring.core import cpu_bf16_supported
 
     if not cpu_bf16_supported():
@@ -202,7 +202,7 @@ def test_a_bf16_row_ranks_the_same_model_through_the_jobs_core(spark, dataset):
         "scoring.dtype=bfloat16", "scoring.top_n=10",
     ])
     out = dataset["root"] / "bf16.json"
-    result = run_evaluation(spark, cfg, dataset["data"], protocol="loo", ks=(10,), json_path=out)
+    result = run_evaluation(spark, cfg, EvaluationRequest(dataset["data"], "loo", ks=(10,), json_path=out))
     doc = json.loads(out.read_text())
     assert list(doc["models"]) == ["popularity", "sasrec", "sasrec@bfloat16"]
     assert "ranked by recsys.scoring.core in bfloat16" in result.comparison.notes["sasrec@bfloat16"]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from recsys.model.metrics import hit_rate_at_k, mrr, ndcg_at_k, user_metrics
-from recsys.evaluation.protocols import Phase, leave_last_out, temporal_split
+from recsys.evaluation.protocols import Phase, WindowInputs, leave_last_out, temporal_split
 from recsys.evaluation.ranking import ConstantScorer, FactorScorer, SequenceModelScorer, coverage, rank_phase
-from recsys.evaluation.report import compare, format_table
+from recsys.evaluation.report import Bootstrap, compare, format_table
 from recsys.sequences import Sequences
 
 INF = math.inf
@@ -91,8 +91,8 @@ def test_temporal_split_tests_only_new_items_of_users_with_history():
     test_history = Sequences.from_lists([[10, 11, 13], [14], [12]])
     valid_window = Sequences.from_lists([[13], [14], []])
     test_window = Sequences.from_lists([[11, 15, 16], [15], [12]])
-    split = temporal_split(users, valid_history, test_history, valid_window, test_window,
-                           np.arange(10, 20), np.arange(10, 20))
+    split = temporal_split(users, WindowInputs(valid_history, valid_window, np.arange(10, 20)),
+                           WindowInputs(test_history, test_window, np.arange(10, 20)))
     assert split.valid.rows.tolist() == [0]                    # user 2 had no history before the window
     assert split.test.rows.tolist() == [0, 1]                  # user 3's only test item is already in its history
     assert [sorted(x.tolist()) for x in split.test.targets.to_lists()] == [[15, 16], [15]]
@@ -195,8 +195,8 @@ def test_bootstrap_intervals_are_seeded_and_paired_differences_of_identical_mode
     values = rng.random(300)
     top = rng.integers(1, 50, size=(300, 10))
     results = {"als": _result(values, top), "same": _result(values.copy(), top), "better": _result(values + 0.1, top)}
-    a = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", resamples=200, seed=1)
-    b = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", resamples=200, seed=1)
+    a = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", bootstrap=Bootstrap(200, 1))
+    b = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", bootstrap=Bootstrap(200, 1))
     assert a.intervals == b.intervals
     lo, hi = a.intervals["als"]["ndcg@10"]
     assert lo < values.mean() < hi

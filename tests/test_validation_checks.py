@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from recsys.publish.validate import CHECKS, validate_recommendations
+from recsys.scoring.checks import ListRules
 
 pytestmark = pytest.mark.spark
 
@@ -44,9 +45,9 @@ def _validate(spark, rows, users_in_window=3):
         rows, "user_id bigint, recommendations array<struct<item_id: bigint, score: float>>, source string, "
               "model_version string")
     histories = spark.createDataFrame(HISTORIES, "user_id bigint, history array<bigint>")
-    return validate_recommendations(recs, histories, candidate_ids=np.arange(1, 11), top_n=3,
-                                    fallback_name="popularity", fallback_len=3, model_version="7",
-                                    users_in_window=users_in_window)
+    return validate_recommendations(recs, histories, candidate_ids=np.arange(1, 11),
+                                    rules=ListRules(top_n=3, fallback_name="popularity", fallback_len=3),
+                                    model_version="7", users_in_window=users_in_window)
 
 
 def _good_rows():

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from recsys.errors import ConfigError, ExitCode, RecsysError, RunStatus, first_line
+from recsys.scoring.params import ScoringParams
 
 log = logging.getLogger("recsys")
 
@@ -126,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda (the Spark systems always run on the CPU here)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--item-tile", type=int, default=0)
+    p.add_argument("--max-tile-mb", type=float, default=ScoringParams.max_tile_mb,
+                   help="largest chunk x item-tile score matrix in MiB (0: no limit); default: the job's")
     p.add_argument("--core-only", action="store_true", help="only the bare core: no Spark, MLflow or config needed")
     p.add_argument("--skip", default="", help="comma-separated systems to leave out: reference_core,bare_core_bf16,predict_batch_udf,spark_als")
     p.add_argument("--work-dir", type=Path, help="where temporary data goes (default: the system temp dir)")
@@ -257,7 +260,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     dates = recommend_dates(args)
     cfg = _config(args)
     hooks = _hooks()
-    spark = build_session(cfg.spark, cfg.scoring, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch())
+    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch())
     try:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
@@ -294,16 +297,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from recsys.evaluation.evaluate import check_dataset_root, run_evaluation
+    from recsys.evaluation.evaluate import EvaluationRequest, check_dataset_root, run_evaluation
     from recsys.spark.session import build_session
 
     cfg = _config(args)
     check_dataset_root(args.data)
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch())
     try:
-        result = run_evaluation(spark, cfg, args.data, protocol=args.protocol, ks=tuple(args.k) if args.k else None,
-                                tie_break_seed=args.tie_seed, split_date=args.split_date, test_days=args.test_days,
-                                json_path=args.json)
+        request = EvaluationRequest(args.data, args.protocol, ks=tuple(args.k) if args.k else None,
+                                    tie_break_seed=args.tie_seed, split_date=args.split_date,
+                                    test_days=args.test_days, json_path=args.json)
+        result = run_evaluation(spark, cfg, request)
     finally:
         spark.stop()
     print(result.table)
@@ -321,12 +325,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from recsys.bench.run import BenchOptions, format_table, run_bench, write_json
+    from recsys.bench import shapes
     from recsys.bench.shapes import BenchShape
 
     shape = BenchShape(users=args.users, items=args.items, dim=args.dim, history=args.history, top_n=args.top_n,
                        seed=args.seed)
-    opts = BenchOptions(shape=shape, repeats=args.repeats, chunk_size=args.chunk_size, cores=args.cores,
-                        device=args.device, dtype=args.dtype, item_tile=args.item_tile,
+    scoring = shapes.params(shape, chunk_size=args.chunk_size, device=args.device, dtype=args.dtype,
+                            item_tile=args.item_tile, max_tile_mb=args.max_tile_mb)
+    opts = BenchOptions(shape=shape, repeats=args.repeats, cores=args.cores, scoring=scoring,
                         arrow_batch_size=args.arrow_batch_size, core_only=args.core_only,
                         skip=tuple(x.strip() for x in args.skip.split(",") if x.strip()), work_dir=args.work_dir)
     result = run_bench(opts, log=log.info)

@@ -414,7 +414,8 @@ def _events_table(world: _World, d: int, days: int, rng: np.random.Generator,
     users, lens = active[order], steps[order]
     offsets = np.zeros(len(users) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
-    items = _session_items(world, sampler, weight > 0, users, lens, offsets, d, days, rng)
+    t = d / (days - 1) if days > 1 else 1.0
+    items = _session_items(world, sampler, weight > 0, _Sessions(users, lens, offsets), t, rng)
     world.last_item[users] = items[offsets[1:] - 1]
 
     # Funnel: step s emits depth[s] + 1 events on its item, one per stage reached.
@@ -440,15 +441,25 @@ def _events_table(world: _World, d: int, days: int, rng: np.random.Generator,
     return table, users
 
 
-def _session_items(world: _World, sampler: _Sampler, available: np.ndarray, users: np.ndarray,
-                   lens: np.ndarray, offsets: np.ndarray, d: int, days: int,
+@dataclass(frozen=True)
+class _Sessions:
+    """One day's sessions, longest first: whose (``users``), how many steps (``lens``), where each starts
+    in the flat step order (``offsets``, one more than sessions)."""
+
+    users: np.ndarray
+    lens: np.ndarray
+    offsets: np.ndarray
+
+
+def _session_items(world: _World, sampler: _Sampler, available: np.ndarray, sessions: _Sessions, t: float,
                    rng: np.random.Generator) -> np.ndarray:
-    """The item index of every step of every session, flat in session order.
+    """The item index of every step of every session, flat in session order; ``t`` is the day's place
+    in the period (0 the first day, 1 the last), which drifts each user's taste.
 
     Sessions are sorted longest first, so the sessions still running at position k are a prefix
     and each position is one vectorised draw over them.
     """
-    t = d / (days - 1) if days > 1 else 1.0
+    users, lens, offsets = sessions.users, sessions.lens, sessions.offsets
     logits = (1.0 - t) * world.logit_start[users] + t * world.logit_end[users]       # [n, 3]
     prob = np.exp(logits - logits.max(axis=1, keepdims=True))
     cum_taste = np.cumsum(prob / prob.sum(axis=1, keepdims=True), axis=1)            # [n, 3]

@@ -35,14 +35,28 @@ from recsys.uris import redact_uri
 from recsys.errors import ConfigError, InputDataError
 from recsys.evaluation import protocols
 from recsys.evaluation.protocols import EvalSplit
-from recsys.evaluation.ranking import PhaseResult, RankingScorer, SequenceModelScorer, rank_phase
-from recsys.evaluation.report import Comparison, compare, format_table, write_json
+from recsys.evaluation.ranking import VALID_SELECTION, PhaseResult, RankingScorer, SequenceModelScorer, rank_phase
+from recsys.evaluation.report import Bootstrap, Comparison, compare, format_table, write_json
+from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
 from recsys.model.registry import MODEL_TYPES
 
 log = logging.getLogger(__name__)
 
-SELECTION_K = 10                 # models are chosen on validation NDCG@10, whatever --k asks for
 REFERENCE = "als"
+
+
+@dataclass(frozen=True)
+class EvaluationRequest:
+    """What ``recsys evaluate`` was asked: one protocol on one dataset (the command's options)."""
+
+    data: str | Path                      # a dataset root in the input layout (events/, catalog/)
+    protocol: str                         # loo | temporal
+    ks: tuple[int, ...] | None = None     # cut-offs of the table (default: evaluation.ks)
+    tie_break_seed: int | None = None     # default: history.tie_break_seed
+    split_date: dt.date | None = None     # temporal: the cut (default: test_days before the last event)
+    test_days: int = 30
+    json_path: Path | None = None
+    device: str | None = None             # default: train.device
 
 
 @dataclass
@@ -54,111 +68,156 @@ class EvaluationResult:
     details: dict[str, Any] = field(default_factory=dict)    # per model: chosen epoch / grid point, seconds
 
 
-def run_evaluation(spark, cfg: Config, data: str | Path, *, protocol: str, ks: tuple[int, ...] | None = None,
-                   tie_break_seed: int | None = None, split_date: dt.date | None = None, test_days: int = 30,
-                   json_path: Path | None = None, device: str | None = None) -> EvaluationResult:
-    """Evaluate ``cfg.evaluation.models`` on the dataset at ``data`` (``events/`` + ``catalog/``)."""
+@dataclass
+class _Evaluation:
+    """One evaluation under way: what every model's step reads, and what the sequence models share."""
 
-    from recsys.model.training import fit
+    spark: Any
+    cfg: Config
+    split: EvalSplit
+    device: Any
+    ranking_ks: tuple[int, ...]
+    vocab: Any = None              # built once, on first use: every sequence model trains on the same items
+    train_seqs: Any = None
+
+    def validation_score(self, scorer: RankingScorer) -> float:
+        """The selection metric on the validation phase: what every model is chosen on."""
+        return rank_phase(scorer, self.split.valid, (SELECTION_K,), device=self.device).means()[SELECTION_METRIC]
+
+
+@dataclass
+class _Fitted:
+    """A model fitted and chosen on validation, ready to rank the test phase."""
+
+    scorer: RankingScorer
+    details: dict[str, Any]
+    curve: list[dict] | None = None
+    extra_row: tuple[str, RankingScorer, dict[str, Any]] | None = None   # the same model through the job's core
+
+
+def run_evaluation(spark, cfg: Config, request: EvaluationRequest) -> EvaluationResult:
+    """Evaluate ``cfg.evaluation.models`` on ``request.data``: split, then per model fit -> choose -> test,
+    then compare, print and record."""
     from recsys.scoring.core import resolve_device
-    from recsys.learning.settings import model_config, train_settings
-    from recsys.learning.split import build_vocabulary
 
-    if protocol not in protocols.PROTOCOLS:
-        raise ConfigError(f"unknown protocol {protocol!r}; choose one of {', '.join(protocols.PROTOCOLS)}")
+    if request.protocol not in protocols.PROTOCOLS:
+        raise ConfigError(f"unknown protocol {request.protocol!r}; choose one of {', '.join(protocols.PROTOCOLS)}")
     ev = cfg.evaluation
-    ks = tuple(sorted(set(ks or ev.ks)))
+    ks = tuple(sorted(set(request.ks or ev.ks)))
     if any(k < 1 for k in ks):
         raise ConfigError(f"every --k must be at least 1, got {list(ks)}")
-    tie_seed = cfg.history.tie_break_seed if tie_break_seed is None else tie_break_seed
-    data = check_dataset_root(data)
-    device = resolve_device(device or cfg.train.device)
-    ranking_ks = tuple(sorted(set(ks) | {SELECTION_K}))
-
-    started = time.perf_counter()
-    if protocol == "loo":
-        split = protocols.load_loo(spark, data, tie_break_seed=tie_seed, event_types=cfg.history.event_types)
-    else:
-        split = protocols.load_temporal(spark, data, split_date=split_date, test_days=test_days,
-                                        tie_break_seed=tie_seed, event_types=cfg.history.event_types)
-    log.info("[evaluate] %s split: %s (%.1f s)", protocol, split.info, time.perf_counter() - started)
-
-    def validation_ndcg(scorer: RankingScorer) -> float:
-        return rank_phase(scorer, split.valid, (SELECTION_K,), device=device).means()[f"ndcg@{SELECTION_K}"]
+    tie_seed = cfg.history.tie_break_seed if request.tie_break_seed is None else request.tie_break_seed
+    data = check_dataset_root(request.data)
+    split = _load_split(spark, cfg, request, data, tie_seed)
+    run = _Evaluation(spark, cfg, split, resolve_device(request.device or cfg.train.device),
+                      tuple(sorted(set(ks) | {SELECTION_K})))
 
     results: dict[str, PhaseResult] = {}
     details: dict[str, Any] = {}
     curves: dict[str, list[dict]] = {}
-    vocab = train_seqs = None
     for name in ev.models:
-        t0 = time.perf_counter()
-        core_row: tuple[str, RankingScorer] | None = None   # this model ranked by the job's core at scoring.dtype
-        if name == "popularity":
-            from recsys.evaluation.baselines import popularity_scorer
-
-            details[name] = {"valid_ndcg@10": validation_ndcg(popularity_scorer(split.valid))}
-            scorer: RankingScorer = popularity_scorer(split.test)
-        elif name == REFERENCE:
-            from recsys.evaluation.baselines import als_grid, search_als
-
-            grid = als_grid(list(ev.als.ranks), list(ev.als.reg_params), list(ev.als.alphas), ev.als.max_iter,
-                            ev.als.seed)
-            search = search_als(spark, split.valid, split.test, grid, validation_ndcg)
-            details[name] = {"chosen": search.chosen.label(), "valid_ndcg@10": search.chosen_score,
-                             "grid": search.grid}
-            scorer = search.scorer
-        elif name in MODEL_TYPES:
-            if vocab is None:   # every sequence model trains on the same vocabulary and sequences
-                vocab = build_vocabulary(split.valid.history, cfg.train.min_item_count)
-                if len(vocab) < 2:
-                    raise InputDataError(f"only {len(vocab)} item(s) in the validation histories; too little data")
-                train_seqs, _ = vocab.map_sequences(split.valid.history)
-            model_cfg = model_config(cfg.train.model, len(vocab), name)
-            settings = train_settings(cfg.train)
-
-            def validate(model, _ids=vocab.item_ids) -> dict[str, float]:
-                return rank_phase(SequenceModelScorer(model, _ids, split.valid, device), split.valid,
-                                  (SELECTION_K,), device=device).means()
-
-            def progress(row: dict, _name=name) -> None:
-                log.info("[evaluate] %s epoch %d: loss %.4f, valid ndcg@10 %s (%.1f s)", _name, row["epoch"],
-                         row["train_loss"], f"{row[f'ndcg@{SELECTION_K}']:.4f}" if f"ndcg@{SELECTION_K}" in row
-                         else "-", row["seconds"])
-
-            fitted = fit(train_seqs, model_cfg, settings, device=device, validate=validate, progress=progress)
+        started = time.perf_counter()
+        fitted = _fit(name)(run, name)
+        results[name] = rank_phase(fitted.scorer, split.test, run.ranking_ks, device=run.device)
+        details[name] = {**fitted.details, "seconds": round(time.perf_counter() - started, 1)}
+        if fitted.curve is not None:
             curves[name] = fitted.curve
-            details[name] = {"best_epoch": fitted.best_epoch, "epochs_run": len(fitted.curve),
-                             "valid_ndcg@10": fitted.best_metrics.get(f"ndcg@{SELECTION_K}"),
-                             "config": {k: v for k, v in model_cfg.__dict__.items()}}
-            scorer = SequenceModelScorer(fitted.model, vocab.item_ids, split.test, device)
-            if cfg.scoring.dtype != "float32":   # the same model through the job's core at that dtype, next row
-                from recsys.evaluation.ranking import CoreScorer
-
-                core_row = (f"{name}@{cfg.scoring.dtype}", CoreScorer(
-                    fitted.model, vocab.item_ids, split.test, max(max(ranking_ks), cfg.scoring.top_n),
-                    cfg.scoring.dtype, device))
-        else:  # pragma: no cover - EvaluationConfig validates the names
-            raise ConfigError(f"unknown model {name!r} in evaluation.models")
-        results[name] = rank_phase(scorer, split.test, ranking_ks, device=device)
-        details[name]["seconds"] = round(time.perf_counter() - t0, 1)
         log.info("[evaluate] %s: test %s (%.1f s)", name,
                  ", ".join(f"{k}={v:.4f}" for k, v in results[name].means().items() if k.startswith("ndcg")),
                  details[name]["seconds"])
-        if core_row is not None:   # its row right after the model's own
-            row, core = core_row
-            results[row] = rank_phase(core, split.test, ranking_ks, device=device)
-            details[row] = {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype}
+        if fitted.extra_row is not None:   # its row right after the model's own
+            row, scorer, row_details = fitted.extra_row
+            results[row] = rank_phase(scorer, split.test, run.ranking_ks, device=run.device)
+            details[row] = row_details
 
     default = cfg.train.model.type if cfg.train.model.type in results else None
-    comparison = compare(results, protocol=protocol, ks=ks, candidates=len(split.test.candidates),
-                         reference=REFERENCE, resamples=ev.bootstrap_resamples, seed=ev.bootstrap_seed,
+    comparison = compare(results, protocol=request.protocol, ks=ks, candidates=len(split.test.candidates),
+                         reference=REFERENCE, bootstrap=Bootstrap(ev.bootstrap_resamples, ev.bootstrap_seed),
                          default_model=default)
     comparison.notes.update(_notes(details))
     table = format_table(comparison)
-    if json_path is not None:
-        write_json(comparison, Path(json_path))
-    run_id = _record(cfg, data, protocol, ks, tie_seed, split, comparison, table, details, curves)
-    return EvaluationResult(comparison, table, split.info, run_id, details)
+    if request.json_path is not None:
+        write_json(comparison, Path(request.json_path))
+    record = _Record(data, request.protocol, ks, tie_seed, split, comparison, table, details, curves)
+    return EvaluationResult(comparison, table, split.info, _record(cfg, record), details)
+
+
+def _load_split(spark, cfg: Config, request: EvaluationRequest, data: str, tie_seed: int) -> EvalSplit:
+    started = time.perf_counter()
+    if request.protocol == "loo":
+        split = protocols.load_loo(spark, data, tie_break_seed=tie_seed, event_types=cfg.history.event_types)
+    else:
+        split = protocols.load_temporal(spark, data, split_date=request.split_date, test_days=request.test_days,
+                                        tie_break_seed=tie_seed, event_types=cfg.history.event_types)
+    log.info("[evaluate] %s split: %s (%.1f s)", request.protocol, split.info, time.perf_counter() - started)
+    return split
+
+
+def _fit(name: str):
+    """The step that fits and chooses one model kind (``EvaluationConfig`` has checked the names)."""
+    if name in MODEL_TYPES:
+        return _fit_sequence_model
+    return {"popularity": _fit_popularity, REFERENCE: _fit_als}[name]
+
+
+def _fit_popularity(run: _Evaluation, name: str) -> _Fitted:
+    """Counted on the validation histories to be scored there; on the test histories to be tested."""
+    from recsys.evaluation.baselines import popularity_scorer
+
+    return _Fitted(popularity_scorer(run.split.test),
+                   {VALID_SELECTION: run.validation_score(popularity_scorer(run.split.valid))})
+
+
+def _fit_als(run: _Evaluation, name: str) -> _Fitted:
+    """The grid searched on validation; the chosen point refitted with the validation interactions."""
+    from recsys.evaluation.baselines import als_grid, search_als
+
+    als = run.cfg.evaluation.als
+    grid = als_grid(list(als.ranks), list(als.reg_params), list(als.alphas), als.max_iter, als.seed)
+    search = search_als(run.spark, run.split.valid, run.split.test, grid, run.validation_score)
+    return _Fitted(search.scorer, {"chosen": search.chosen.label(), VALID_SELECTION: search.chosen_score,
+                                   "grid": search.grid})
+
+
+def _fit_sequence_model(run: _Evaluation, name: str) -> _Fitted:
+    """Trained on the validation histories with early stopping on the selection metric (as ``recsys
+    train``); tested on each user's test-phase history without retraining. With ``scoring.dtype``
+    other than float32, the same model also ranked through the job's scoring core, as a row of its own."""
+    from recsys.evaluation.ranking import CoreScorer
+    from recsys.learning.settings import model_config, train_settings
+    from recsys.learning.split import build_vocabulary
+    from recsys.model.training import fit
+
+    cfg, split, device = run.cfg, run.split, run.device
+    if run.vocab is None:
+        run.vocab = build_vocabulary(split.valid.history, cfg.train.min_item_count)
+        if len(run.vocab) < 2:
+            raise InputDataError(f"only {len(run.vocab)} item(s) in the validation histories; too little data")
+        run.train_seqs, _ = run.vocab.map_sequences(split.valid.history)
+    item_ids = run.vocab.item_ids
+    model_cfg = model_config(cfg.train.model, len(run.vocab), name)
+
+    def validate(model) -> dict[str, float]:
+        return rank_phase(SequenceModelScorer(model, item_ids, split.valid, device), split.valid,
+                          (SELECTION_K,), device=device).means()
+
+    def progress(row: dict) -> None:
+        score = f"{row[SELECTION_METRIC]:.4f}" if SELECTION_METRIC in row else "-"
+        log.info("[evaluate] %s epoch %d: loss %.4f, valid %s %s (%.1f s)", name, row["epoch"], row["train_loss"],
+                 SELECTION_METRIC, score, row["seconds"])
+
+    fitted = fit(run.train_seqs, model_cfg, train_settings(cfg.train), device=device, validate=validate,
+                 progress=progress)
+    details = {"best_epoch": fitted.best_epoch, "epochs_run": len(fitted.curve),
+               VALID_SELECTION: fitted.best_metrics.get(SELECTION_METRIC),
+               "config": {k: v for k, v in model_cfg.__dict__.items()}}
+    extra_row = None
+    if cfg.scoring.dtype != "float32":
+        top = max(max(run.ranking_ks), cfg.scoring.top_n)
+        extra_row = (f"{name}@{cfg.scoring.dtype}",
+                     CoreScorer(fitted.model, item_ids, split.test, top, cfg.scoring.dtype, device),
+                     {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype})
+    return _Fitted(SequenceModelScorer(fitted.model, item_ids, split.test, device), details, fitted.curve, extra_row)
 
 
 def check_dataset_root(data: str | Path) -> str:
@@ -180,8 +239,8 @@ def _notes(details: dict[str, Any]) -> dict[str, str]:
         if "chosen" in d:
             parts.append(f"{d['chosen']} chosen on validation from {len(d['grid'])} points, refitted with the "
                          "validation interactions")
-        if d.get("valid_ndcg@10") is not None:
-            parts.append(f"validation ndcg@10 {d['valid_ndcg@10']:.4f}")
+        if d.get(VALID_SELECTION) is not None:
+            parts.append(f"validation {SELECTION_METRIC} {d[VALID_SELECTION]:.4f}")
         if "scored_by" in d:   # a row ranked through the job's core at another dtype: no training of its own
             parts.append(f"the row above's model, ranked by {d['scored_by']} in {d['dtype']}")
         if "seconds" in d:
@@ -190,21 +249,36 @@ def _notes(details: dict[str, Any]) -> dict[str, str]:
     return notes
 
 
-def _record(cfg: Config, data: str, protocol: str, ks: tuple[int, ...], tie_seed: int, split: EvalSplit,
-            comparison: Comparison, table: str, details: dict[str, Any], curves: dict[str, list[dict]]) -> str | None:
+@dataclass(frozen=True)
+class _Record:
+    """What one evaluation's MLflow run holds."""
+
+    data: str
+    protocol: str
+    ks: tuple[int, ...]
+    tie_seed: int
+    split: EvalSplit
+    comparison: Comparison
+    table: str
+    details: dict[str, Any]
+    curves: dict[str, list[dict]]
+
+
+def _record(cfg: Config, r: _Record) -> str | None:
     """One MLflow run: protocol and seeds as parameters, per-model metrics, the table as an artifact."""
     from recsys.tracking import plots
 
-    recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"evaluate {protocol}",
+    comparison, details = r.comparison, r.details
+    recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"evaluate {r.protocol}",
                                     experiment=f"{cfg.mlflow.experiment}-evaluation",
-                                    tags={tags.JOB: "evaluate", tags.PROTOCOL: protocol,
+                                    tags={tags.JOB: "evaluate", tags.PROTOCOL: r.protocol,
                                           tags.VERSION: __version__})
     recorder.log_params({
-        "protocol": protocol, "data": data, "k": list(ks), "tie_break_seed": tie_seed,
+        "protocol": r.protocol, "data": r.data, "k": list(r.ks), "tie_break_seed": r.tie_seed,
         "bootstrap_resamples": cfg.evaluation.bootstrap_resamples, "bootstrap_seed": cfg.evaluation.bootstrap_seed,
         "train_seed": cfg.train.seed, "als_seed": cfg.evaluation.als.seed, "models": list(comparison.models),
         "default_model": comparison.default_model, "config_digest": cfg.digest(),
-        **{f"split_{k}": v for k, v in split.info.items()},
+        **{f"split_{k}": v for k, v in r.split.info.items()},
         **{f"{name}_chosen": d["chosen"] for name, d in details.items() if "chosen" in d},
         **{f"{name}_best_epoch": d["best_epoch"] for name, d in details.items() if "best_epoch" in d},
     })
@@ -217,13 +291,13 @@ def _record(cfg: Config, data: str, protocol: str, ks: tuple[int, ...], tie_seed
             metrics.update({f"{name}.{m}.diff_to_{REFERENCE}": diff, f"{name}.{m}.diff_to_{REFERENCE}.lo": lo,
                             f"{name}.{m}.diff_to_{REFERENCE}.hi": hi})
     recorder.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
-    recorder.log_text(table + "\n", "evaluation.md")
-    recorder.log_dict({**comparison.to_full_json(), "split": split.info, "details": details}, "evaluation.json")
-    for name, curve in curves.items():
+    recorder.log_text(r.table + "\n", "evaluation.md")
+    recorder.log_dict({**comparison.to_full_json(), "split": r.split.info, "details": details}, "evaluation.json")
+    for name, curve in r.curves.items():
         for row in curve:
             recorder.log_metrics({f"{name}.{'valid_' if '@' in k else ''}{k}": v for k, v in row.items()
                                   if k != "epoch"}, step=int(row["epoch"]))
-        recorder.log_figure(plots.learning_curve(curve, f"ndcg@{SELECTION_K}"), f"plots/learning_curve_{name}.png")
+        recorder.log_figure(plots.learning_curve(curve, SELECTION_METRIC), f"plots/learning_curve_{name}.png")
     recorder.end("FINISHED")
     if recorder.failed:
         log.warning("the evaluation could not be recorded in %s: %s", redact_uri(cfg.mlflow.tracking_uri),

@@ -97,22 +97,30 @@ def leave_last_out(user_ids: np.ndarray, sequences: Sequences, candidates: np.nd
     return EvalSplit(split.protocol, split.user_ids, split.valid, split.test, info)
 
 
-def temporal_split(user_ids: np.ndarray, valid_history: Sequences, test_history: Sequences,
-                   valid_window: Sequences, test_window: Sequences,
-                   valid_candidates: np.ndarray, test_candidates: np.ndarray,
+@dataclass(frozen=True)
+class WindowInputs:
+    """One phase of the temporal split before it is a :class:`Phase`: per user (aligned with the split's
+    user ids, empty where a user has nothing) the history before the window and the items in it."""
+
+    history: Sequences
+    window: Sequences
+    candidates: np.ndarray     # the items available at the window's start
+
+
+def temporal_split(user_ids: np.ndarray, valid: WindowInputs, test: WindowInputs,
                    info: dict[str, Any] | None = None) -> EvalSplit:
     """The ``temporal`` split from per-user histories before each cut-off and the items of each window.
 
-    All four ``Sequences`` are aligned with ``user_ids`` (empty where a user has nothing). Window
-    items already in the phase's history are dropped; users with no history or no target left are
-    not evaluated in that phase.
+    Window items already in the phase's history are dropped; users with no history or no target
+    left are not evaluated in that phase.
     """
-    for name, seqs in (("valid_history", valid_history), ("test_history", test_history),
-                       ("valid_window", valid_window), ("test_window", test_window)):
-        if len(seqs) != len(user_ids):
-            raise ValueError(f"{name} has {len(seqs)} rows, expected one per user ({len(user_ids)})")
-    valid = _window_phase(valid_history, valid_window, valid_candidates)
-    test = _window_phase(test_history, test_window, test_candidates)
+    for phase, inputs in (("valid", valid), ("test", test)):
+        for part in ("history", "window"):
+            rows = len(getattr(inputs, part))
+            if rows != len(user_ids):
+                raise ValueError(f"{phase}_{part} has {rows} rows, expected one per user ({len(user_ids)})")
+    valid = _window_phase(valid.history, valid.window, valid.candidates)
+    test = _window_phase(test.history, test.window, test.candidates)
     info = dict(info or {})
     info.update({"users": len(user_ids), "valid_users": valid.users, "test_users": test.users,
                  "valid_targets": int(len(valid.targets.items)), "test_targets": int(len(test.targets.items)),
@@ -239,19 +247,17 @@ def load_temporal(spark, data_root: str, *, split_date: dt.date | None, test_day
         raise InputDataError(f"no events before the split date {split_date} under {data_root}/events; "
                              "choose a later --split-date")
     user_ids = np.sort(test_users)
-    aligned = {
-        "valid_history": _align(user_ids, *histories_before(cut["valid"])),
-        "test_history": _align(user_ids, test_users, test_hist),
-        "valid_window": _align(user_ids, *window(cut["valid"], cut["test"])),
-        "test_window": _align(user_ids, *window(cut["test"], cut["end"])),
-    }
+    valid_history = _align(user_ids, *histories_before(cut["valid"]))
+    valid_window = _align(user_ids, *window(cut["valid"], cut["test"]))
+    test_history = _align(user_ids, test_users, test_hist)
+    test_window = _align(user_ids, *window(cut["test"], cut["end"]))
     valid_snapshot, valid_candidates = available_items(spark, data_root, valid_start)
     test_snapshot, test_candidates = available_items(spark, data_root, split_date)
     info = {"split_date": str(split_date), "test_days": test_days, "valid_start": str(valid_start),
             "test_end": str(split_date + days), "tie_break_seed": tie_break_seed,
             "catalog_snapshot": str(test_snapshot), "valid_catalog_snapshot": str(valid_snapshot)}
-    split = temporal_split(user_ids, valid_candidates=valid_candidates, test_candidates=test_candidates,
-                           info=info, **aligned)
+    split = temporal_split(user_ids, WindowInputs(valid_history, valid_window, valid_candidates),
+                           WindowInputs(test_history, test_window, test_candidates), info)
     if split.test.users == 0 or split.valid.users == 0:
         raise InputDataError(
             f"the temporal split at {split_date} with {test_days} test days leaves {split.valid.users} validation "

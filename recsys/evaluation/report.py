@@ -65,9 +65,18 @@ class Comparison:
         return doc
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """How the intervals are drawn: ``resamples`` seeded resamples of the test users (0: no intervals)."""
+
+    resamples: int
+    seed: int
+
+
 def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int], candidates: int,
-            reference: str | None, resamples: int, seed: int, default_model: str | None = None) -> Comparison:
+            reference: str | None, bootstrap: Bootstrap, default_model: str | None = None) -> Comparison:
     """Means, bootstrap intervals and paired differences to ``reference`` for models ranked on one phase."""
+    resamples, seed = bootstrap.resamples, bootstrap.seed
     if not results:
         raise ValueError("no model results to compare")
     ks = sorted(set(int(k) for k in ks))

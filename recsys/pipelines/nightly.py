@@ -45,8 +45,9 @@ from recsys.publish.lock import DateLock
 from recsys.scoring.shipping import ship_model
 from recsys.spark.workdir import check_executors_can_write
 from recsys.spark.session import default_parallelism, job_description
+from recsys.publish import manifest as manifest_file
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
-                                      read_manifest, recover)
+                                      recover)
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             c.update(model=model.uri, version=model.version,
                      resolution="remembered" if resolution_error else "registry")
 
-        published = read_manifest(cfg.paths.output, date)
+        published = manifest_file.read(cfg.paths.output, date)
         reason = skip_reason(published, model.version, config_digest)
         if reason is not None and not force:
             log.info("recommend %s: skipped: %s; pass --force to recompute it", date, reason)
@@ -148,25 +149,25 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             tags={tags.JOB: "nightly", tags.DATE: str(date), tags.VERSION: __version__,
                   tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
         )
-        work_dir = rfs.join(cfg.paths.work, "runs", partition_name(date), run_key)
+        run = stages.NightlyRun(spark, cfg, date, model, resolution_error, config_digest, layout, lock, recorder, timer,
+                                hooks)
         try:
-            check_executors_can_write(spark, work_dir, configured=cfg.paths.work)
-            result = _run(spark, cfg, date, timer, recorder, layout, work_dir, lock, model, resolution_error,
-                          config_digest, hooks)
+            check_executors_can_write(spark, run.work_dir, configured=cfg.paths.work)
+            result = _run(run)
         except BaseException as exc:
             discard_staging(layout)
-            _cleanup(work_dir)
+            _cleanup(run.work_dir)
             recorder.set_tags({tags.STATUS: RunStatus.FAILED.value, tags.ERROR: redact_text(str(exc))[:4000],
                                **run_record.failure_tags(date, exc)})
             if isinstance(exc, ValidationFailed):
                 recorder.log_dict(exc.report, "validation_report.json")
             recorder.end("FAILED")
             raise
-        _cleanup(work_dir)
+        _cleanup(run.work_dir)
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
-            run_record.mark_unrecorded(result.output_dir, result.manifest, recorder.error)
+            manifest_file.mark_unrecorded(result.output_dir, result.manifest, recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
@@ -200,11 +201,11 @@ def _remove_stale_work_dirs(cfg: Config, date: dt.date, run_key: str) -> None:
             _cleanup(rfs.join(base, name))
 
 
-def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, recorder: tracking.RunRecorder,
-         layout: PartitionLayout, work_dir: str, lock: DateLock, model: tracking.ResolvedModel,
-         model_resolution_error: str | None, config_digest: str, hooks: Hooks) -> NightlyResult:
+def _run(run: stages.NightlyRun) -> NightlyResult:
     """The stages in the order data flows through them; each hands its frozen result to the next."""
-    recorder.log_params(stages.run_params(cfg, date, model, config_digest))
+    spark, cfg, date, model, hooks = run.spark, run.cfg, run.date, run.model, run.hooks
+    timer, recorder = run.timer, run.recorder
+    recorder.log_params(stages.run_params(cfg, date, model, run.config_digest))
     with timer.stage("read_catalog", "read the latest catalog snapshot") as c:
         catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, date, stages.load_vocabulary(model),
                                       model.version)
@@ -212,7 +213,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     recorder.log_params({"catalog_snapshot": str(catalog.snapshot.date)})
 
     with timer.stage("histories", "read events and build histories") as c:
-        history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(work_dir, "histories"))
+        history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"))
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:
@@ -225,7 +226,7 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
         spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks)
         tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
                                      users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark))
-        scored = stages.score(history.histories, spec, tasks, layout.staging_dir, hooks)
+        scored = stages.score(history.histories, spec, tasks, run.layout.staging_dir, hooks)
         w = scored.worker
         c.update(users=w["users"], model_users=w["model_users"], fallback=w["fallback_users"],
                  users_per_s=round(scored.users_per_s), device=w["device"], model_loads=w["model_misses"],
@@ -236,26 +237,22 @@ def _run(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, rec
     hooks.pause("staged")
 
     with timer.stage("validate", "validate staged output") as c:
-        report = stages.validate(spark, scored, history, catalog, fallback, top_n=cfg.scoring.top_n,
-                                 model_version=model.version, date=date)
+        report = stages.validate(scored, history, catalog, date)
         c.update(passed=report.passed, rows=report.figures["rows"], coverage=round(report.figures["catalog_coverage"], 4))
 
-    metrics = stages.run_metrics(catalog, history, scored, report)
-    method = publish_method(layout)
-    manifest = stages.manifest(cfg, date, model, catalog, metrics, {**timer.as_metrics(), **timer.shares()}, report,
-                               run_id=recorder.run_id, tracking_error=recorder.error, job_run=layout.run_key,
-                               method=method, config_digest=config_digest,
-                               model_resolution_error=model_resolution_error, workers=stages.worker_summary(scored))
+    results = stages.StageResults(catalog, history, fallback, scored, report)
+    metrics = stages.run_metrics(results)
+    method = publish_method(run.layout)
+    manifest = stages.manifest(run, results, metrics, method)
     with timer.stage("publish", "publish partition") as c:
-        lock.verify()
-        published_dir = publish(layout, manifest, method, hooks)
+        run.lock.verify()
+        published_dir = publish(run.layout, manifest, method, hooks)
         c.update(path=published_dir, method=method)
 
     metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
     with timer.stage("record", "record the run"):
-        stages.record(recorder, spark, cfg, published_dir, manifest, metrics, scored, report, catalog, fallback)
-        run_record.record(recorder, manifest=manifest, metrics=metrics, events_root=cfg.paths.events,
-                          catalog_root=cfg.paths.catalog, window_days=cfg.history.window_days)
+        stages.record(run, results, published_dir, manifest, metrics)
+        run_record.record(recorder, manifest, metrics, run_record.Inputs.of(cfg.paths, cfg.history))
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
     log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
              timer.total, recorder.run_id or "untracked")

@@ -18,7 +18,7 @@ import io
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 from pyspark.sql import DataFrame, Observation, SparkSession
@@ -31,21 +31,55 @@ from recsys.tracking import store as tracking
 from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
 from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
-from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
+from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
 from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed
+from recsys import fs as rfs
 from recsys.hooks import NO_HOOKS, Hooks
+from recsys.pipelines.timing import StageTimer
+from recsys.publish import manifest as manifest_file
+from recsys.publish.lock import DateLock
+from recsys.publish.publisher import PartitionLayout
 from recsys.model.io import ITEM_IDS_FILE
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
 from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candidate_set, counts_per_candidate,
                                  popularity_fallback)
 from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
+from recsys.scoring.params import ScoringParams
 from recsys.scoring.shipping import ShippedModel
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
 
 log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass(frozen=True)
+class NightlyRun:
+    """One date's run as the stages after the model's resolution see it: the context handed down
+    once instead of the same ten loose parameters at every call. Built by
+    :func:`recsys.pipelines.nightly.run_nightly` under the date's lock, once the MLflow run exists."""
+
+    spark: SparkSession
+    cfg: Config
+    date: dt.date
+    model: tracking.ResolvedModel
+    model_resolution_error: str | None   # MLflow was unreachable: the remembered resolution is used
+    config_digest: str
+    layout: PartitionLayout               # staging and final directories; its run key names this attempt
+    lock: DateLock
+    recorder: tracking.RunRecorder
+    timer: StageTimer
+    hooks: Hooks = NO_HOOKS
+
+    @property
+    def work_dir(self) -> str:
+        """This attempt's scratch directory (histories), removed when the run ends."""
+        return rfs.join(self.cfg.paths.work, "runs", partition_name(self.date), self.layout.run_key)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -186,13 +220,7 @@ def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback,
         fallback_item_ids=fallback.item_ids,
         fallback_scores=fallback.scores,
         fallback_name=fallback.name,
-        top_n=scoring.top_n,
-        chunk_size=scoring.chunk_size,
-        device=scoring.device,
-        dtype=scoring.dtype,
-        item_tile=scoring.item_tile,
-        max_tile_mb=scoring.max_tile_mb,
-        cache_size=scoring.cache_size,
+        params=ScoringParams.from_config(scoring),
         hooks=hooks,
     )
 
@@ -229,7 +257,7 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
     scored, observation = score_users(histories, spec, partitions)
     if hooks.holds_while_writing():
         scored = scored.mapInArrow(_hold_first_task_while_writing(hooks.pause_max_s), OUTPUT_SPARK_DDL)
-    checks = row_checks(top_n=spec.top_n, fallback_name=spec.fallback_name, model_version=spec.model_version)
+    checks = row_checks(top_n=spec.params.top_n, fallback_name=spec.fallback_name, model_version=spec.model_version)
     rows = Observation("row_checks")
     started = time.perf_counter()
     try:
@@ -238,7 +266,7 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
         refusal = workers_refusal(exc)
         if refusal is None:
             raise
-        raise ConfigError(f"the executors refused scoring.dtype={spec.dtype}: {refusal}") from None
+        raise ConfigError(f"the executors refused scoring.dtype={spec.params.dtype}: {refusal}") from None
     seconds = time.perf_counter() - started
     observed = _observed(rows, lambda: histories.sparkSession.read.parquet(output_dir).agg(*checks).first().asDict())
     return ScoreStage(output_dir, worker_figures(observation), seconds, observed)
@@ -282,13 +310,10 @@ def _hold_first_task_while_writing(max_s: float):
 # validate
 
 
-def validate(spark: SparkSession, scored: ScoreStage, history: HistoryStage, catalog: CatalogStage,
-             fallback: FallbackStage, *, top_n: int, model_version: str, date: dt.date) -> ValidationReport:
+def validate(scored: ScoreStage, history: HistoryStage, catalog: CatalogStage, date: dt.date) -> ValidationReport:
     """The report of the checks the scoring pass ran; raises ValidationFailed (nothing is published)
     when one failed. No pass over the output: the tasks' counts and the observed row checks are added
     up, and rows out are compared with the users counted while the histories were built.
-
-    ``spark``, ``top_n`` and ``model_version`` are kept for callers; the pass had them in its spec.
     """
     checks = scored.worker["checks"]
     report = in_pass_report(scored.rows, checks, (checks["item_ids"], checks["item_times"]),
@@ -306,22 +331,32 @@ def validate(spark: SparkSession, scored: ScoreStage, history: HistoryStage, cat
 # the run's figures, in one place
 
 
-def run_metrics(catalog: CatalogStage, history: HistoryStage, scored: ScoreStage,
-                report: ValidationReport) -> dict[str, float]:
+@dataclass(frozen=True)
+class StageResults:
+    """What the stages up to validation handed on: everything the manifest and the record are made of."""
+
+    catalog: CatalogStage
+    history: HistoryStage
+    fallback: FallbackStage
+    scored: ScoreStage
+    report: ValidationReport
+
+
+def run_metrics(results: StageResults) -> dict[str, float]:
     """Every figure of a run that MLflow and the manifest carry, from the stage results.
 
     Later entries win on a shared name, in stage order (e.g. ``short_lists`` is the validation's
     count of the written rows, not the workers').
     """
-    worker = scored.worker
+    worker = results.scored.worker
     return {
-        **{f"catalog_{k}": v for k, v in catalog.figures.items()},
-        **history.figures,
+        **{f"catalog_{k}": v for k, v in results.catalog.figures.items()},
+        **results.history.figures,
         "users_scored": worker["model_users"],
         "fallback_users": worker["fallback_users"],
-        "users_per_s": scored.users_per_s,
+        "users_per_s": results.scored.users_per_s,
         **{k: v for k, v in worker.items() if not isinstance(v, (list, dict, str))},
-        **report.figures,
+        **results.report.figures,
     }
 
 
@@ -351,29 +386,21 @@ def run_params(cfg: Config, date: dt.date, model: tracking.ResolvedModel, config
     }
 
 
-def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog: CatalogStage,
-             metrics: Mapping[str, float], timings: Mapping[str, float], report: ValidationReport, *,
-             run_id: str | None, tracking_error: str | None, job_run: str, method: str,
-             config_digest: str, model_resolution_error: str | None,
-             workers: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """``_manifest.json``: written into the partition as it is published, and logged to MLflow unchanged.
-
-    Every string in it is redacted here (not only the URIs known to hold credentials), so the copy
-    next to the data and the one in MLflow are the same document and neither holds a secret.
-    """
-    return tracking.redact_values({
-        "format_version": 1,
-        "date": str(date),
-        "run_id": run_id,
-        "job_run": job_run,
+def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float], method: str) -> dict[str, Any]:
+    """The content of ``_manifest.json`` from the run and its stage results, finished (format fields,
+    redaction) by :func:`recsys.publish.manifest.finish`: written into the partition as it is published,
+    and logged to MLflow unchanged. The timings are the stage timer's at this moment (before publish)."""
+    cfg, model, model_resolution_error, report = run.cfg, run.model, run.model_resolution_error, results.report
+    return manifest_file.finish({
+        "date": str(run.date),
+        "run_id": run.recorder.run_id,
+        "job_run": run.layout.run_key,
         "publish_method": method,
-        "published_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "recsys_version": __version__,
         "model": {"uri": model.uri, "name": model.name, "alias": model.alias, "version": model.version,
                   "source": redact_uri(model.source),
                   "resolution": f"remembered: {model_resolution_error}" if model_resolution_error else "registry"},
-        "catalog_snapshot": str(catalog.snapshot.date),
-        "config_digest": config_digest,
+        "catalog_snapshot": str(results.catalog.snapshot.date),
+        "config_digest": run.config_digest,
         "counts": {
             "rows": report.figures["rows"],
             "users_in_window": int(metrics.get("users_in_window", 0)),
@@ -384,10 +411,10 @@ def manifest(cfg: Config, date: dt.date, model: tracking.ResolvedModel, catalog:
         },
         "validation": report.as_dict()["violations"],
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-        "timings": dict(timings),
+        "timings": {**run.timer.as_metrics(), **run.timer.shares()},
         "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
-                     "error": tracking_error},
-        "workers": [dict(w) for w in workers],
+                     "error": run.recorder.error},
+        "workers": worker_summary(results.scored),
     })
 
 
@@ -405,13 +432,15 @@ def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
 SCORE_SAMPLE = 20_000   # scores (with their ranks) plotted in the score distribution
 
 
-def record(recorder: tracking.RunRecorder, spark: SparkSession, cfg: Config, published_dir: str,
-           published_manifest: Mapping[str, Any], metrics: Mapping[str, float], scored: ScoreStage,
-           report: ValidationReport, catalog: CatalogStage, fallback: FallbackStage) -> None:
+def record(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Mapping[str, Any],
+           metrics: Mapping[str, float]) -> None:
     """Metrics, per-worker cache figures, artifacts and plots; each call degrades, never raises."""
     import yaml
 
     from recsys.tracking import plots
+
+    recorder, spark, cfg = run.recorder, run.spark, run.cfg
+    scored, report, catalog, fallback = results.scored, results.report, results.catalog, results.fallback
 
     recorder.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     for step, w in enumerate(scored.worker["per_worker"]):   # one point per worker: a per-worker series in the UI
@@ -466,6 +495,6 @@ def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users
     return buf.getvalue()
 
 
-__all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "ScoreStage", "load_vocabulary", "manifest",
-           "popularity_fallback_stage", "read_catalog", "read_histories", "record", "run_metrics", "run_params",
+__all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "NightlyRun", "ScoreStage", "StageResults",
+           "load_vocabulary", "manifest", "popularity_fallback_stage", "read_catalog", "read_histories", "record", "run_metrics", "run_params",
            "score", "score_users", "scoring_spec", "scoring_tasks", "validate"]

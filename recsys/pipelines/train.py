@@ -28,14 +28,15 @@ from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
 from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
 from recsys.learning.settings import model_config, train_settings
+from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.learning.split import SplitData, build_vocabulary, score_on_split, split_last_item, validation_set
 from recsys.pipelines.timing import StageTimer
-from recsys.sequences import Sequences
+from recsys.sequences import Sequences, Vocabulary
 from recsys.spark.session import job_description
 
 log = logging.getLogger(__name__)
 
-VALIDATION_METRIC = "val_ndcg@10"
+VALIDATION_METRIC = validation_name(SELECTION_METRIC)   # val_ndcg@10: what the gate compares
 
 
 @dataclass
@@ -63,23 +64,74 @@ def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple
     return hist.histories_to_sequences(histories.toArrow())
 
 
+@dataclass
+class _Training:
+    """One training run under way: its data, settings and MLflow run, handed from step to step."""
+
+    cfg: Config
+    date: dt.date
+    timer: StageTimer
+    user_ids: np.ndarray
+    split: SplitData                  # id space: every version is gated on the same users
+    vocab: Vocabulary
+    train_seqs: Sequences             # index space, each user's newest item held out
+    valid: Any                        # recsys.model.training.ValidationSet, for early stopping
+    device: Any = None
+    recorder: Any = None              # tracking.RunRecorder, once the run is opened
+
+
 def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False) -> TrainResult:
+    """Train ``train.model`` on the histories before ``date``, register it as a new version, and move the
+    alias unless the holder scores better on the same validation users (``force`` moves it anyway).
+
+    Steps: read -> prepare (hold out each user's newest item, build the vocabulary) -> open the MLflow
+    run -> fit (early stopping on the held-out items) -> register -> gate. Bad input raises
+    InputDataError before any MLflow run exists; any failure after marks the run FAILED.
+    """
     import torch
 
-    from recsys.tracking import plots
-    from recsys.model.io import save_model
-    from recsys.model.training import fit
     from recsys.scoring.core import resolve_device
 
     date = parse_date(date)
     timer = StageTimer(partial(job_description, spark), job=f"train {date}")
+    run = _prepare(cfg, date, timer, *_read(spark, cfg, date, timer))
+    run.device = resolve_device(cfg.train.device)
+    model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train)
+    run.recorder = _open_run(run, model_cfg, settings)
+    try:
+        result, metrics = _fit(run, model_cfg, settings)
+        version = _register(run, result, metrics)
+        with timer.stage("gate", "compare with the alias holder") as c:
+            new_score = score_on_split(result.model, run.vocab.item_ids, run.split, run.device)
+            promoted, decision = _gate(cfg, version, new_score, run.split, force, run.device)
+            c.update(decision=decision)
+        run.recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted), tags.GATE: decision})
+        run_record.record_training(run.recorder, date, run_record.Inputs.of(cfg.paths, cfg.history),
+                                   run_record.TrainingSummary(cfg.train.model.type, len(run.user_ids), len(run.vocab),
+                                                              metrics, cfg.mlflow.model_name, version, decision))
+        run.recorder.end("FINISHED")
+    except BaseException as exc:
+        run.recorder.set_tags({tags.ERROR: redact_text(str(exc))[:4000]})
+        run.recorder.end("FAILED")
+        raise
+    finally:
+        torch.set_grad_enabled(True)
+    log.info("[train %s] %s", date, decision)
+    return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve)
+
+
+def _read(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer) -> tuple[np.ndarray, Sequences]:
     with timer.stage("read", "read events and build histories") as c:
         user_ids, id_seqs = load_training_data(spark, cfg, date)
         c.update(users=len(user_ids), interactions=len(id_seqs.items))
     if len(id_seqs.items) == 0:
         raise InputDataError(f"no events before {date} within history.window_days={cfg.history.window_days} "
                              f"under {redact_uri(cfg.paths.events)!r}; nothing to train on")
+    return user_ids, id_seqs
 
+
+def _prepare(cfg: Config, date: dt.date, timer: StageTimer, user_ids: np.ndarray, id_seqs: Sequences) -> _Training:
+    """Hold out each user's newest item, build the vocabulary from what is left, map to its indices."""
     with timer.stage("prepare", "split and build vocabulary") as c:
         split = split_last_item(id_seqs)
         vocab = build_vocabulary(split.train, cfg.train.min_item_count)
@@ -90,10 +142,13 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     if len(vocab) < 2:
         raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
                              f"train.min_item_count")
+    return _Training(cfg, date, timer, user_ids, split, vocab, train_seqs, valid)
 
-    model_cfg = model_config(cfg.train.model, len(vocab))
-    settings = train_settings(cfg.train)
-    device = resolve_device(cfg.train.device)
+
+def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
+    """The training's MLflow run, with what it is about to do as parameters; training without a
+    record is refused (TrackingFailed): the version it registers must point at a run."""
+    cfg, date = run.cfg, run.date
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=f"{cfg.mlflow.experiment}-training",
                                     tags={tags.JOB: "train", tags.DATE: str(date), tags.VERSION: __version__})
@@ -101,56 +156,52 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
         raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")
     recorder.log_params({
         "date": str(date), "model_type": cfg.train.model.type, **{f"model_{k}": v for k, v in model_cfg.__dict__.items()},
-        **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(device),
+        **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(run.device),
         "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
-        "users": len(user_ids), "validation_users": len(valid.targets), "config_digest": cfg.digest(),
+        "users": len(run.user_ids), "validation_users": len(run.valid.targets), "config_digest": cfg.digest(),
     })
+    return recorder
+
+
+def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[Any, dict[str, float]]:
+    """Train with early stopping on the held-out items, logging each epoch; the best epoch's figures."""
+    from recsys.model.training import fit
+    from recsys.tracking import plots
+
+    recorder = run.recorder
 
     def on_epoch(row: dict[str, Any]) -> None:
-        log.info("[train %s] epoch %d: %s", date, row["epoch"],
+        log.info("[train %s] epoch %d: %s", run.date, row["epoch"],
                  ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch" and isinstance(v, float)))
-        recorder.log_metrics({_val_name(k) if "@" in k else k: v for k, v in row.items() if k != "epoch"},
+        recorder.log_metrics({validation_name(k) if "@" in k else k: v for k, v in row.items() if k != "epoch"},
                              step=int(row["epoch"]))
 
-    try:
-        with timer.stage("fit", "train model") as c:
-            result = fit(train_seqs, model_cfg, settings, valid=valid, device=device, progress=on_epoch)
-            c.update(best_epoch=result.best_epoch, **{k: round(v, 4) for k, v in result.best_metrics.items()})
-        metrics = {_val_name(k): v for k, v in result.best_metrics.items()}
-        metrics["best_epoch"] = result.best_epoch
-        recorder.log_metrics({**metrics, **timer.as_metrics()})
-        recorder.log_figure(plots.learning_curve(_curve_with_val_names(result.curve), VALIDATION_METRIC),
-                            "plots/learning_curve.png")
-        with tempfile.TemporaryDirectory() as tmp:
-            model_dir = save_model(result.model.cpu(), vocab.item_ids, Path(tmp) / "model",
-                                   metadata={"trained_before": str(date), "run_id": recorder.run_id,
-                                             VALIDATION_METRIC: metrics.get(VALIDATION_METRIC)})
-            recorder.log_artifacts(model_dir, "model")
-        artifact_uri = recorder.artifact_uri("model")
-        if recorder.failed or artifact_uri is None:
-            raise TrackingFailed(f"the training run could not be recorded: {recorder.error}")
-        version = tracking.register_version(cfg.mlflow.model_name, recorder.run_id, artifact_uri,
-                                            description=f"trained on events before {date}")
+    with run.timer.stage("fit", "train model") as c:
+        result = fit(run.train_seqs, model_cfg, settings, valid=run.valid, device=run.device, progress=on_epoch)
+        c.update(best_epoch=result.best_epoch, **{k: round(v, 4) for k, v in result.best_metrics.items()})
+    metrics = {validation_name(k): v for k, v in result.best_metrics.items()}
+    metrics["best_epoch"] = result.best_epoch
+    recorder.log_metrics({**metrics, **run.timer.as_metrics()})
+    recorder.log_figure(plots.learning_curve(_curve_with_val_names(result.curve), VALIDATION_METRIC),
+                        "plots/learning_curve.png")
+    return result, metrics
 
-        with timer.stage("gate", "compare with the alias holder") as c:
-            new_score = score_on_split(result.model, vocab.item_ids, split, device)
-            promoted, decision = _gate(cfg, version, new_score, split, force, device)
-            c.update(decision=decision)
-        recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted),
-                           tags.GATE: decision})
-        run_record.record_training(recorder, events_root=cfg.paths.events, date=date,
-                                   window_days=cfg.history.window_days, model_type=cfg.train.model.type,
-                                   users=len(user_ids), items=len(vocab), metrics=metrics,
-                                   model_name=cfg.mlflow.model_name, version=version, decision=decision)
-        recorder.end("FINISHED")
-    except BaseException as exc:
-        recorder.set_tags({tags.ERROR: redact_text(str(exc))[:4000]})
-        recorder.end("FAILED")
-        raise
-    finally:
-        torch.set_grad_enabled(True)
-    log.info("[train %s] %s", date, decision)
-    return TrainResult(date, recorder.run_id, version, metrics, promoted, decision, result.curve)
+
+def _register(run: _Training, result: Any, metrics: dict[str, float]) -> str:
+    """The model's files logged to the run and registered as a new version of ``mlflow.model_name``."""
+    from recsys.model.io import save_model
+
+    recorder = run.recorder
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = save_model(result.model.cpu(), run.vocab.item_ids, Path(tmp) / "model",
+                               metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
+                                         VALIDATION_METRIC: metrics.get(VALIDATION_METRIC)})
+        recorder.log_artifacts(model_dir, "model")
+    artifact_uri = recorder.artifact_uri("model")
+    if recorder.failed or artifact_uri is None:
+        raise TrackingFailed(f"the training run could not be recorded: {recorder.error}")
+    return tracking.register_version(run.cfg.mlflow.model_name, recorder.run_id, artifact_uri,
+                                     description=f"trained on events before {run.date}")
 
 
 def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: bool, device):
@@ -198,9 +249,5 @@ def _score_version(cfg: Config, version: str, split: SplitData, device) -> float
     return score_on_split(loaded.model, loaded.item_ids, split, device)
 
 
-def _val_name(key: str) -> str:
-    return key if key.startswith("val_") else f"val_{key}"
-
-
 def _curve_with_val_names(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{(_val_name(k) if "@" in k else k): v for k, v in row.items()} for row in curve]
+    return [{(validation_name(k) if "@" in k else k): v for k, v in row.items()} for row in curve]

@@ -26,7 +26,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from recsys.data.contracts import HISTORY_COLUMN, SOURCE_MODEL
-from recsys.scoring.checks import TASK_CHECKS
+from recsys.scoring.checks import TASK_CHECKS, ListRules
 
 # check name -> what a violation means (the report and the README use the same words)
 CHECKS = {
@@ -71,9 +71,7 @@ def validate_recommendations(
     histories: DataFrame,
     *,
     candidate_ids: np.ndarray,
-    top_n: int,
-    fallback_name: str,
-    fallback_len: int,
+    rules: ListRules,
     model_version: str,
     users_in_window: int | None = None,
 ) -> ValidationReport:
@@ -86,8 +84,9 @@ def validate_recommendations(
     n_candidates = len(candidate_ids)
     ids = F.transform("recommendations", lambda x: x["item_id"])
     size = F.size(ids)
+    top_n, fallback_name = rules.top_n, rules.fallback_name
     is_fallback = F.col("source") == F.lit(fallback_name)
-    expected_len = F.when(is_fallback, F.lit(min(top_n, fallback_len))).otherwise(
+    expected_len = F.when(is_fallback, F.lit(rules.fallback_size())).otherwise(
         F.least(F.lit(top_n), F.greatest(F.lit(n_candidates) - F.size(HISTORY_COLUMN), F.lit(0)))
     )
     r = recs.withColumn("_in_output", F.lit(True))

@@ -51,8 +51,8 @@ class TaskChecks:
                              f"({len(self._index.ids)} -> {len(candidate_ids_sorted)} ids); use one TaskChecks per set")
         flat_ids = _flat_ids(out.column("recommendations"))
         positions = self._index.positions(flat_ids)
-        c = check_rows(in_users, histories, out, candidate_ids_sorted=candidate_ids_sorted, top_n=top_n,
-                       fallback_name=fallback_name, fallback_len=fallback_len, positions=positions)
+        c = check_rows(in_users, histories, out, candidate_ids_sorted=candidate_ids_sorted,
+                       rules=ListRules(top_n, fallback_name, fallback_len), positions=positions)
         for name in TASK_CHECKS:
             if name != "duplicate_rows":
                 self.counts[name] += c[name]
@@ -122,9 +122,21 @@ def _list_lengths(arr: pa.Array) -> np.ndarray:
     return lengths.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class ListRules:
+    """How long a well-formed list is: ``top_n`` items, fewer only when the user has seen all but fewer
+    candidates; a fallback list (``source == fallback_name``) holds ``min(top_n, fallback_len)``."""
+
+    top_n: int
+    fallback_name: str
+    fallback_len: int
+
+    def fallback_size(self) -> int:
+        return min(self.top_n, self.fallback_len)
+
+
 def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *, candidate_ids_sorted: np.ndarray,
-               top_n: int, fallback_name: str, fallback_len: int,
-               positions: np.ndarray | None = None) -> dict[str, int]:
+               rules: ListRules, positions: np.ndarray | None = None) -> dict[str, int]:
     """The task-side checks for one batch of emitted rows against the users (and histories) it read.
 
     ``histories`` is the list<bigint> history column aligned with ``in_users``. Vectorised over the
@@ -156,11 +168,12 @@ def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *
     if len(flat_ids) and len(hist_ids):
         seen_rows = _rows_with_seen_items(sizes, flat_ids, in_row, hist_len, hist_ids)
 
-    is_fallback = np.asarray(pc.equal(out.column("source"), fallback_name).fill_null(False)
+    is_fallback = np.asarray(pc.equal(out.column("source"), rules.fallback_name).fill_null(False)
                              .to_numpy(zero_copy_only=False), dtype=bool)
     n_candidates = len(candidate_ids_sorted)
     own_hist = np.where(found, hist_len[np.maximum(in_row, 0)] if len(hist_len) else 0, 0)
-    expected = np.where(is_fallback, min(top_n, fallback_len), np.minimum(top_n, np.maximum(n_candidates - own_hist, 0)))
+    expected = np.where(is_fallback, rules.fallback_size(),
+                        np.minimum(rules.top_n, np.maximum(n_candidates - own_hist, 0)))
     short_unexplained = int((found & (sizes < expected)).sum())
 
     if positions is None:

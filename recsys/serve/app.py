@@ -226,6 +226,30 @@ class Service:
             except asyncio.TimeoutError:
                 pass
 
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task:
+        """On the app's event loop: the batcher, and the maintenance loop that connects the backend."""
+        serve = self.cfg.serve
+        self.batcher = Batcher(self.run_batch, BatchSettings(serve.max_wait_ms, serve.max_batch_users,
+                                                             serve.max_concurrent_jobs, serve.max_queue_users),
+                               self.metrics)
+        self.batcher.start()
+        return asyncio.get_running_loop().create_task(self.maintain_forever())
+
+    async def stop(self, maintenance: asyncio.Task) -> None:
+        """After uvicorn has stopped accepting and answered every open request: finish the queue, stop
+        maintenance, wait for a running nightly job, close the backend."""
+        await self.batcher.close()
+        self._stop = True
+        if self._wake is not None:
+            self._wake.set()
+        maintenance.cancel()
+        self._jobs_pool.shutdown(wait=True)
+        if self.backend is not None:
+            self.backend.close()
+        log.info("stopped")
+
     # -- nightly jobs ---------------------------------------------------------------------------
 
     def submit_job(self, dates: list[dt.date], force: bool) -> JobState:
@@ -260,28 +284,16 @@ class Service:
 
 
 def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) -> FastAPI:
+    """The HTTP frontend: one :class:`Service` started and stopped with the app, and its routes."""
     service = Service(cfg, url_provider, hooks)
-    serve = cfg.serve
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        service.batcher = Batcher(service.run_batch, BatchSettings(serve.max_wait_ms, serve.max_batch_users,
-                                                                    serve.max_concurrent_jobs, serve.max_queue_users),
-                                  service.metrics)
-        service.batcher.start()
-        maint = asyncio.get_running_loop().create_task(service.maintain_forever())
+        maintenance = service.start()
         try:
             yield
         finally:
-            # uvicorn has stopped accepting and answered every open request by now; finish the rest
-            await service.batcher.close()
-            service._stop = True
-            service._wake.set()
-            maint.cancel()
-            service._jobs_pool.shutdown(wait=True)
-            if service.backend is not None:
-                service.backend.close()
-            log.info("stopped")
+            await service.stop(maintenance)
 
     app = FastAPI(title="recsys on-demand recommendations", version="1", lifespan=lifespan,
                   description="Per-user recommendations computed now by the nightly job's stages on a warm "
@@ -292,6 +304,16 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         service.metrics.failed(400, "bad_request")
         return _problem(400, "bad_request", str(exc))
+
+    _recommendation_routes(app, service)
+    _job_routes(app, service)
+    _operation_routes(app, service)
+    return app
+
+
+def _recommendation_routes(app: FastAPI, service: Service) -> None:
+    """``POST /v1/recommendations``: some users' lists now, through the batcher."""
+    cfg, serve = service.cfg, service.cfg.serve
 
     @app.post("/v1/recommendations", response_model=RecommendationResponse, openapi_extra=_body(RecommendationRequest),
               responses={400: {"model": Problem}, 429: {"model": Problem}, 500: {"model": Problem},
@@ -327,6 +349,10 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
         return {"rows": out, "model_version": context.model_version, "catalog_snapshot": str(context.catalog_snapshot),
                 "as_of": str(service.backend.window.as_of)}
 
+
+def _job_routes(app: FastAPI, service: Service) -> None:
+    """``POST /v1/jobs`` (the nightly job for dates, on the warm backend) and ``GET /v1/jobs/{id}``."""
+
     @app.post("/v1/jobs", response_model=JobState, status_code=202, openapi_extra=_body(JobRequest),
               responses={400: {"model": Problem}, 503: {"model": Problem}})
     async def submit_job(request: Request) -> Any:
@@ -353,6 +379,10 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
             return _problem(404, "not_found", "no job with this id (jobs are kept in memory until the service stops)")
         return job
 
+
+def _operation_routes(app: FastAPI, service: Service) -> None:
+    """What operators and orchestrators poll: ``/metrics`` (Prometheus), ``/healthz``, ``/readyz``."""
+
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -368,8 +398,6 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
             return {"ready": True, "model_version": ctx.model_version, "catalog_snapshot": str(ctx.catalog_snapshot),
                     "window_users": service.backend.window.users}
         return JSONResponse({"ready": False, "reason": service.not_ready_reason}, status_code=503)
-
-    return app
 
 
 class BadRequest(Exception):

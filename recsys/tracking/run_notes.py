@@ -18,9 +18,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from recsys import fs as rfs
+from recsys.config import HistoryConfig, PathsConfig
 from recsys.data.contracts import partition_name
 from recsys.errors import first_line
 from recsys.uris import redact_uri
@@ -28,6 +30,32 @@ from recsys.tracking import tags
 
 log = logging.getLogger(__name__)
 
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Where a run's inputs live: what its MLflow datasets describe."""
+
+    events_root: str
+    catalog_root: str
+    window_days: int
+
+    @classmethod
+    def of(cls, paths: PathsConfig, history: HistoryConfig) -> "Inputs":
+        return cls(paths.events, paths.catalog, history.window_days)
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    """What a training run's note says: what was trained on how much, how well, and the gate's decision."""
+
+    model_type: str
+    users: int
+    items: int                        # in the vocabulary
+    metrics: Mapping[str, float]
+    model_name: str
+    version: str
+    decision: str
 
 
 def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
@@ -54,27 +82,6 @@ def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
     if model.get("resolution", "registry") != "registry":
         tail.append(f"model resolution: {model['resolution']}")
     return text + " " + "; ".join(t for t in tail if t) + ". Validation passed."
-
-
-def mark_unrecorded(output_dir: str, manifest: dict[str, Any], error: str | None) -> None:
-    """Say in the published ``_manifest.json`` that its MLflow run was not recorded, if it does not already.
-
-    The manifest is written before publishing; a tracking store that fails after that (while the
-    run's figures and plots are recorded) would otherwise leave a manifest saying nothing went
-    wrong, while the exit code is 5 and the MLflow run stays RUNNING. Rewritten atomically
-    (temporary file and rename on local and HDFS stores).
-    """
-    import json
-
-    tracking = manifest.setdefault("tracking", {})
-    if tracking.get("error") or not error:
-        return
-    tracking["error"] = error
-    try:
-        fs, path = rfs.resolve(rfs.join(output_dir, "_manifest.json"))
-        rfs.write_text_atomic(fs, path, json.dumps(manifest, indent=2, sort_keys=True, default=str))
-    except OSError as exc:
-        log.warning("could not note the tracking failure in %s/_manifest.json: %s", output_dir, exc)
 
 
 def failure_tags(date: dt.date, exc: BaseException) -> dict[str, str]:
@@ -137,8 +144,7 @@ def events_dataset(events_root: str, date: dt.date, window_days: int) -> Any:
     )
 
 
-def input_datasets(events_root: str, catalog_root: str, date: dt.date, window_days: int,
-                   catalog_date: dt.date) -> list[tuple[Any, str]]:
+def input_datasets(inputs: Inputs, date: dt.date, catalog_date: dt.date) -> list[tuple[Any, str]]:
     """(MLflow dataset, context) for the events window and the catalog snapshot a run read."""
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.spark_dataset_source import SparkDatasetSource
@@ -146,7 +152,8 @@ def input_datasets(events_root: str, catalog_root: str, date: dt.date, window_da
 
     from recsys.data.contracts import CATALOG_SCHEMA
 
-    events = events_dataset(events_root, date, window_days)
+    events = events_dataset(inputs.events_root, date, inputs.window_days)
+    catalog_root = inputs.catalog_root
     cat_digest, cat_files, cat_bytes = partition_files_digest(catalog_root, [catalog_date])
     catalog = MetaDataset(
         SparkDatasetSource(path=redact_uri(rfs.join(catalog_root, partition_name(catalog_date)))),
@@ -182,16 +189,14 @@ def _mlflow_type(arrow_type: Any) -> str:
     return "string"
 
 
-def record(recorder: Any, *, manifest: Mapping[str, Any], metrics: Mapping[str, float], events_root: str,
-           catalog_root: str, window_days: int) -> None:
+def record(recorder: Any, manifest: Mapping[str, Any], metrics: Mapping[str, float], inputs: Inputs) -> None:
     """Note, input datasets and the model version's link back, for a published run."""
     if recorder.run_id is None or recorder.failed:
         return
     date = dt.date.fromisoformat(str(manifest["date"]))
     recorder.set_tags({tags.NOTE: note(manifest, metrics), tags.EXIT_CODE: "0"})
     try:
-        datasets = input_datasets(events_root, catalog_root, date, window_days,
-                                  dt.date.fromisoformat(str(manifest["catalog_snapshot"])))
+        datasets = input_datasets(inputs, date, dt.date.fromisoformat(str(manifest["catalog_snapshot"])))
     except Exception as exc:   # describing the inputs must never cost the run
         log.warning("could not describe the run's input datasets: %s", exc)
         datasets = []
@@ -209,19 +214,18 @@ def record(recorder: Any, *, manifest: Mapping[str, Any], metrics: Mapping[str, 
                         recorder.run_id, first_line(exc))
 
 
-def record_training(recorder: Any, *, events_root: str, date: dt.date, window_days: int, model_type: str,
-                    users: int, items: int, metrics: Mapping[str, float], model_name: str, version: str,
-                    decision: str) -> None:
+def record_training(recorder: Any, date: dt.date, inputs: Inputs, summary: TrainingSummary) -> None:
     """A training run's note (what was trained on what, how well, what the gate decided) and its events dataset."""
     if recorder.run_id is None or recorder.failed:
         return
-    ndcg = next((v for k, v in metrics.items() if k.startswith("val_ndcg")), None)
+    s = summary
+    ndcg = next((v for k, v in s.metrics.items() if k.startswith("val_ndcg")), None)
     recorder.set_tags({tags.NOTE: (
-        f"Trained {model_type} on the events before {date} ({users:,} users, {items:,} items in the vocabulary); "
-        f"best epoch {int(metrics.get('best_epoch', 0))}"
+        f"Trained {s.model_type} on the events before {date} ({s.users:,} users, {s.items:,} items in the vocabulary); "
+        f"best epoch {int(s.metrics.get('best_epoch', 0))}"
         + (f", validation NDCG@10 {ndcg:.4f}" if ndcg is not None else "")
-        + f". Registered as version {version} of {model_name}; {decision}.")})
+        + f". Registered as version {s.version} of {s.model_name}; {s.decision}.")})
     try:
-        recorder.log_input(events_dataset(events_root, date, window_days), "training")
+        recorder.log_input(events_dataset(inputs.events_root, date, inputs.window_days), "training")
     except Exception as exc:
         log.warning("could not describe the training run's input dataset: %s", exc)
