@@ -1,1 +1,2 @@
-"""Staging, validation, atomic partition publish and the manifest."""
+"""Publishing one date's partition: the manifest, validation, the per-date lock, the partition swap per store,
+and publishing with recovery after a kill."""
