@@ -51,7 +51,7 @@ def breakdown(dtype: str, shape: shapes.BenchShape, chunk: int) -> tuple[dict[st
     """Per-user microseconds by category (profiled) and the unprofiled per-user time, one thread."""
     torch.set_num_threads(1)
     user_ids, seqs = shapes.histories(shape)
-    scorer = shapes.scorer(shape, shapes.model(shape), torch.device("cpu"), dtype)
+    scorer = shapes.scorer(shape, shapes.model(shape), torch.device("cpu"), shapes.params(shape, dtype=dtype))
     chunks = core_bench.contiguous_chunks(seqs, chunk)
     core_bench.score_chunks(scorer, user_ids, chunks[:1])        # warm-up
     best = min(core_bench.score_chunks(scorer, user_ids, chunks)[0] for _ in range(3))

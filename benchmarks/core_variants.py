@@ -14,7 +14,7 @@ shape = shapes.BenchShape(users=4096, items=20000)
 uids, seqs = shapes.histories(shape)
 net = shapes.model(shape)
 dev = torch.device("cpu")
-ref = shapes.scorer(shape, net, dev, reference=True); f32 = shapes.scorer(shape, net, dev); b16 = shapes.scorer(shape, net, dev, "bfloat16")
+ref = shapes.scorer(shape, net, dev, reference=True); f32 = shapes.scorer(shape, net, dev); b16 = shapes.scorer(shape, net, dev, shapes.params(shape, dtype="bfloat16"))
 variants = {"ref": (ref, 2, True), "fp32": (f32, 2, True), "bf16 pre2": (b16, 2, True), "bf16 pre1.5": (b16, 1.5, True),
             "bf16 pre2 fp32enc": (b16, 2, False), "bf16 pre1.5 fp32enc": (b16, 1.5, False)}
 base_ids = None

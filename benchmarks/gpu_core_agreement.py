@@ -18,7 +18,8 @@ uids, seqs = shapes.histories(shape)
 net = shapes.model(shape)
 ref_ids, ref_scores, _, _ = shapes.scorer(shape, net, torch.device("cpu")).topn(seqs)
 for dtype, tile in (("float32", 0), ("float32", 7_000), ("bfloat16", 0), ("bfloat16", 7_000)):
-    ids, scores, _, _ = shapes.scorer(shape, net, torch.device("cuda"), dtype=dtype, item_tile=tile).topn(seqs)
+    ids, scores, _, _ = shapes.scorer(shape, net, torch.device("cuda"),
+                                   shapes.params(shape, dtype=dtype, item_tile=tile, max_tile_mb=0)).topn(seqs)
     exact = float(np.mean(np.all(ids == ref_ids, axis=1)))
     print(f"cuda {dtype:9s} tile {tile:6d}: overlap@{shape.top_n} {overlap(ids, ref_ids):.4f}, "
           f"identical lists {exact:.4f}, max |score diff| {np.max(np.abs(scores - ref_scores)):.2e}")
