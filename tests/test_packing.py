@@ -10,16 +10,31 @@ from recsys.errors import ConfigError
 
 
 def test_the_environment_digest_is_stable_and_covers_the_installed_distributions(tmp_path):
-    assert packing.environment_digest() == packing.environment_digest()
-    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
-    (site / "torch-2.0.dist-info").mkdir(parents=True)
-    (site / "torch-2.0.dist-info" / "METADATA").write_text("Name: torch\nVersion: 2.0\n")
-    before = packing.environment_digest(tmp_path / "venv")
-    (site / "torch-2.0.dist-info" / "METADATA").write_text("Name: torch\nVersion: 2.1\n")
-    assert packing.environment_digest(tmp_path / "venv") != before       # an upgrade packs a new archive
-    (site / "recsys-0.1.dist-info").mkdir()
-    (site / "recsys-0.1.dist-info" / "METADATA").write_text("Name: recsys\nVersion: 0.2\n")
-    assert packing.environment_digest(tmp_path / "venv") == packing.environment_digest(tmp_path / "venv")
+    assert packing.environment_digest() == packing.environment_digest()   # this venv: the same key every call
+    venv = tmp_path / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+
+    def install(name: str, version: str) -> None:
+        dist = site / f"{name}-{version}.dist-info"
+        for old in site.glob(f"{name}-*.dist-info"):
+            (old / "METADATA").unlink()
+            old.rmdir()
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n")
+
+    install("torch", "2.0")
+    before = packing.environment_digest(venv)
+    assert packing.environment_digest(venv) == before                   # unchanged: the cached archive is reused
+    install("torch", "2.1")
+    upgraded = packing.environment_digest(venv)
+    assert upgraded != before                                           # an upgrade packs a new archive
+    install("numpy", "1.26")
+    added = packing.environment_digest(venv)
+    assert added not in (before, upgraded)                              # so does a newly installed distribution
+    install("recsys", "0.1")
+    assert packing.environment_digest(venv) == added    # the project itself travels with --py-files, not in the archive
+    install("recsys", "0.2")
+    assert packing.environment_digest(venv) == added    # so a new version of it packs nothing
 
 
 def test_a_missing_archive_is_refused_naming_it(tmp_path):
