@@ -101,7 +101,7 @@ def test_the_demo_summary_prints_neither_credentials_nor_missing_titles(tmp_path
 
     # a catalog whose titles cannot be read is an error, not a silent list of "?"
     (catalog / "part-0.parquet").write_bytes(b"not parquet")
-    with pytest.raises(Exception):
+    with pytest.raises(pa.ArrowInvalid, match=r"dt=2024-05-01/part-0\.parquet.*Parquet magic bytes not found"):
         _show(cfg, result, SimpleNamespace(summary=lambda: "trained"))
 
 
