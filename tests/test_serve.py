@@ -4,7 +4,8 @@
 One backend per module (starting one costs 20-40 s here); it is killed and started again once, by
 the fault test. The frontend's config makes queueing observable without sleeps: requests wait up
 to ``max_wait_ms`` = 2.5 s for company, so a test can see them queued (``/metrics``) and act while
-they are; jobs take at most ``max_batch_users`` = 10 users, the queue holds at most 24.
+they are; jobs take at most ``max_batch_users`` = 10 users, the queue holds at most 24. The queue-full
+test, which must act while a request is still queued, starts a frontend of its own that waits 60 s.
 """
 from __future__ import annotations
 
@@ -265,14 +266,34 @@ def test_a_moved_alias_and_a_new_catalog_snapshot_reach_the_next_batches(stack):
 
 
 def test_a_full_queue_answers_429_with_retry_after(stack):
-    front = stack["front"]
-    waiting = ThreadPoolExecutor(1).submit(front.recommend, {"user_ids": list(range(1, MAX_BATCH))})  # 9 users wait
-    _until(lambda: front.metrics()["recsys_serve_queue_users"] == MAX_BATCH - 1, 30, "the first request to queue")
-    refused = front.recommend({"user_ids": list(range(100, 100 + MAX_QUEUE - MAX_BATCH + 2))})   # 16: 25 > 24
-    assert refused.status_code == 429, refused.text
-    assert int(refused.headers["retry-after"]) >= 1
-    assert waiting.result().status_code == 200          # the queued request is unaffected
-    assert front.metrics()["recsys_serve_errors_total{reason=queue_full}"] >= 1
+    """A request that would take the queue past max_queue_users is refused at once; the queued one is unaffected.
+
+    On a frontend of its own whose batches wait up to 60 s for company: with the module's 2.5 s, a loaded
+    machine could dispatch the queued request before the test, having seen it queued, sends the next one.
+    Here the queued users stay until the test sends the user that fills their batch.
+    """
+    root = stack["root"]
+    conf = yaml.safe_load((root / "serve.yaml").read_text())
+    conf["serve"]["max_wait_ms"] = 60_000
+    patient_conf = root / "serve-patient.yaml"
+    patient_conf.write_text(yaml.safe_dump(conf))
+    front = Frontend(root, patient_conf, _free_port())
+    pool = ThreadPoolExecutor(1)
+    try:
+        _until(front.ready, 180, "the patient frontend to be ready")
+        waiting = pool.submit(front.recommend, {"user_ids": list(range(1, MAX_BATCH))})   # 9 users wait for company
+        _until(lambda: front.metrics()["recsys_serve_queue_users"] == MAX_BATCH - 1, 30, "the first request to queue")
+        refused = front.recommend({"user_ids": list(range(100, 100 + MAX_QUEUE - MAX_BATCH + 2))})   # 16: 25 > 24
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        assert front.metrics()["recsys_serve_queue_users"] == MAX_BATCH - 1   # refused at once, the queue as it was
+        filler = front.recommend({"user_ids": [MAX_BATCH]})                  # the 10th user: a full batch runs now
+        assert filler.status_code == 200, filler.text
+        assert waiting.result(timeout=120).status_code == 200                # the queued request is unaffected
+        assert front.metrics()["recsys_serve_errors_total{reason=queue_full}"] == 1
+    finally:
+        front.stop()
+        pool.shutdown(wait=True)
 
 
 def test_a_request_past_its_deadline_gets_504_and_leaves_the_queue(stack):
