@@ -21,6 +21,8 @@ from recsys.sequences import Sequences, Vocabulary
 from recsys.learning.split import score_on_split, split_last_item
 from recsys.pipelines.train import _gate
 
+pytestmark = pytest.mark.slow   # the module's fixture trains a model and creates a sqlite MLflow store: 10-20 s
+
 NUM_ITEMS = 30
 ITEM_IDS = np.arange(1, NUM_ITEMS + 1) * 10           # external ids differ from model indices on purpose
 CONFIG = SASRecConfig(num_items=NUM_ITEMS, dim=16, layers=1, heads=1, max_len=8, dropout=0.0)

@@ -9,7 +9,7 @@ from recsys.data.contracts import EVENTS_SCHEMA, CATALOG_SCHEMA, write_partition
 from recsys.data.readers import read_catalog_snapshot, read_events_window
 from recsys.errors import InputDataError
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]   # about 25 s of Spark jobs on 2 cores
 UTC = dt.timezone.utc
 
 

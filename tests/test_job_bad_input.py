@@ -220,6 +220,7 @@ def test_a_backfill_range_that_ends_before_it_starts(monkeypatch, spark, caplog,
     assert code == 2 and "--end-date 2024-05-08 is before --start-date 2024-05-09" in jobkit.errors_logged(caplog)[0]
 
 
+@pytest.mark.slow   # 40-50 s on 2 cores: out of the fast loop (make test-fast)
 def test_a_scoring_dtype_the_workers_cannot_run(monkeypatch, spark, caplog, capsys, case):
     """The executors refuse a dtype their device cannot run natively (float16 on a CPU here; bf16 on a CPU
     without AVX-512-BF16 or AMX-BF16 takes the same path): the driver reports their reason as bad

@@ -76,6 +76,7 @@ def test_learns_that_each_item_is_followed_by_the_next():
     assert result.curve[-1]["train_loss"] < result.curve[0]["train_loss"]
 
 
+@pytest.mark.slow   # trains a 2-layer model for 8 epochs: 7-10 s on 2 cores
 def test_learns_a_pattern_that_needs_more_than_the_last_item():
     """Two interleaved chains, a, b, a+1, b+1, ...: the next item follows the one two steps back,
     and the last item says nothing about it, so this needs attention over the history."""
