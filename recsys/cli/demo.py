@@ -14,9 +14,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from recsys.config import Config, LaunchSettings
-from recsys.uris import local_path, redact_text
 from recsys.errors import ConfigError, ExitCode
 from recsys.publish import manifest
+from recsys.uris import local_path, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,8 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
     """``spark``: an existing session to use (and leave running); by default the demo builds its own
     (with ``launch``, the environment's session settings)."""
     from recsys.pipelines.nightly import run_nightly
-    from recsys.spark.session import apply_runtime_settings, build_session
     from recsys.pipelines.train import run_training
+    from recsys.spark.session import apply_runtime_settings, build_session
 
     root = _dataset_root(cfg)
     date = _prepare_data(root, data, synthetic)

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.set_defaults(func=cmd_bench)
 
-    from recsys.serve.cli import add_commands   # recsys backend start|stop|status, recsys serve
+    from recsys.serve.cli import add_commands  # recsys backend start|stop|status, recsys serve
 
     add_commands(sub, _add_config_args)
     return parser
@@ -223,8 +223,8 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from recsys.spark.session import build_session
     from recsys.pipelines.train import run_training
+    from recsys.spark.session import build_session
 
     cfg = _config(args)
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
@@ -324,8 +324,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from recsys.bench.run import BenchOptions, format_table, run_bench, write_json
     from recsys.bench import shapes
+    from recsys.bench.run import BenchOptions, format_table, run_bench, write_json
     from recsys.bench.shapes import BenchShape
 
     shape = BenchShape(users=args.users, items=args.items, dim=args.dim, history=args.history, top_n=args.top_n,

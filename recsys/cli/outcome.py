@@ -11,7 +11,6 @@ from typing import Any, Sequence
 from recsys.errors import ExitCode, RunStatus
 
 
-
 def final_line(command: str, code: int, detail: str | None) -> tuple[int, str]:
     """(logging level, message) of the command's last line."""
     # never ERROR: an expected failure prints exactly one ERROR line (the contract), which came before

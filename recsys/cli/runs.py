@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from recsys.tracking import tags
 from recsys.config import Config
 from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line
 from recsys.publish.manifest import read as read_manifest
+from recsys.tracking import tags
 from recsys.uris import redact_uri
 
 PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",

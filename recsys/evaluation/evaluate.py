@@ -27,11 +27,7 @@ from typing import Any
 import numpy as np
 
 from recsys import __version__
-
-from recsys.tracking import tags
-from recsys.tracking import store as tracking
 from recsys.config import Config
-from recsys.uris import redact_uri
 from recsys.errors import ConfigError, InputDataError
 from recsys.evaluation import protocols
 from recsys.evaluation.protocols import EvalSplit
@@ -39,6 +35,9 @@ from recsys.evaluation.ranking import VALID_SELECTION, PhaseResult, RankingScore
 from recsys.evaluation.report import Bootstrap, Comparison, compare, format_table, write_json
 from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
 from recsys.model.registry import MODEL_TYPES
+from recsys.tracking import store as tracking
+from recsys.tracking import tags
+from recsys.uris import redact_uri
 
 log = logging.getLogger(__name__)
 

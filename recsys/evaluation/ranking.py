@@ -18,8 +18,8 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-from recsys.model.metrics import SELECTION_METRIC, target_ranks, user_metrics
 from recsys.evaluation.protocols import Phase
+from recsys.model.metrics import SELECTION_METRIC, target_ranks, user_metrics
 from recsys.sequences import Sequences, Vocabulary, pad_left
 
 VALID_SELECTION = f"valid_{SELECTION_METRIC}"   # a model's figure on the validation phase, in details and notes

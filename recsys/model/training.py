@@ -30,6 +30,7 @@ from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
 from recsys.model.registry import build_model
 from recsys.sequences import Sequences, pad_left
 
+
 @dataclass(frozen=True)
 class TrainSettings:
     epochs: int = 30

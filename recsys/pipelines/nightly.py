@@ -25,29 +25,26 @@ from typing import Any, Sequence
 from pyspark.sql import SparkSession
 
 from recsys import __version__
-
-from recsys.tracking import tags
-from recsys.tracking import run_notes as run_record
-
-from recsys.pipelines import nightly_stages as stages
-
-from recsys.tracking import store as tracking
+from recsys import fs as rfs
 from recsys.config import Config
-from recsys.uris import redact_text
-from recsys.data.contracts import parse_date, partition_name
+from recsys.data.contracts import parse_date
 from recsys.errors import ExitCode, RunStatus, ValidationFailed
 from recsys.hooks import NO_HOOKS, Hooks
-from recsys.tracking.last_model import resolve_or_remembered
-from recsys.spark.task_progress import LiveProgress
+from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
-from recsys import fs as rfs
-from recsys.publish.lock import DateLock
-from recsys.scoring.shipping import ship_model
-from recsys.spark.workdir import check_executors_can_write
-from recsys.spark.session import default_parallelism, job_description
 from recsys.publish import manifest as manifest_file
+from recsys.publish.lock import DateLock
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       recover)
+from recsys.scoring.shipping import ship_model
+from recsys.spark.session import default_parallelism, job_description
+from recsys.spark.task_progress import LiveProgress
+from recsys.spark.workdir import check_executors_can_write
+from recsys.tracking import run_notes as run_record
+from recsys.tracking import store as tracking
+from recsys.tracking import tags
+from recsys.tracking.last_model import resolve_or_remembered
+from recsys.uris import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +146,9 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             tags={tags.JOB: "nightly", tags.DATE: str(date), tags.VERSION: __version__,
                   tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
         )
-        run = stages.NightlyRun(spark, cfg, date, model, resolution_error, config_digest, layout, lock, recorder, timer,
-                                hooks)
+        run = stages.NightlyRun(spark=spark, cfg=cfg, date=date, model=model, model_resolution_error=resolution_error,
+                                config_digest=config_digest, layout=layout, lock=lock, recorder=recorder, timer=timer,
+                                hooks=hooks)
         try:
             check_executors_can_write(spark, run.work_dir, configured=cfg.paths.work)
             result = _run(run)
@@ -193,7 +191,7 @@ def _difference(published: dict[str, Any], model_version: str, config_digest: st
 
 def _remove_stale_work_dirs(cfg: Config, date: dt.date, run_key: str) -> None:
     """Scratch directories of this date's earlier runs: dead, since this run holds the date's lock."""
-    base = rfs.join(cfg.paths.work, "runs", partition_name(date))
+    base = stages.date_work_root(cfg.paths.work, date)
     fs, root = rfs.resolve(base)
     for path in rfs.list_dirs(fs, root):
         name = path.rsplit("/", 1)[1]

@@ -25,31 +25,30 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from recsys import __version__
-
-from recsys.tracking import tags
-from recsys.tracking import store as tracking
+from recsys import fs as rfs
 from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
-from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
 from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed
-from recsys import fs as rfs
 from recsys.hooks import NO_HOOKS, Hooks
+from recsys.model.io import ITEM_IDS_FILE
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
 from recsys.publish.lock import DateLock
 from recsys.publish.publisher import PartitionLayout
-from recsys.model.io import ITEM_IDS_FILE
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
 from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candidate_set, counts_per_candidate,
                                  popularity_fallback)
-from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
 from recsys.scoring.params import ScoringParams
 from recsys.scoring.shipping import ShippedModel
+from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
+from recsys.tracking import store as tracking
+from recsys.tracking import tags
+from recsys.uris import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,12 @@ class NightlyRun:
     @property
     def work_dir(self) -> str:
         """This attempt's scratch directory (histories), removed when the run ends."""
-        return rfs.join(self.cfg.paths.work, "runs", partition_name(self.date), self.layout.run_key)
+        return rfs.join(date_work_root(self.cfg.paths.work, self.date), self.layout.run_key)
+
+
+def date_work_root(work: str, date: dt.date) -> str:
+    """Where every attempt of ``date`` keeps its scratch directory, under ``paths.work``."""
+    return rfs.join(work, "runs", partition_name(date))
 
 
 # ------------------------------------------------------------------------------------------------

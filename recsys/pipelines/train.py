@@ -18,21 +18,21 @@ import numpy as np
 from pyspark.sql import SparkSession
 
 from recsys import __version__
-from recsys.tracking import tags
-from recsys.tracking import run_notes as run_record
-from recsys.tracking import store as tracking
 from recsys.config import Config
-from recsys.uris import redact_text, redact_uri
 from recsys.data import history as hist
 from recsys.data.contracts import parse_date
 from recsys.data.readers import read_events_window
 from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
 from recsys.learning.settings import model_config, train_settings
-from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.learning.split import SplitData, build_vocabulary, score_on_split, split_last_item, validation_set
+from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.pipelines.timing import StageTimer
 from recsys.sequences import Sequences, Vocabulary
 from recsys.spark.session import job_description
+from recsys.tracking import run_notes as run_record
+from recsys.tracking import store as tracking
+from recsys.tracking import tags
+from recsys.uris import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 

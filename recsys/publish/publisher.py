@@ -26,14 +26,14 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from recsys import fs as rfs
 from recsys.config import PathsConfig
-from recsys.uris import is_local_path, local_path, redact_uri
 from recsys.data.contracts import SUCCESS_MARKER, partition_name
 from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
-from recsys import fs as rfs
 from recsys.publish import manifest as manifest_file
 from recsys.publish import swap
+from recsys.uris import is_local_path, local_path, redact_uri
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from recsys.config import Config
 from recsys.data.contracts import date_range
 from recsys.errors import RunStatus
-from recsys.serve.batching import BatchSettings, Batcher, DeadlineExceeded, QueueFull, ShuttingDown
+from recsys.serve.batching import Batcher, BatchSettings, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
 from recsys.uris import redact_text

@@ -308,8 +308,8 @@ class OnDemand:
 
     def score(self, user_ids: Sequence[int]) -> BatchResult:
         """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
-        from recsys.scoring.stage import worker_figures
         from recsys.pipelines.nightly_stages import score_users, workers_refusal
+        from recsys.scoring.stage import worker_figures
 
         spark, context = self.spark, self.context
         if spark is None or context is None or self.window is None:
@@ -345,9 +345,9 @@ def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
 
 def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tuple[Any, dt.date]:
     """The nightly job's stages for ``window``: catalog -> candidates, popularity fallback -> ScoringSpec."""
-    from recsys.pipelines import nightly_stages as stages
     from recsys.data.history import entries_to_histories
     from recsys.hooks import NO_HOOKS
+    from recsys.pipelines import nightly_stages as stages
     from recsys.scoring.shipping import ship_model
 
     vocab = stages.load_vocabulary(model)

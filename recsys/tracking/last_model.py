@@ -18,9 +18,9 @@ import json
 import logging
 from pathlib import Path
 
+from recsys import fs as rfs
 from recsys.config import MlflowConfig
 from recsys.errors import TrackingUnavailable
-from recsys import fs as rfs
 from recsys.tracking.store import ResolvedModel, resolve_model
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ def recall(scratch: str, model_name: str, alias: str) -> ResolvedModel | None:
     except (ValueError, KeyError, TypeError, OSError) as exc:
         log.warning("ignoring the unreadable model resolution memo %s: %s", path, exc)
         return None
-    from recsys.model.io import CONFIG_FILE   # here: model.io imports torch, which this module does not need
+    from recsys.model.io import CONFIG_FILE  # here: model.io imports torch, which this module does not need
 
     if not (model.local_dir / CONFIG_FILE).is_file():
         log.warning("the remembered model files %s are gone; cannot fall back to version %s",

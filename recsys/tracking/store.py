@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from recsys.config import MlflowConfig
-from recsys.uris import is_local_path, local_path, redact_text, redact_uri, redact_values
 from recsys.errors import ModelNotFoundError, TrackingUnavailable, first_line
 from recsys.tracking import tags
+from recsys.uris import is_local_path, local_path, redact_text, redact_uri, redact_values
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def model_version_dir(model_name: str, version: str, download_root: Path) -> Pat
 
 def local_model_dir(source: str, target: Path) -> Path:
     """A local directory with the files at ``source``: the source itself when local, else a download to ``target``."""
-    from recsys.model.io import CONFIG_FILE   # here: model.io imports torch, which recording a run does not need
+    from recsys.model.io import CONFIG_FILE  # here: model.io imports torch, which recording a run does not need
 
     if source.startswith("file://") or "://" not in source:
         path = local_path(source)
