@@ -1,6 +1,6 @@
 """spark-submit entry point of training; the same as ``recsys train``.
 
-    ./spark-submit.sh jobs/train.py --date 2024-05-01 [--force] [--conf FILE] [--set KEY=VALUE ...]
+    ./spark-submit.sh jobs/train.py --date 2024-05-01 [--force] [--if-due] [--conf FILE] [--set KEY=VALUE ...]
 """
 import sys
 

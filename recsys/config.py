@@ -158,6 +158,7 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     model: ModelConfig
+    every_nights: int = Field(ge=1, le=366)
     epochs: int = Field(ge=1)
     batch_size: int = Field(ge=1)
     learning_rate: float = Field(gt=0)

@@ -1,12 +1,14 @@
 """The Airflow DAG in conf/schedulers/, loaded and run by a real Apache Airflow 3 (its own virtualenv).
 
-One DAG run publishes a date end to end through ``spark-submit.sh`` (the task's real command line,
-so a DAG whose arguments stop matching spark-submit.sh's or the job's fails here); a second run, for
-a date whose input is bad (exit code 2), ends failed after one try, with no retry. Airflow runs with
-its own temporary AIRFLOW_HOME and sqlite database; ``airflow dags test`` runs the DAG in-process.
+One DAG run trains a model and publishes a date end to end through ``spark-submit.sh`` (the tasks'
+real command lines, so a DAG whose arguments stop matching spark-submit.sh's or the job's fails here);
+the next night's training is not due (``train.every_nights=2``) and is skipped; a night whose
+training fails still publishes, with the version holding the alias; a run for a date whose input
+is bad (exit code 2) ends failed after one try, with no retry. Airflow runs with its own temporary
+AIRFLOW_HOME and sqlite database; ``airflow dags test`` runs the DAG in-process.
 
 Cost: a cold cache installs Airflow first (about 2-3 minutes, once per machine, see airflowkit);
-warm, the module takes about a minute (two spark-submit runs of a small dataset).
+warm, the module takes a few minutes (about eight spark-submit runs of a small dataset).
 """
 import datetime as dt
 import json
@@ -22,7 +24,10 @@ from jobkit import N_USERS, RUN_DATE
 
 pytestmark = [pytest.mark.slow]
 BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-day window: exit code 2
-DAG_ID, TASK_ID = "recsys_nightly", "recommend"
+DAG_ID, TASK_ID, TRAIN_TASK = "recsys_nightly", "recommend", "train"
+FAILED_TRAINING_DATE = "2024-05-10"   # two nights after RUN_DATE's training: due, and made to fail
+TRAINING = ["train.epochs=2", "train.device=cpu", "train.every_nights=2", "train.model.sasrec.dim=8",
+            "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8"]
 
 
 def _conf_file(path, overrides: list[str]) -> None:
@@ -46,7 +51,7 @@ def airflow(tmp_path_factory):
     store = jobkit.make_store(root / "store")
     data = jobkit.write_dataset(root / "data")
     conf = root / "recsys.yaml"
-    _conf_file(conf, jobkit.overrides(data, store, "scoring.partitions=2"))
+    _conf_file(conf, jobkit.overrides(data, store, "scoring.partitions=2", *TRAINING))
     env = airflowkit.airflow_env(root / "home", airflowkit.REPO / "conf" / "schedulers",
                                  recsys_home=str(airflowkit.REPO), recsys_conf=str(conf),
                                  recsys_spark_master="local[2]")
@@ -56,13 +61,15 @@ def airflow(tmp_path_factory):
     return executable, env, root, data
 
 
-def _dags_test(airflow, date: str) -> tuple[int | None, str]:
+def _dags_test(airflow, date: str, **variables: str) -> tuple[int | None, str]:
     """(exit code, output) of ``airflow dags test`` for ``date``; (None, output) if the task went up for retry.
 
     ``dags test`` waits out a retry's delay (10 minutes) in-process, so a retried task is seen in the
-    output and the run is stopped there rather than waited for.
+    output and the run is stopped there rather than waited for. ``variables``: Airflow Variables for
+    this run only (e.g. ``recsys_conf``).
     """
     executable, env, root, _ = airflow
+    env = {**env, **{f"AIRFLOW_VAR_{name.upper()}": value for name, value in variables.items()}}
     proc = subprocess.Popen([str(executable), "dags", "test", DAG_ID, date], env=env, cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     lines = []
@@ -82,13 +89,23 @@ def _dags_test(airflow, date: str) -> tuple[int | None, str]:
         proc.stdout.close()
 
 
-def _task_instances(airflow, date: str) -> list[tuple[str, int]]:
+def _task_instances(airflow, date: str, task_id: str = TASK_ID) -> list[tuple[str, int]]:
     _, _, root, _ = airflow
     with sqlite3.connect(root / "home" / "airflow.db") as db:
         return db.execute(
             "select ti.state, ti.try_number from task_instance ti join dag_run r on r.run_id = ti.run_id "
             "and r.dag_id = ti.dag_id where ti.dag_id = ? and ti.task_id = ? and date(r.logical_date) = ?",
-            (DAG_ID, TASK_ID, date)).fetchall()
+            (DAG_ID, task_id, date)).fetchall()
+
+
+def _alias_holder(airflow) -> str:
+    """The version holding the model alias in the test's MLflow store."""
+    from mlflow import MlflowClient
+
+    _, _, root, _ = airflow
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'store' / 'mlflow.db'}",
+                          registry_uri=f"sqlite:///{root / 'store' / 'mlflow.db'}")
+    return str(client.get_model_version_by_alias("recsys-test", "champion").version)
 
 
 LOAD_DAG = """
@@ -97,10 +114,14 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(sys.argv[1])
 dag = bag.dags.get("recsys_nightly")
 task = dag.get_task("recommend") if dag else None
+train = dag.get_task("train") if dag else None
 print("RESULT " + json.dumps({
     "import_errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags),
     "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
-    "retries": task and task.retries, "bash_command": task and task.bash_command}))
+    "retries": task and task.retries, "bash_command": task and task.bash_command,
+    "trigger_rule": task and str(getattr(task.trigger_rule, "value", task.trigger_rule)),
+    "upstream": task and sorted(task.upstream_task_ids),
+    "train_retries": train and train.retries, "train_command": train and train.bash_command}))
 """
 
 
@@ -117,29 +138,55 @@ def test_the_dag_loads_without_import_errors_and_its_command_line_parses_as_the_
     dag = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
     assert dag["import_errors"] == {} and dag["dags"] == [DAG_ID]
     assert dag["max_active_runs"] == 1 and dag["catchup"] is True and dag["retries"] >= 1
+    # training first, never retried, and the night runs whatever it did
+    assert dag["upstream"] == [TRAIN_TASK] and dag["trigger_rule"] == "all_done" and dag["train_retries"] == 0
 
-    # the task's command, templates filled in: spark-submit.sh's options, then a job file and its arguments
-    argv = shlex.split(re.sub(r"\{\{[^}]*\}\}", lambda m: "2024-05-08" if "ds" == m.group(0)[2:-2].strip() else "X",
-                              dag["bash_command"]))
-    assert argv[0] == "./spark-submit.sh" and (airflowkit.REPO / "spark-submit.sh").is_file()
-    job = next(i for i, a in enumerate(argv) if a.endswith(".py"))
-    assert argv[1:job] == ["--master", "X"] and (airflowkit.REPO / argv[job]).is_file()
-    assert argv[job] == "jobs/nightly_recommendations.py"
-    args = build_parser().parse_args(["recommend", *argv[job + 1:]])      # exits 2 on an unknown argument
-    assert str(args.date) == "2024-05-08" and args.conf == "X"
+    # each task's command, templates filled in: spark-submit.sh's options, then a job file and its arguments
+    for command, job_file, sub in ((dag["bash_command"], "jobs/nightly_recommendations.py", "recommend"),
+                                   (dag["train_command"], "jobs/train.py", "train")):
+        argv = shlex.split(re.sub(r"\{\{[^}]*\}\}", lambda m: "2024-05-08" if "ds" == m.group(0)[2:-2].strip() else "X",
+                                  command))
+        assert argv[0] == "./spark-submit.sh" and (airflowkit.REPO / "spark-submit.sh").is_file()
+        job = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+        assert argv[1:job] == ["--master", "X"] and (airflowkit.REPO / argv[job]).is_file()
+        assert argv[job] == job_file
+        args = build_parser().parse_args([sub, *argv[job + 1:]])      # exits 2 on an unknown argument
+        assert str(args.date) == "2024-05-08" and args.conf == "X"
+    assert args.if_due                                                  # the schedule trains at the config's cadence
 
 
-def test_one_dag_run_publishes_the_date_through_spark_submit(airflow):
+def test_one_dag_run_trains_then_publishes_the_date_through_spark_submit(airflow):
     _, _, _, data = airflow
     code, log = _dags_test(airflow, str(RUN_DATE))
     assert code == 0, log[-6000:]
+    assert "recsys train finished with exit code 0" in log and "trained model version 2" in log
     partition = data / "recommendations" / f"dt={RUN_DATE}"
     manifest = json.loads((partition / "_manifest.json").read_text())
     assert manifest["date"] == str(RUN_DATE) and manifest["counts"]["rows"] == N_USERS
+    assert manifest["model"]["version"] == _alias_holder(airflow)   # scored with what the training left at the alias
     assert (partition / "_SUCCESS").is_file()
     assert f"--date {RUN_DATE}" in log                      # the logical date reached the job as --date
     assert "recsys recommend finished with exit code 0" in log
+    assert _task_instances(airflow, str(RUN_DATE), TRAIN_TASK) == [("success", 1)]
     assert _task_instances(airflow, str(RUN_DATE)) == [("success", 1)]
+
+
+def test_a_night_whose_training_fails_still_publishes_with_the_alias_holder(airflow, tmp_path):
+    _, _, root, data = airflow
+    holder = _alias_holder(airflow)
+    # a training that cannot build its vocabulary (exit 2), with a config the nightly job reads the same way
+    conf = tmp_path / "no-training.yaml"
+    tree = yaml.safe_load((root / "recsys.yaml").read_text())
+    tree["train"]["min_item_count"] = 1_000_000
+    conf.write_text(yaml.safe_dump(tree))
+    code, log = _dags_test(airflow, FAILED_TRAINING_DATE, recsys_conf=str(conf))
+    assert code == 0, log[-6000:]                           # the night (the DAG run) succeeded
+    assert "recsys train finished with exit code 2" in log and "train.min_item_count" in log   # why, in one line
+    assert "recsys train exited with code 2" in log and "runs with the version that holds the model alias" in log
+    assert _task_instances(airflow, FAILED_TRAINING_DATE, TRAIN_TASK) == [("failed", 1)]        # not retried
+    assert _task_instances(airflow, FAILED_TRAINING_DATE) == [("success", 1)]
+    manifest = json.loads((data / "recommendations" / f"dt={FAILED_TRAINING_DATE}" / "_manifest.json").read_text())
+    assert manifest["model"]["version"] == holder == _alias_holder(airflow)
 
 
 def test_a_run_on_bad_input_fails_at_once_without_a_retry(airflow):
@@ -159,4 +206,7 @@ def test_a_run_whose_date_is_locked_by_another_run_is_retried(airflow):
         code, log = _dags_test(airflow, "2024-05-09")
     assert code is None, f"exit code 4 was not retried (airflow exited {code}):\n" + log[-4000:]
     assert "finished with exit code 4" in log
+    # one night after RUN_DATE's training, with train.every_nights=2: not due, skipped in one line
+    assert "recsys train: not due: the last training finished for 2024-05-08" in log
+    assert _task_instances(airflow, "2024-05-09", TRAIN_TASK) == [("success", 1)]
     assert _task_instances(airflow, "2024-05-09") == [("up_for_retry", 1)]

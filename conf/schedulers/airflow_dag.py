@@ -1,4 +1,4 @@
-"""Airflow 3 DAG: the nightly job, one task per logical date, acting on the job's exit codes.
+"""Airflow 3 DAG: each logical date, train (when due) then the nightly job, acting on the job's exit codes.
 
 Install Airflow in its own virtualenv (never in the job's .venv) and point its dags folder here,
 or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environment variables):
@@ -7,7 +7,17 @@ or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environ
 - ``recsys_conf``: the job's YAML config, relative to recsys_home or absolute (default conf/production.yaml);
 - ``recsys_spark_master``: the Spark master (default local[*,4]).
 
-What the task does with the job's exit code (docs/operations.md, "Exit codes"):
+Two tasks per date, ``train >> recommend``:
+
+- ``train`` runs ``jobs/train.py --date <ds> --if-due``: it trains on the events before the date and
+  moves the model alias if the new version is not worse, when ``train.every_nights`` (the job's
+  config, the one place the cadence is set) says training is due, and otherwise exits 0 saying when
+  it is next due. It is never retried and never blocks the night: a training that fails (any exit
+  code) fails this task with the reason in its log, and one the gate refuses succeeds with the
+  decision in its log; either way ``recommend`` runs with the version holding the alias.
+- ``recommend`` runs whatever ``train`` did (``trigger_rule="all_done"``).
+
+What ``recommend`` does with the job's exit code (docs/operations.md, "Exit codes"):
 
 - 0: success (published, or already published the same way and skipped);
 - 5: success, with a warning in the task log: the partition is published, only the MLflow run
@@ -28,6 +38,8 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+TRAIN_IS_NOT_BLOCKING = ("tonight's recommend runs with the version that holds the model alias; "
+                         "the next due night trains again")
 NOT_RETRIED = {
     2: "bad input data or configuration: fix the input or the config, then clear the task",
     3: "the output failed validation, nothing was published: investigate, then clear the task",
@@ -56,6 +68,24 @@ class NightlyJobOperator(BashOperator):
             raise   # 1, 4 and anything else: retried
 
 
+class TrainJobOperator(BashOperator):
+    """BashOperator for ``recsys train --if-due``: a failure is reported in one line and not retried
+    (AirflowFailException; the task also has ``retries=0``): retrying would delay the night's
+    recommendations, and ``recommend`` runs after it either way."""
+
+    def __init__(self, **kwargs):
+        super().__init__(skip_on_exit_code=None, **kwargs)
+
+    def execute(self, context):
+        try:
+            return super().execute(context)
+        except AirflowException:
+            process = getattr(self.subprocess_hook, "sub_process", None)
+            code = process.returncode if process is not None else None
+            raise AirflowFailException(f"recsys train exited with code {code} (its reason is in the lines above): "
+                                       f"{TRAIN_IS_NOT_BLOCKING}") from None
+
+
 with DAG(
     dag_id="recsys_nightly",
     schedule="15 2 * * *",
@@ -65,8 +95,20 @@ with DAG(
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=10)},
     tags=["recsys"],
 ) as dag:
-    NightlyJobOperator(
+    train = TrainJobOperator(
+        task_id="train",
+        cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
+        bash_command=(
+            "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
+            "jobs/train.py --date {{ ds }} --if-due "
+            "--conf '{{ var.value.get('recsys_conf', 'conf/production.yaml') }}'"
+        ),
+        retries=0,
+        execution_timeout=pendulum.duration(hours=4),
+    )
+    recommend = NightlyJobOperator(
         task_id="recommend",
+        trigger_rule="all_done",    # after train, whatever it did: a failed training never blocks the night
         cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
         bash_command=(
             "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
@@ -76,3 +118,4 @@ with DAG(
         execution_timeout=pendulum.duration(hours=4),
         max_active_tis_per_dag=1,
     )
+    train >> recommend

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on events before a date, register it, move the alias if it is not worse")
     p.add_argument("--date", type=_date, default=None, help="train on events strictly before this date (default: today, UTC)")
     p.add_argument("--force", action="store_true", help="move the alias even if the new version validates worse")
+    p.add_argument("--if-due", action="store_true",
+                   help="train only when train.every_nights says so (what a schedule runs); otherwise exit 0 saying why")
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 
@@ -223,10 +225,16 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from recsys.pipelines.train import run_training
+    from recsys.pipelines.train import run_training, training_due
     from recsys.spark.session import build_session
 
     cfg = _config(args)
+    if args.if_due:
+        reason = training_due(cfg, args.date or _today())
+        if reason is not None:
+            log.info("recsys train: not due: %s", reason)
+            args.outcome = f"skipped, not due: {reason}"
+            return ExitCode.OK
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
     try:
         result = run_training(spark, cfg, args.date or _today(), force=args.force)

@@ -270,7 +270,7 @@ def _record(cfg: Config, r: _Record) -> str | None:
     comparison, details = r.comparison, r.details
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"evaluate {r.protocol}",
                                     experiment=f"{cfg.mlflow.experiment}-evaluation",
-                                    tags={tags.JOB: "evaluate", tags.PROTOCOL: r.protocol,
+                                    tags={tags.JOB: tags.EVALUATE_JOB, tags.PROTOCOL: r.protocol,
                                           tags.VERSION: __version__})
     recorder.log_params({
         "protocol": r.protocol, "data": r.data, "k": list(r.ks), "tie_break_seed": r.tie_seed,

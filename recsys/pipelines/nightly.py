@@ -143,7 +143,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
 
         recorder = tracking.RunRecorder(
             cfg.mlflow, run_name=f"recommend {date}", unavailable=resolution_error,
-            tags={tags.JOB: "nightly", tags.DATE: str(date), tags.VERSION: __version__,
+            tags={tags.JOB: tags.NIGHTLY_JOB, tags.DATE: str(date), tags.VERSION: __version__,
                   tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
         )
         run = stages.NightlyRun(spark=spark, cfg=cfg, date=date, model=model, model_resolution_error=resolution_error,

@@ -54,6 +54,24 @@ class TrainResult:
                 f"{VALIDATION_METRIC}={self.metrics.get(VALIDATION_METRIC, float('nan')):.4f}; {self.decision}")
 
 
+def training_due(cfg: Config, date: dt.date) -> str | None:
+    """Why training for ``date`` is not due under ``train.every_nights``, or None when it is.
+
+    The cadence counts from the newest training run that finished (a version was registered, whether
+    or not the gate moved the alias); a failed training does not count, so the next night tries again.
+    """
+    every = cfg.train.every_nights
+    last = tracking.last_training_date(cfg.mlflow)
+    if last is None:
+        return None
+    if last >= date:
+        return f"a training for {last} already finished (on or after {date})"
+    if (date - last).days < every:
+        return (f"the last training finished for {last}, {(date - last).days} night(s) ago; "
+                f"train.every_nights={every}: next due for {last + dt.timedelta(days=every)}")
+    return None
+
+
 def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
     """Each user's history before ``date``, built by the nightly job's own code, but up to
     ``train.history_items`` long: scoring needs only the recent items (``history.max_items``),
@@ -151,7 +169,7 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
     cfg, date = run.cfg, run.date
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=f"{cfg.mlflow.experiment}-training",
-                                    tags={tags.JOB: "train", tags.DATE: str(date), tags.VERSION: __version__})
+                                    tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date), tags.VERSION: __version__})
     if recorder.failed:
         raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")
     recorder.log_params({

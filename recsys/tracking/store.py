@@ -7,6 +7,7 @@ with TRACKING_FAILED so the scheduler can flag it (see :class:`RunRecorder`).
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -185,6 +186,27 @@ def alias_holder(model_name: str, alias: str) -> tuple[str, str | None] | None:
     except MlflowException:
         return None
     return str(mv.version), mv.run_id
+
+
+def last_training_date(cfg: MlflowConfig) -> dt.date | None:
+    """The newest date a training run finished for (its ``recsys.date`` tag: it trained on the events
+    before it), in the training experiment; None when none has. A failed training does not count."""
+    from mlflow import MlflowClient
+
+    try:
+        point_at(cfg)
+        client = MlflowClient()
+        experiment = client.get_experiment_by_name(f"{cfg.experiment}-training")
+        if experiment is None:
+            return None
+        runs = client.search_runs([experiment.experiment_id],
+                                  filter_string=f"{tags.search_filter(tags.TRAIN_JOB)} and attributes.status = 'FINISHED'",
+                                  order_by=["attributes.start_time DESC"], max_results=100)
+    except Exception as exc:
+        raise TrackingUnavailable(f"cannot read the training runs from {redact_uri(cfg.tracking_uri)}: "
+                                  f"{first_line(exc, with_type=True)}") from None
+    dates = [dt.date.fromisoformat(r.data.tags[tags.DATE]) for r in runs if tags.DATE in r.data.tags]
+    return max(dates, default=None)
 
 
 def set_alias(model_name: str, alias: str, version: str) -> None:

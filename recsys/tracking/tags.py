@@ -26,6 +26,8 @@ DATASET_CONTEXT = "mlflow.data.context"
 EXPERIMENT_KIND = "mlflow.experimentKind"
 
 NIGHTLY_JOB = "nightly"
+TRAIN_JOB = "train"
+EVALUATE_JOB = "evaluate"
 
 
 def search_filter(job: str, date: object | None = None) -> str:
