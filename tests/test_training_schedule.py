@@ -22,7 +22,7 @@ def _training_run(cfg, date: dt.date, status: str = "FINISHED") -> None:
 
     from recsys.tracking import store, tags
 
-    experiment = store.setup(cfg.mlflow, f"{cfg.mlflow.experiment}-training")
+    experiment = store.setup(cfg.mlflow, store.training_experiment(cfg.mlflow))
     client = MlflowClient()
     run = client.create_run(experiment, tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date)})
     client.set_terminated(run.info.run_id, status)

@@ -229,15 +229,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from recsys.spark.session import build_session
 
     cfg = _config(args)
+    date = args.date or _today()
     if args.if_due:
-        reason = training_due(cfg, args.date or _today())
+        reason = training_due(cfg, date)
         if reason is not None:
             log.info("recsys train: not due: %s", reason)
             args.outcome = f"skipped, not due: {reason}"
             return ExitCode.OK
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
     try:
-        result = run_training(spark, cfg, args.date or _today(), force=args.force)
+        result = run_training(spark, cfg, date, force=args.force)
     finally:
         spark.stop()
     print(result.summary())

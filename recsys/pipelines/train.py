@@ -168,7 +168,7 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
     record is refused (TrackingFailed): the version it registers must point at a run."""
     cfg, date = run.cfg, run.date
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
-                                    experiment=f"{cfg.mlflow.experiment}-training",
+                                    experiment=tracking.training_experiment(cfg.mlflow),
                                     tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date), tags.VERSION: __version__})
     if recorder.failed:
         raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")

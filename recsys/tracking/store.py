@@ -188,6 +188,11 @@ def alias_holder(model_name: str, alias: str) -> tuple[str, str | None] | None:
     return str(mv.version), mv.run_id
 
 
+def training_experiment(cfg: MlflowConfig) -> str:
+    """The experiment training runs are recorded in, next to the nightly runs' ``mlflow.experiment``."""
+    return f"{cfg.experiment}-training"
+
+
 def last_training_date(cfg: MlflowConfig) -> dt.date | None:
     """The newest date a training run finished for (its ``recsys.date`` tag: it trained on the events
     before it), in the training experiment; None when none has. A failed training does not count."""
@@ -196,7 +201,7 @@ def last_training_date(cfg: MlflowConfig) -> dt.date | None:
     try:
         point_at(cfg)
         client = MlflowClient()
-        experiment = client.get_experiment_by_name(f"{cfg.experiment}-training")
+        experiment = client.get_experiment_by_name(training_experiment(cfg))
         if experiment is None:
             return None
         runs = client.search_runs([experiment.experiment_id],
