@@ -71,3 +71,11 @@ def test_no_module_reaches_into_another_module_s_private_names():
             if re.search(r"\b(tracking|store|run_record|nightly|stages|config|session|publisher|readers)\._[a-z]\w*", line):
                 found.append(f"{path.relative_to(REPO)}:{lineno}: {line.strip()}")
     assert found == []
+
+
+def test_the_demo_finds_the_checkout_and_its_bundled_movielens_sample():
+    from recsys.cli.demo import MOVIELENS_CANDIDATES, REPO_ROOT
+
+    assert REPO_ROOT == REPO
+    assert (REPO / "data" / "ml-latest-small" / "ratings.csv").is_file()
+    assert REPO / "data" / "ml-latest-small" in MOVIELENS_CANDIDATES

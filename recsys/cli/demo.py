@@ -20,7 +20,7 @@ from recsys.uris import local_path, redact_text
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]   # recsys/cli/demo.py -> the checkout
 MOVIELENS_CANDIDATES = (
     Path("../shared/data/ml-latest-small"),
     REPO_ROOT.parent / "shared" / "data" / "ml-latest-small",
