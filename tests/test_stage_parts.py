@@ -61,11 +61,11 @@ def test_hooks_are_off_unless_the_environment_asks_and_unknown_names_are_refused
 
 
 def test_stage_shares_and_the_breakdown_account_for_the_whole_wall_time(monkeypatch):
-    from recsys.pipelines import timing as progress
+    from recsys.pipelines import timing
 
     clock = iter([0.0, 1.0, 4.0, 5.0, 6.0, 10.0, 10.0])   # start; a 3 s stage; a 1 s stage; then the reads
-    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
-    timer = progress.StageTimer()
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    timer = timing.StageTimer()
     with timer.stage("score"):
         pass
     with timer.stage("validate"):
