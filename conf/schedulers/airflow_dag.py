@@ -47,8 +47,8 @@ NOT_RETRIED = {
 PUBLISHED_NOT_RECORDED = 5
 
 
-class NightlyJobOperator(BashOperator):
-    """BashOperator that maps the job's documented exit codes to Airflow's retry semantics."""
+class RecsysJobOperator(BashOperator):
+    """BashOperator that hands a failed job's exit code to ``on_failure``, which decides what Airflow does."""
 
     def __init__(self, **kwargs):
         super().__init__(skip_on_exit_code=None, **kwargs)
@@ -58,32 +58,33 @@ class NightlyJobOperator(BashOperator):
             return super().execute(context)
         except AirflowException:
             process = getattr(self.subprocess_hook, "sub_process", None)
-            code = process.returncode if process is not None else None
-            if code in NOT_RETRIED:
-                raise AirflowFailException(f"recsys exited with code {code}, not retried: {NOT_RETRIED[code]}") from None
-            if code == PUBLISHED_NOT_RECORDED:
-                self.log.warning("recsys exited with code 5: recommendations published, but the MLflow run could not "
-                                 "be recorded (the partition's _manifest.json holds the figures); not rerun")
-                return None
-            raise   # 1, 4 and anything else: retried
+            return self.on_failure(process.returncode if process is not None else None)
+
+    def on_failure(self, code):
+        raise NotImplementedError
 
 
-class TrainJobOperator(BashOperator):
-    """BashOperator for ``recsys train --if-due``: a failure is reported in one line and not retried
+class NightlyJobOperator(RecsysJobOperator):
+    """Maps the nightly job's documented exit codes to Airflow's retry semantics."""
+
+    def on_failure(self, code):
+        if code in NOT_RETRIED:
+            raise AirflowFailException(f"recsys exited with code {code}, not retried: {NOT_RETRIED[code]}") from None
+        if code == PUBLISHED_NOT_RECORDED:
+            self.log.warning("recsys exited with code 5: recommendations published, but the MLflow run could not "
+                             "be recorded (the partition's _manifest.json holds the figures); not rerun")
+            return None
+        raise AirflowException(f"recsys exited with code {code}: retried")   # 1, 4 and anything else
+
+
+class TrainJobOperator(RecsysJobOperator):
+    """For ``recsys train --if-due``: a failure is reported in one line and not retried
     (AirflowFailException; the task also has ``retries=0``): retrying would delay the night's
     recommendations, and ``recommend`` runs after it either way."""
 
-    def __init__(self, **kwargs):
-        super().__init__(skip_on_exit_code=None, **kwargs)
-
-    def execute(self, context):
-        try:
-            return super().execute(context)
-        except AirflowException:
-            process = getattr(self.subprocess_hook, "sub_process", None)
-            code = process.returncode if process is not None else None
-            raise AirflowFailException(f"recsys train exited with code {code} (its reason is in the lines above): "
-                                       f"{TRAIN_IS_NOT_BLOCKING}") from None
+    def on_failure(self, code):
+        raise AirflowFailException(f"recsys train exited with code {code} (its reason is in the lines above): "
+                                   f"{TRAIN_IS_NOT_BLOCKING}") from None
 
 
 with DAG(
