@@ -168,7 +168,9 @@ class TrainConfig(_Section):
     min_item_count: int = Field(ge=1)
     history_items: int = Field(ge=2, le=1_000_000)
     device: str = "auto"
+    refit: bool = True
     gate_tolerance: float = Field(ge=0)
+    gate_min_users: int = Field(ge=1)
 
 
 class ALSGridConfig(_Section):

@@ -1,7 +1,9 @@
 """The held-out split that training and the gate share: each user's newest item set aside.
 
 Id-space and model-independent, so every model version (the candidate and the alias holder, with
-different vocabularies) is scored on the same users by :func:`score_on_split`.
+different vocabularies) is scored on the same users by :func:`score_on_split`. Each held-out item
+carries when the user first interacted with it, so the gate can keep only the items an older model
+version never trained on (:meth:`SplitData.since`).
 """
 from __future__ import annotations
 
@@ -19,10 +21,30 @@ class SplitData:
     train: Sequences               # item ids, oldest first (validation targets removed)
     valid_histories: Sequences     # item ids, for users with a validation target
     valid_targets: np.ndarray      # [V] item ids
+    valid_first_us: np.ndarray | None = None   # [V] when the user first interacted with the target (epoch us, UTC)
+
+    @property
+    def users(self) -> int:
+        return len(self.valid_targets)
+
+    def since(self, cutoff_us: int) -> SplitData:
+        """The validation users whose target they first touched at or after ``cutoff_us``: interactions
+        that a model trained on the events before that instant has never seen, not even as an earlier
+        repeat. ``train`` is kept whole (it describes what the candidate learned from)."""
+        if self.valid_first_us is None:
+            raise ValueError("this split has no target times (split_last_item without first_us); "
+                             "it cannot be restricted to a period")
+        rows = np.flatnonzero(self.valid_first_us >= cutoff_us)
+        return SplitData(self.train, self.valid_histories.take(rows), self.valid_targets[rows],
+                         self.valid_first_us[rows])
 
 
-def split_last_item(seqs: Sequences, min_len: int = 3) -> SplitData:
-    """Hold out each user's newest item as the validation target (users with >= ``min_len`` items)."""
+def split_last_item(seqs: Sequences, min_len: int = 3, first_us: np.ndarray | None = None) -> SplitData:
+    """Hold out each user's newest item as the validation target (users with >= ``min_len`` items).
+
+    ``first_us`` [U], optional: when each user first interacted with their newest item (epoch
+    microseconds), kept with the targets for :meth:`SplitData.since`.
+    """
     lengths = seqs.lengths
     has_target = lengths >= min_len
     last_pos = seqs.offsets[1:] - 1
@@ -33,7 +55,10 @@ def split_last_item(seqs: Sequences, min_len: int = 3) -> SplitData:
     np.cumsum(new_len, out=offsets[1:])
     train = Sequences(offsets, seqs.items[keep])
     rows = np.flatnonzero(has_target)
-    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=seqs.items[last_pos[has_target]])
+    if first_us is not None and len(first_us) != len(seqs):
+        raise ValueError(f"first_us has {len(first_us)} entries for {len(seqs)} sequences")
+    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=seqs.items[last_pos[has_target]],
+                     valid_first_us=None if first_us is None else np.asarray(first_us, dtype=np.int64)[rows])
 
 
 def build_vocabulary(train: Sequences, min_count: int) -> Vocabulary:

@@ -2,12 +2,21 @@
 
 The training data is built by the same history code the nightly job serves from
 (``recsys.data.history``), so the model sees at training time exactly the sequences it will be
-scored on. Each user's most recent item is held out for validation (early stopping, the gate).
+scored on. Two fits (docs/quality.md, "What training registers"):
+
+1. **select**: each user's newest item held out; the epoch count is chosen on them (early stopping);
+2. **refit** (``train.refit``, the default): the same settings for that many epochs on every
+   interaction before the date, newest items and items seen only there included; this model is
+   registered, so the night after scores with a model that knows yesterday.
+
+The gate judges the *selection* model against the alias holder on held-out items that neither has
+trained on: the newest items first touched on or after the holder's training date.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import tempfile
 from dataclasses import dataclass, field
 from functools import partial
@@ -16,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from recsys import __version__
 from recsys.config import Config
@@ -72,14 +82,34 @@ def training_due(cfg: Config, date: dt.date) -> str | None:
     return None
 
 
-def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> tuple[np.ndarray, Sequences]:
+@dataclass(frozen=True)
+class TrainingData:
+    """Every user's history before the date, with when they first touched their newest item."""
+
+    user_ids: np.ndarray          # [U] external user ids
+    sequences: Sequences          # [U] item ids, oldest first
+    newest_first_us: np.ndarray   # [U] epoch microseconds (UTC) of the user's first event on their newest item
+
+
+def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> TrainingData:
     """Each user's history before ``date``, built by the nightly job's own code, but up to
     ``train.history_items`` long: scoring needs only the recent items (``history.max_items``),
-    while training learns from every transition it is given."""
-    events = read_events_window(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
-    histories = hist.build_histories(hist.drop_null_ids(events), max_items=cfg.train.history_items,
+    while training learns from every transition it is given.
+
+    With it, the time of each user's *first* event on their newest item: a history collapses
+    repeats to their latest time, and the gate must know whether an older model could have seen
+    the pair at all (``SplitData.since``). One more aggregation of the window, by (user, item).
+    """
+    events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
+                                                   cfg.history.event_types))
+    histories = hist.build_histories(events, max_items=cfg.train.history_items,
                                      tie_break_seed=cfg.history.tie_break_seed)
-    return hist.histories_to_sequences(histories.toArrow())
+    newest = histories.select("user_id", F.element_at(hist.HISTORY_COLUMN, -1).alias("item_id"))
+    first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias("first_us"))
+    table = histories.join(newest.join(first_seen, ["user_id", "item_id"]).select("user_id", "first_us"),
+                           "user_id").toArrow()
+    user_ids, sequences = hist.histories_to_sequences(table)
+    return TrainingData(user_ids, sequences, table.column("first_us").to_numpy())
 
 
 @dataclass
@@ -94,17 +124,20 @@ class _Training:
     vocab: Vocabulary
     train_seqs: Sequences             # index space, each user's newest item held out
     valid: Any                        # recsys.model.training.ValidationSet, for early stopping
+    full_vocab: Vocabulary            # the refit's: every item before the date, newest items included
+    full_seqs: Sequences              # index space of full_vocab: every interaction before the date
     device: Any = None
     recorder: Any = None              # tracking.RunRecorder, once the run is opened
 
 
 def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False) -> TrainResult:
     """Train ``train.model`` on the histories before ``date``, register it as a new version, and move the
-    alias unless the holder scores better on the same validation users (``force`` moves it anyway).
+    alias unless the holder scores better on held-out items neither has trained on (``force`` moves it anyway).
 
-    Steps: read -> prepare (hold out each user's newest item, build the vocabulary) -> open the MLflow
-    run -> fit (early stopping on the held-out items) -> register -> gate. Bad input raises
-    InputDataError before any MLflow run exists; any failure after marks the run FAILED.
+    Steps: read -> prepare (hold out each user's newest item, build both vocabularies) -> open the MLflow
+    run -> select (early stopping on the held-out items) -> refit on everything (``train.refit``) ->
+    register -> gate. Bad input raises InputDataError before any MLflow run exists; any failure after
+    marks the run FAILED.
     """
     import torch
 
@@ -112,20 +145,24 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
 
     date = parse_date(date)
     timer = StageTimer(partial(job_description, spark), job=f"train {date}")
-    run = _prepare(cfg, date, timer, *_read(spark, cfg, date, timer))
+    run = _prepare(cfg, date, timer, _read(spark, cfg, date, timer))
     run.device = resolve_device(cfg.train.device)
     model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train)
     run.recorder = _open_run(run, model_cfg, settings)
     try:
         result, metrics = _fit(run, model_cfg, settings)
-        version = _register(run, result, metrics)
+        final_model, final_items = result.model, run.vocab.item_ids
+        if cfg.train.refit:
+            final_model, final_items = _refit(run, settings, result.best_epoch), run.full_vocab.item_ids
+        version = _register(run, final_model, final_items, metrics)
         with timer.stage("gate", "compare with the alias holder") as c:
-            new_score = score_on_split(result.model, run.vocab.item_ids, run.split, run.device)
-            promoted, decision = _gate(cfg, version, new_score, run.split, force, run.device)
-            c.update(decision=decision)
+            gate = _gate(cfg, version, GateCandidate(result.model, run.vocab.item_ids), run.split, force, run.device)
+            c.update(decision=gate.decision)
+        promoted, decision = gate.promoted, gate.decision
+        run.recorder.log_metrics(gate.figures)
         run.recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted), tags.GATE: decision})
         run_record.record_training(run.recorder, date, run_record.Inputs.of(cfg.paths, cfg.history),
-                                   run_record.TrainingSummary(cfg.train.model.type, len(run.user_ids), len(run.vocab),
+                                   run_record.TrainingSummary(cfg.train.model.type, len(run.user_ids), len(final_items),
                                                               metrics, cfg.mlflow.model_name, version, decision))
         run.recorder.end("FINISHED")
     except BaseException as exc:
@@ -138,29 +175,33 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve)
 
 
-def _read(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer) -> tuple[np.ndarray, Sequences]:
+def _read(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer) -> TrainingData:
     with timer.stage("read", "read events and build histories") as c:
-        user_ids, id_seqs = load_training_data(spark, cfg, date)
-        c.update(users=len(user_ids), interactions=len(id_seqs.items))
-    if len(id_seqs.items) == 0:
+        data = load_training_data(spark, cfg, date)
+        c.update(users=len(data.user_ids), interactions=len(data.sequences.items))
+    if len(data.sequences.items) == 0:
         raise InputDataError(f"no events before {date} within history.window_days={cfg.history.window_days} "
                              f"under {redact_uri(cfg.paths.events)!r}; nothing to train on")
-    return user_ids, id_seqs
+    return data
 
 
-def _prepare(cfg: Config, date: dt.date, timer: StageTimer, user_ids: np.ndarray, id_seqs: Sequences) -> _Training:
-    """Hold out each user's newest item, build the vocabulary from what is left, map to its indices."""
+def _prepare(cfg: Config, date: dt.date, timer: StageTimer, data: TrainingData) -> _Training:
+    """Hold out each user's newest item, build the selection vocabulary from what is left and the
+    refit's from everything, map both to their indices."""
     with timer.stage("prepare", "split and build vocabulary") as c:
-        split = split_last_item(id_seqs)
+        split = split_last_item(data.sequences, first_us=data.newest_first_us)
         vocab = build_vocabulary(split.train, cfg.train.min_item_count)
         train_seqs, dropped = vocab.map_sequences(split.train)
         valid = validation_set(vocab, split)
+        full_vocab = build_vocabulary(data.sequences, cfg.train.min_item_count)
+        full_seqs, _ = full_vocab.map_sequences(data.sequences)
         c.update(items=len(vocab), train_items=len(train_seqs.items), dropped_rare=dropped,
-                 validation_users=len(valid.targets))
+                 validation_users=len(valid.targets), refit_items=len(full_vocab),
+                 items_only_in_newest=len(full_vocab) - len(vocab))
     if len(vocab) < 2:
         raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
                              f"train.min_item_count")
-    return _Training(cfg, date, timer, user_ids, split, vocab, train_seqs, valid)
+    return _Training(cfg, date, timer, data.user_ids, split, vocab, train_seqs, valid, full_vocab, full_seqs)
 
 
 def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
@@ -177,6 +218,7 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
         **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(run.device),
         "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
         "users": len(run.user_ids), "validation_users": len(run.valid.targets), "config_digest": cfg.digest(),
+        "refit": cfg.train.refit, "refit_items": len(run.full_vocab), "gate_min_users": cfg.train.gate_min_users,
     })
     return recorder
 
@@ -205,15 +247,36 @@ def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[Any, dict[str, 
     return result, metrics
 
 
-def _register(run: _Training, result: Any, metrics: dict[str, float]) -> str:
+def _refit(run: _Training, settings: Any, epochs: int) -> Any:
+    """The registered model: the selection's settings for its chosen epoch count, on every interaction
+    before the date (no held-out items, so no early stop: the count is what the selection chose)."""
+    from dataclasses import replace
+
+    from recsys.model.training import fit
+
+    def on_epoch(row: dict[str, Any]) -> None:
+        log.info("[train %s] refit epoch %d of %d: train_loss=%.4f", run.date, row["epoch"], epochs, row["train_loss"])
+        run.recorder.log_metrics({"refit_train_loss": row["train_loss"]}, step=int(row["epoch"]))
+
+    model_cfg = model_config(run.cfg.train.model, len(run.full_vocab))
+    with run.timer.stage("refit", f"train on every interaction for {epochs} epochs") as c:
+        result = fit(run.full_seqs, model_cfg, replace(settings, epochs=max(1, epochs)), device=run.device,
+                     progress=on_epoch)
+        c.update(epochs=len(result.curve), items=len(run.full_vocab), interactions=len(run.full_seqs.items))
+    run.recorder.log_metrics({"refit_epochs": len(result.curve), **run.timer.as_metrics()})
+    return result.model
+
+
+def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[str, float]) -> str:
     """The model's files logged to the run and registered as a new version of ``mlflow.model_name``."""
     from recsys.model.io import save_model
 
     recorder = run.recorder
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = save_model(result.model.cpu(), run.vocab.item_ids, Path(tmp) / "model",
+        model_dir = save_model(model.cpu(), item_ids, Path(tmp) / "model",
                                metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
-                                         VALIDATION_METRIC: metrics.get(VALIDATION_METRIC)})
+                                         VALIDATION_METRIC: metrics.get(VALIDATION_METRIC),
+                                         "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"])})
         recorder.log_artifacts(model_dir, "model")
     artifact_uri = recorder.artifact_uri("model")
     if recorder.failed or artifact_uri is None:
@@ -222,49 +285,95 @@ def _register(run: _Training, result: Any, metrics: dict[str, float]) -> str:
                                      description=f"trained on events before {run.date}")
 
 
-def _gate(cfg: Config, version: str, new_score: float, split: SplitData, force: bool, device):
-    """Move the alias unless the holder scores better on *this* validation set by more than the tolerance.
+@dataclass(frozen=True)
+class GateCandidate:
+    """What the gate scores for a new version: the selection model, which never saw the held-out items.
 
-    Comparing on the same validation users is what makes the decision fair: the holder's own
-    training-time figure was measured on older data. A holder that cannot be scored (its files gone,
-    a format this version cannot read) stops the gate with a message naming it, and ``--force``
-    still moves the alias: a broken holder is exactly when an operator reaches for it.
+    The registered (refit) model trained on them, so it cannot be judged on them; it is the same
+    recipe with one more item per user, and the gate's verdict on the recipe is its verdict.
+    """
+
+    model: Any
+    item_ids: np.ndarray
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    promoted: bool
+    decision: str
+    figures: dict[str, float] = field(default_factory=dict)   # logged to the training run
+
+
+def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData, force: bool, device) -> GateDecision:
+    """Move the alias unless the holder scores better, by more than the tolerance, on held-out items
+    that neither model has trained on.
+
+    The candidate never saw any user's newest item; the holder trained on everything before its
+    own ``trained_before`` date, so only newest items the user first touched on or after that date
+    are unseen by both (:meth:`SplitData.since`). With fewer such users than ``train.gate_min_users``
+    the gate cannot judge and keeps the holder: every night it stays, the set grows by a day.
+    A holder that records no training date (a version saved elsewhere) is judged on every held-out
+    user, and the decision says so. A holder that cannot be scored (its files gone, a format this
+    version cannot read) stops the gate with a message naming it, and ``--force`` still moves the
+    alias: a broken holder is exactly when an operator reaches for it.
     """
     name, alias = cfg.mlflow.model_name, cfg.mlflow.alias
     holder = tracking.alias_holder(name, alias)
     if holder is None:
         tracking.set_alias(name, alias, version)
-        return True, f"promoted version {version} to @{alias}: no version held the alias"
+        return GateDecision(True, f"promoted version {version} to @{alias}: no version held the alias")
     holder_version, _ = holder
     tolerance = cfg.train.gate_tolerance
     try:
-        holder_score = _score_version(cfg, holder_version, split, device)
+        loaded = _load_version(cfg, holder_version, device)
+        judged, basis = held_out_unseen_by(split, loaded.metadata.get("trained_before"), holder_version)
+        enough = judged.users >= cfg.train.gate_min_users
+        holder_score = score_on_split(loaded.model, loaded.item_ids, judged, device) if enough or force else math.nan
     except Exception as exc:
         problem = f"the holder version {holder_version} could not be scored ({first_line(exc, with_type=True, limit=300)})"
         if force:
             tracking.set_alias(name, alias, version)
-            return True, f"promoted version {version} to @{alias} because of --force; {problem}"
+            return GateDecision(True, f"promoted version {version} to @{alias} because of --force; {problem}")
         raise GateError(f"kept @{alias} on version {holder_version}: {problem}; fix or remove that version, "
                         f"or move the alias to version {version} with --force") from exc
-    detail = (f"new {VALIDATION_METRIC}={new_score:.4f} vs holder version {holder_version} "
-              f"{holder_score:.4f} on the same validation users (tolerance {tolerance})")
+    figures = {"gate_users": float(judged.users)}
+    if not enough and not force:
+        return GateDecision(False, f"kept @{alias} on version {holder_version}: only {judged.users} held-out "
+                                   f"user(s) {basis}, fewer than train.gate_min_users={cfg.train.gate_min_users} to "
+                                   f"judge on; the set grows every night the holder stays, or use --force", figures)
+    new_score = score_on_split(candidate.model, candidate.item_ids, judged, device)
+    figures.update({"gate_candidate_" + SELECTION_METRIC: new_score, "gate_holder_" + SELECTION_METRIC: holder_score})
+    detail = (f"new {SELECTION_METRIC}={new_score:.4f} vs holder version {holder_version} {holder_score:.4f} on "
+              f"{judged.users} held-out user(s) {basis} (tolerance {tolerance})")
+    figures = {k: v for k, v in figures.items() if np.isfinite(v)}
     if force:
         tracking.set_alias(name, alias, version)
-        return True, f"promoted version {version} to @{alias} because of --force; {detail}"
-    if not np.isfinite(new_score):
-        return False, f"kept @{alias} on version {holder_version}: the new version has no validation score; {detail}"
+        return GateDecision(True, f"promoted version {version} to @{alias} because of --force; {detail}", figures)
     if new_score >= holder_score - tolerance:
         tracking.set_alias(name, alias, version)
-        return True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}"
-    return False, f"kept @{alias} on version {holder_version}: the new version validates worse; {detail}; use --force to override"
+        return GateDecision(True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}",
+                            figures)
+    return GateDecision(False, f"kept @{alias} on version {holder_version}: the new version scores worse; {detail}; "
+                               "use --force to override", figures)
 
 
-def _score_version(cfg: Config, version: str, split: SplitData, device) -> float:
+def held_out_unseen_by(split: SplitData, trained_before: str | None, holder: str) -> tuple[SplitData, str]:
+    """The held-out users whose newest item the holder cannot have trained on, and how they were chosen."""
+    if trained_before is None or split.valid_first_us is None:
+        return split, f"(all of them: version {holder} records no training date)"
+    try:
+        cutoff = parse_date(trained_before)
+    except Exception:
+        return split, f"(all of them: version {holder} records an unreadable training date {trained_before!r})"
+    cutoff_us = int(dt.datetime.combine(cutoff, dt.time(), tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
+    return split.since(cutoff_us), f"whose newest item was first touched on or after {cutoff} (version {holder} trained before it)"
+
+
+def _load_version(cfg: Config, version: str, device):
     from recsys.model.io import load_model
 
     local = tracking.model_version_dir(cfg.mlflow.model_name, version, cfg.paths.driver_dir / "models")
-    loaded = load_model(local, device=device)
-    return score_on_split(loaded.model, loaded.item_ids, split, device)
+    return load_model(local, device=device)
 
 
 def _curve_with_val_names(curve: list[dict[str, Any]]) -> list[dict[str, Any]]:
