@@ -74,7 +74,7 @@ def loo(spark, dataset):
 def test_loo_writes_the_json_as_specified(loo):
     doc = loo["json"]
     assert doc["protocol"] == "loo" and doc["k"] == [5, 10]
-    assert list(doc["models"]) == ["popularity", "als", "sasrec", "gru4rec"]
+    assert list(doc["models"]) == ["popularity", "als", "sasrec", "sasrec-heldout", "gru4rec"]
     assert doc["default_model"] == "sasrec"
     for name, metrics in doc["models"].items():
         for k in (5, 10):
@@ -93,6 +93,12 @@ def test_loo_table_has_intervals_and_differences_to_als(loo):
     assert "Paired difference to als" in table and "NDCG ratio to als" in table
     assert "40 test users" in table                              # user 999 has one interaction: not tested
     assert "chosen on validation" in table
+    # the default model is refitted on the test-phase histories (as `recsys train` does); the fit on the
+    # validation phase alone, what training registered before, is the row after it
+    notes = loo["result"].comparison.notes
+    epoch = loo["result"].details["sasrec"]["best_epoch"]
+    assert f"refitted for {epoch} epochs on the test-phase histories" in notes["sasrec"]
+    assert "before its refit" in notes["sasrec-heldout"] and "refitted" not in notes["sasrec-heldout"]
     comparison = loo["result"].comparison
     for name in ("popularity", "sasrec", "gru4rec"):
         diff, lo, hi = comparison.differences[name]["ndcg@10"]
@@ -168,10 +174,17 @@ def test_temporal_end_to_end(spark, dataset):
     ])
     out = dataset["root"] / "temporal.json"
     result = run_evaluation(spark, cfg, EvaluationRequest(dataset["data"], "temporal", split_date=dt.date(2024, 3, 15),
-                                                          test_days=5, json_path=out))
+                                                          test_days=5, json_path=out, seeds=2))
     doc = json.loads(out.read_text())
-    assert doc["protocol"] == "temporal" and doc["k"] == [10] and list(doc["models"]) == ["popularity", "sasrec"]
+    assert doc["protocol"] == "temporal" and doc["k"] == [10]
+    assert list(doc["models"]) == ["popularity", "sasrec", "sasrec-heldout"]
     assert result.comparison.reference is None and "Paired difference" not in result.table   # no ALS, no reference
+    # --seeds 2: each sequence row is the mean of two trainings (seeds 42 and 43), both shown
+    for row in ("sasrec", "sasrec-heldout"):
+        by_seed = result.details[row]["seed_ndcg@10"]
+        assert len(by_seed) == 2 and doc["models"][row]["ndcg@10"] == pytest.approx(np.mean(by_seed), abs=1e-4)
+        assert "2 trainings, seeds 42, 43" in result.comparison.notes[row]
+    assert "seeds" not in result.details["popularity"]
 
 
 def test_evaluate_command_line_and_its_errors(tmp_path):
@@ -199,12 +212,12 @@ def test_a_bf16_row_ranks_the_same_model_through_the_jobs_core(spark, dataset):
         f"paths.driver_scratch={dataset['root'] / 'driver'}", f"mlflow.artifact_location={dataset['root'] / 'artifacts'}",
         "train.device=cpu", "train.epochs=2", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
         "train.model.sasrec.max_len=8", "evaluation.models=[popularity, sasrec]", "evaluation.bootstrap_resamples=50",
-        "scoring.dtype=bfloat16", "scoring.top_n=10",
+        "scoring.dtype=bfloat16", "scoring.top_n=10", "train.refit=false",
     ])
     out = dataset["root"] / "bf16.json"
     result = run_evaluation(spark, cfg, EvaluationRequest(dataset["data"], "loo", ks=(10,), json_path=out))
     doc = json.loads(out.read_text())
-    assert list(doc["models"]) == ["popularity", "sasrec", "sasrec@bfloat16"]
+    assert list(doc["models"]) == ["popularity", "sasrec", "sasrec@bfloat16"]     # train.refit=false: no -heldout row
     assert "ranked by recsys.scoring.core in bfloat16" in result.comparison.notes["sasrec@bfloat16"]
     fp32, bf16 = (doc["models"][m]["ndcg@10"] for m in ("sasrec", "sasrec@bfloat16"))
     assert abs(fp32 - bf16) < 0.05          # the same model: bf16 moves a rank here and there, not the figure

@@ -209,3 +209,28 @@ def test_bootstrap_intervals_are_seeded_and_paired_differences_of_identical_mode
     doc = a.to_json()
     assert set(doc) >= {"protocol", "k", "models"} and doc["k"] == [10]
     assert set(doc["models"]["als"]) == {"ndcg@10", "hr@10", "recall@10", "mrr@10", "coverage@10", "pop_pct@10"}
+
+
+def test_seeds_are_averaged_per_user_and_their_variance_widens_the_interval():
+    """Three trainings whose means differ by a seed offset (+-0.05) on the same users: the merged row
+    is the per-user mean, and its interval resamples seeds too, so it is wider than the interval of
+    users alone (the same per-user means as one seed) and its paired difference to a copy of one
+    seed is no longer a point."""
+    from recsys.evaluation.ranking import merge_seeds
+
+    rng = np.random.default_rng(0)
+    values = rng.random(400)
+    top = rng.integers(1, 50, size=(400, 10))
+    seeds = [_result(values + offset, top) for offset in (-0.05, 0.0, 0.05)]
+    merged = merge_seeds(seeds)
+    assert merged.seeds == 3 and np.allclose(merged.per_user["ndcg@10"], values)
+    assert merged.seed_means("ndcg@10") == pytest.approx([values.mean() - 0.05, values.mean(), values.mean() + 0.05])
+    assert merge_seeds(seeds[:1]) is seeds[0]
+    results = {"als": _result(values.copy(), top), "seeded": merged, "one": _result(values.copy(), top)}
+    c = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", bootstrap=Bootstrap(500, 1))
+    assert c.models["seeded"]["ndcg@10"] == pytest.approx(values.mean())
+    width = {name: np.subtract(*c.intervals[name]["ndcg@10"][::-1]) for name in ("seeded", "one")}
+    assert width["seeded"] > 1.5 * width["one"]
+    assert c.differences["one"]["ndcg@10"][1:] == (0.0, 0.0)
+    _, lo, hi = c.differences["seeded"]["ndcg@10"]
+    assert lo < -0.01 and hi > 0.01                  # the seed spread alone: +-0.05 / sqrt(3) per resample

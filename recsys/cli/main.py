@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="temporal: first test day (default: the data's last --test-days days are the test window)")
     p.add_argument("--test-days", type=int, default=30,
                    help="temporal: days in the test window, and in the validation window before it (default: 30)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="train each sequence model N times (seeds train.seed, train.seed + 1, ...): the table shows "
+                        "the mean over seeds, and its intervals resample seeds as well as users (default: 1)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table's figures as JSON")
     _add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
@@ -315,7 +318,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     try:
         request = EvaluationRequest(args.data, args.protocol, ks=tuple(args.k) if args.k else None,
                                     tie_break_seed=args.tie_seed, split_date=args.split_date,
-                                    test_days=args.test_days, json_path=args.json)
+                                    test_days=args.test_days, json_path=args.json, seeds=args.seeds)
         result = run_evaluation(spark, cfg, request)
     finally:
         spark.stop()

@@ -5,11 +5,12 @@ For every model the same three steps, and nothing of the test phase before the l
 1. **fit** on the validation phase's histories (:mod:`recsys.evaluation.protocols`);
 2. **choose** on the validation targets: the epoch of a neural model (early stopping on validation
    NDCG@10, the same rule as ``recsys train``), the grid point of ALS;
-3. **test** on the test phase: the neural models read each user's test-phase history (which holds
-   the validation interactions) without retraining, exactly as the nightly job scores users whose
-   newest events the model has never trained on; ALS is refitted with the chosen point on the
-   test-phase histories, since a factor model has no other way to use new interactions;
-   popularity is counted on the test-phase histories.
+3. **test** on the test phase. As ``recsys train`` does (``train.refit``), a neural model is trained
+   again from scratch for its chosen epoch count on the test-phase histories (which hold the
+   validation interactions), and reads each user's test-phase history when scored; the model fitted
+   on the validation phase alone, which has never trained on those newest interactions, is a row of
+   its own (``<model>-heldout``) for the default model: what training registered before the refit.
+   ALS is refitted with the chosen point on the test-phase histories; popularity is counted on them.
 
 Then the comparison (:mod:`recsys.evaluation.report`): means, 95% bootstrap intervals over test
 users, paired differences to ALS, printed, written as ``--json`` and logged to MLflow in the
@@ -21,6 +22,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ from recsys.config import Config
 from recsys.errors import ConfigError, InputDataError
 from recsys.evaluation import protocols
 from recsys.evaluation.protocols import EvalSplit
-from recsys.evaluation.ranking import VALID_SELECTION, PhaseResult, RankingScorer, SequenceModelScorer, rank_phase
+from recsys.evaluation.ranking import (VALID_SELECTION, PhaseResult, RankingScorer, SequenceModelScorer, merge_seeds,
+                                      rank_phase)
 from recsys.evaluation.report import Bootstrap, Comparison, compare, format_table, write_json
 from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
 from recsys.model.registry import MODEL_TYPES
@@ -56,6 +59,7 @@ class EvaluationRequest:
     test_days: int = 30
     json_path: Path | None = None
     device: str | None = None             # default: train.device
+    seeds: int = 1                        # trainings per sequence model: train.seed, train.seed + 1, ...
 
 
 @dataclass
@@ -78,6 +82,8 @@ class _Evaluation:
     ranking_ks: tuple[int, ...]
     vocab: Any = None              # built once, on first use: every sequence model trains on the same items
     train_seqs: Any = None
+    test_vocab: Any = None         # the refit's, likewise: the test phase's histories
+    test_seqs: Any = None
 
     def validation_score(self, scorer: RankingScorer) -> float:
         """The selection metric on the validation phase: what every model is chosen on."""
@@ -91,7 +97,7 @@ class _Fitted:
     scorer: RankingScorer
     details: dict[str, Any]
     curve: list[dict] | None = None
-    extra_row: tuple[str, RankingScorer, dict[str, Any]] | None = None   # the same model through the job's core
+    extra_rows: list[tuple[str, RankingScorer, dict[str, Any]]] = field(default_factory=list)   # variants of it
 
 
 def run_evaluation(spark, cfg: Config, request: EvaluationRequest) -> EvaluationResult:
@@ -111,23 +117,33 @@ def run_evaluation(spark, cfg: Config, request: EvaluationRequest) -> Evaluation
     run = _Evaluation(spark, cfg, split, resolve_device(request.device or cfg.train.device),
                       tuple(sorted(set(ks) | {SELECTION_K})))
 
+    if request.seeds < 1:
+        raise ConfigError(f"--seeds must be at least 1, got {request.seeds}")
     results: dict[str, PhaseResult] = {}
     details: dict[str, Any] = {}
     curves: dict[str, list[dict]] = {}
     for name in ev.models:
         started = time.perf_counter()
-        fitted = _fit(name)(run, name)
-        results[name] = rank_phase(fitted.scorer, split.test, run.ranking_ks, device=run.device)
-        details[name] = {**fitted.details, "seconds": round(time.perf_counter() - started, 1)}
-        if fitted.curve is not None:
-            curves[name] = fitted.curve
+        seeds = [cfg.train.seed + i for i in range(request.seeds)] if name in MODEL_TYPES else [None]
+        fits = []
+        for seed in seeds:
+            if seed is not None and len(seeds) > 1:
+                log.info("[evaluate] %s: training with seed %d (%d of %d)", name, seed, len(fits) + 1, len(seeds))
+            fits.append(_fit(name)(run, name, seed))
+        test = partial(rank_phase, phase=split.test, ks=run.ranking_ks, device=run.device)
+        results[name] = merge_seeds([test(f.scorer) for f in fits])
+        details[name] = {**_merge_details([f.details for f in fits], seeds), "seconds": round(time.perf_counter() - started, 1)}
+        if fits[0].curve is not None:
+            curves[name] = fits[0].curve
         log.info("[evaluate] %s: test %s (%.1f s)", name,
                  ", ".join(f"{k}={v:.4f}" for k, v in results[name].means().items() if k.startswith("ndcg")),
                  details[name]["seconds"])
-        if fitted.extra_row is not None:   # its row right after the model's own
-            row, scorer, row_details = fitted.extra_row
-            results[row] = rank_phase(scorer, split.test, run.ranking_ks, device=run.device)
-            details[row] = row_details
+        for j, (row, _, _) in enumerate(fits[0].extra_rows):   # right after the model's own row
+            results[row] = merge_seeds([test(f.extra_rows[j][1]) for f in fits])
+            details[row] = _merge_details([f.extra_rows[j][2] for f in fits], seeds)
+        for row in [name, *(r[0] for r in fits[0].extra_rows)]:
+            if results[row].seeds > 1:
+                details[row]["seed_" + SELECTION_METRIC] = [round(v, 4) for v in results[row].seed_means(SELECTION_METRIC)]
 
     default = cfg.train.model.type if cfg.train.model.type in results else None
     comparison = compare(results, protocol=request.protocol, ks=ks, candidates=len(split.test.candidates),
@@ -137,7 +153,7 @@ def run_evaluation(spark, cfg: Config, request: EvaluationRequest) -> Evaluation
     table = format_table(comparison)
     if request.json_path is not None:
         write_json(comparison, Path(request.json_path))
-    record = _Record(data, request.protocol, ks, tie_seed, split, comparison, table, details, curves)
+    record = _Record(data, request.protocol, ks, tie_seed, split, comparison, table, details, curves, request.seeds)
     return EvaluationResult(comparison, table, split.info, _record(cfg, record), details)
 
 
@@ -159,7 +175,18 @@ def _fit(name: str):
     return {"popularity": _fit_popularity, REFERENCE: _fit_als}[name]
 
 
-def _fit_popularity(run: _Evaluation, name: str) -> _Fitted:
+def _merge_details(each: list[dict[str, Any]], seeds: list[int | None]) -> dict[str, Any]:
+    """One row's details; with several seeds, what differs between them as lists, seed by seed."""
+    if len(each) == 1:
+        return dict(each[0])
+    merged: dict[str, Any] = {"seeds": seeds}
+    for key, value in each[0].items():
+        values = [d.get(key) for d in each]
+        merged[key] = value if all(v == value for v in values) else values
+    return merged
+
+
+def _fit_popularity(run: _Evaluation, name: str, seed: int | None = None) -> _Fitted:
     """Counted on the validation histories to be scored there; on the test histories to be tested."""
     from recsys.evaluation.baselines import popularity_scorer
 
@@ -167,7 +194,7 @@ def _fit_popularity(run: _Evaluation, name: str) -> _Fitted:
                    {VALID_SELECTION: run.validation_score(popularity_scorer(run.split.valid))})
 
 
-def _fit_als(run: _Evaluation, name: str) -> _Fitted:
+def _fit_als(run: _Evaluation, name: str, seed: int | None = None) -> _Fitted:
     """The grid searched on validation; the chosen point refitted with the validation interactions."""
     from recsys.evaluation.baselines import als_grid, search_als
 
@@ -178,10 +205,14 @@ def _fit_als(run: _Evaluation, name: str) -> _Fitted:
                                    "grid": search.grid})
 
 
-def _fit_sequence_model(run: _Evaluation, name: str) -> _Fitted:
-    """Trained on the validation histories with early stopping on the selection metric (as ``recsys
-    train``); tested on each user's test-phase history without retraining. With ``scoring.dtype``
-    other than float32, the same model also ranked through the job's scoring core, as a row of its own."""
+def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) -> _Fitted:
+    """Trained on the validation histories with early stopping on the selection metric, then (with
+    ``train.refit``, as ``recsys train``) trained again for the chosen epoch count on the test-phase
+    histories; tested on each user's test-phase history. Rows of their own: the held-out fit, for the
+    default model when it is refitted (the comparison of issue 20), and with ``scoring.dtype`` other
+    than float32, the tested model ranked through the job's scoring core."""
+    from dataclasses import replace
+
     from recsys.evaluation.ranking import CoreScorer
     from recsys.learning.settings import model_config, train_settings
     from recsys.learning.split import build_vocabulary
@@ -205,18 +236,34 @@ def _fit_sequence_model(run: _Evaluation, name: str) -> _Fitted:
         log.info("[evaluate] %s epoch %d: loss %.4f, valid %s %s (%.1f s)", name, row["epoch"], row["train_loss"],
                  SELECTION_METRIC, score, row["seconds"])
 
-    fitted = fit(run.train_seqs, model_cfg, train_settings(cfg.train), device=device, validate=validate,
-                 progress=progress)
+    settings = train_settings(cfg.train)
+    if seed is not None:
+        settings = replace(settings, seed=seed)
+    fitted = fit(run.train_seqs, model_cfg, settings, device=device, validate=validate, progress=progress)
     details = {"best_epoch": fitted.best_epoch, "epochs_run": len(fitted.curve),
                VALID_SELECTION: fitted.best_metrics.get(SELECTION_METRIC),
                "config": {k: v for k, v in model_cfg.__dict__.items()}}
-    extra_row = None
+    model, tested_items, extra_rows = fitted.model, item_ids, []
+    if cfg.train.refit:
+        if run.test_vocab is None:
+            run.test_vocab = build_vocabulary(split.test.history, cfg.train.min_item_count)
+            run.test_seqs, _ = run.test_vocab.map_sequences(split.test.history)
+        started = time.perf_counter()
+        model = fit(run.test_seqs, model_config(cfg.train.model, len(run.test_vocab), name),
+                    replace(settings, epochs=fitted.best_epoch), device=device).model
+        tested_items = run.test_vocab.item_ids
+        details.update(refit_epochs=fitted.best_epoch, refit_seconds=round(time.perf_counter() - started, 1))
+        log.info("[evaluate] %s refitted on the test-phase histories for %d epochs (%.1f s)", name,
+                 fitted.best_epoch, details["refit_seconds"])
+        if name == cfg.train.model.type:
+            extra_rows.append((f"{name}-heldout", SequenceModelScorer(fitted.model, item_ids, split.test, device),
+                               {"heldout_of": name, "best_epoch": fitted.best_epoch}))
     if cfg.scoring.dtype != "float32":
         top = max(max(run.ranking_ks), cfg.scoring.top_n)
-        extra_row = (f"{name}@{cfg.scoring.dtype}",
-                     CoreScorer(fitted.model, item_ids, split.test, top, cfg.scoring.dtype, device),
-                     {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype})
-    return _Fitted(SequenceModelScorer(fitted.model, item_ids, split.test, device), details, fitted.curve, extra_row)
+        extra_rows.append((f"{name}@{cfg.scoring.dtype}",
+                           CoreScorer(model, tested_items, split.test, top, cfg.scoring.dtype, device),
+                           {"scored_by": "recsys.scoring.core", "dtype": cfg.scoring.dtype}))
+    return _Fitted(SequenceModelScorer(model, tested_items, split.test, device), details, fitted.curve, extra_rows)
 
 
 def check_dataset_root(data: str | Path) -> str:
@@ -233,19 +280,35 @@ def _notes(details: dict[str, Any]) -> dict[str, str]:
     notes = {}
     for name, d in details.items():
         parts = []
-        if "best_epoch" in d:
-            parts.append(f"epoch {d['best_epoch']} of {d['epochs_run']} chosen on validation")
+        if "seeds" in d:
+            parts.append(f"{len(d['seeds'])} trainings, seeds {', '.join(map(str, d['seeds']))}")
+        if "heldout_of" in d:
+            parts.append(f"the row above's model before its refit: trained on the validation phase only, "
+                         f"epoch {_each(d['best_epoch'])}")
+        elif "best_epoch" in d:
+            parts.append(f"epoch {_each(d['best_epoch'])} of {_each(d['epochs_run'])} chosen on validation")
+        if "refit_epochs" in d:
+            parts.append(f"refitted for {_each(d['refit_epochs'])} epochs on the test-phase histories")
+        if "seed_" + SELECTION_METRIC in d:
+            parts.append(f"test {SELECTION_METRIC} by seed {' / '.join(f'{v:.4f}' for v in d['seed_' + SELECTION_METRIC])}")
         if "chosen" in d:
             parts.append(f"{d['chosen']} chosen on validation from {len(d['grid'])} points, refitted with the "
                          "validation interactions")
         if d.get(VALID_SELECTION) is not None:
-            parts.append(f"validation {SELECTION_METRIC} {d[VALID_SELECTION]:.4f}")
+            value = d[VALID_SELECTION]
+            shown = " / ".join(f"{v:.4f}" for v in value) if isinstance(value, list) else f"{value:.4f}"
+            parts.append(f"validation {SELECTION_METRIC} {shown}")
         if "scored_by" in d:   # a row ranked through the job's core at another dtype: no training of its own
             parts.append(f"the row above's model, ranked by {d['scored_by']} in {d['dtype']}")
         if "seconds" in d:
             parts.append(f"{d['seconds']:.0f} s")
         notes[name] = "; ".join(parts)
     return notes
+
+
+def _each(value: Any) -> str:
+    """A detail that may differ by seed: one value, or the seeds' values joined."""
+    return "/".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 @dataclass(frozen=True)
@@ -261,6 +324,7 @@ class _Record:
     table: str
     details: dict[str, Any]
     curves: dict[str, list[dict]]
+    seeds: int = 1
 
 
 def _record(cfg: Config, r: _Record) -> str | None:
@@ -275,11 +339,12 @@ def _record(cfg: Config, r: _Record) -> str | None:
     recorder.log_params({
         "protocol": r.protocol, "data": r.data, "k": list(r.ks), "tie_break_seed": r.tie_seed,
         "bootstrap_resamples": cfg.evaluation.bootstrap_resamples, "bootstrap_seed": cfg.evaluation.bootstrap_seed,
-        "train_seed": cfg.train.seed, "als_seed": cfg.evaluation.als.seed, "models": list(comparison.models),
+        "train_seed": cfg.train.seed, "seeds": r.seeds, "als_seed": cfg.evaluation.als.seed, "models": list(comparison.models),
         "default_model": comparison.default_model, "config_digest": cfg.digest(),
         **{f"split_{k}": v for k, v in r.split.info.items()},
         **{f"{name}_chosen": d["chosen"] for name, d in details.items() if "chosen" in d},
-        **{f"{name}_best_epoch": d["best_epoch"] for name, d in details.items() if "best_epoch" in d},
+        **{f"{name}_best_epoch": d["best_epoch"] for name, d in details.items() if "epochs_run" in d},
+        "refit": cfg.train.refit,
     })
     metrics: dict[str, float] = {}
     for name, values in comparison.models.items():

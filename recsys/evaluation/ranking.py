@@ -12,6 +12,8 @@ not an available candidate) is a miss. Items a model cannot score get ``-inf`` a
 """
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -41,9 +43,31 @@ class PhaseResult:
 
     per_user: dict[str, np.ndarray]   # "ndcg@10" -> [E]
     top: np.ndarray                   # [E, max k] candidate indices (1-based), best first; 0: no item
+    per_seed: dict[str, np.ndarray] | None = None   # "ndcg@10" -> [S, E]: one row per training seed (S >= 2)
 
     def means(self) -> dict[str, float]:
         return {name: float(values.mean()) for name, values in self.per_user.items()}
+
+    @property
+    def seeds(self) -> int:
+        return 1 if not self.per_seed else len(next(iter(self.per_seed.values())))
+
+    def seed_means(self, metric: str) -> list[float]:
+        """The metric's mean over users for each training seed (one value without seeds)."""
+        rows = self.per_seed[metric] if self.per_seed else self.per_user[metric][None, :]
+        return [float(np.nanmean(row)) for row in rows]
+
+
+def merge_seeds(results: list[PhaseResult]) -> PhaseResult:
+    """One model trained with several seeds, ranked on one phase -> one result: each user's value is
+    the mean over seeds (what the table shows), and the per-seed values are kept so the bootstrap can
+    resample seeds as well as users. The top lists (coverage) are the first seed's."""
+    if len(results) == 1:
+        return results[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)      # a user with no list has NaN pop_pct in every seed
+        per_seed = {m: np.stack([r.per_user[m] for r in results]) for m in results[0].per_user}
+        return PhaseResult({m: np.nanmean(v, axis=0) for m, v in per_seed.items()}, results[0].top, per_seed)
 
 
 def candidate_index(phase: Phase, item_ids: np.ndarray) -> np.ndarray:

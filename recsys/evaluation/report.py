@@ -6,11 +6,17 @@ one sample of users to another. Resampling *users* (with replacement, seeded) an
 mean gives the interval; resampling the same users for two models gives the interval of their
 *paired* difference, which is much tighter than comparing two separate intervals because both
 models face the same hard and easy users.
+
+A model trained with several seeds (``recsys evaluate --seeds N``) varies from one training to
+the next too. Its per-user values are averaged over the seeds, and each resample also draws N
+seeds with replacement (a two-level bootstrap), so its interval holds the seed variance as well as
+the user sampling: a difference outside it is not a lucky initialisation.
 """
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -95,7 +101,7 @@ def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int]
     if resamples > 0:
         draws = _Draws(n_users, resamples, seed)
         for name, result in results.items():
-            out.intervals[name] = {m: _interval(draws.means(_values(result, m, candidates)))
+            out.intervals[name] = {m: _interval(draws.result_means(result, m))
                                    for m in metric_names(ks) if _has_interval(m, n_users, resamples)}
         if reference is not None:
             ref = results[reference]
@@ -108,8 +114,8 @@ def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int]
                         diff = out.models[name][m] - out.models[reference][m]
                         out.differences[name][m] = (diff, math.nan, math.nan)
                         continue
-                    a = draws.means(_values(result, m, candidates))
-                    b = draws.means(_values(ref, m, candidates))
+                    a = draws.result_means(result, m)
+                    b = draws.result_means(ref, m)
                     diff = out.models[name][m] - out.models[reference][m]
                     out.differences[name][m] = (diff, *_interval(a - b))
                     if m.startswith("ndcg@"):
@@ -141,6 +147,22 @@ class _Draws:
         """[resamples] the mean of the per-user ``values`` on each resample."""
         return np.concatenate([np.nanmean(values[chunk], axis=1) for chunk in self._chunks()])
 
+    def result_means(self, result: PhaseResult, metric: str) -> np.ndarray:
+        """[resamples] like :meth:`means`; for a result of several seeds, each resample also draws
+        that many seeds with replacement and averages their per-user values first."""
+        if result.seeds < 2:
+            return self.means(result.per_user[metric])
+        per_seed = result.per_seed[metric]                                          # [S, E]
+        seeds = np.random.default_rng([self.seed, 1]).integers(0, len(per_seed), size=(self.resamples, len(per_seed)))
+        out, r = np.empty(self.resamples), 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for chunk in self._chunks():
+                for users in chunk:
+                    out[r] = np.nanmean(np.nanmean(per_seed[seeds[r]], axis=0)[users])
+                    r += 1
+        return out
+
 
 def _point(result: PhaseResult, metric: str, candidates: int) -> float:
     name, k = metric.split("@")
@@ -148,10 +170,6 @@ def _point(result: PhaseResult, metric: str, candidates: int) -> float:
         return coverage(result.top, int(k), candidates)
     values = result.per_user[metric]
     return float(np.nanmean(values)) if np.isfinite(values).any() else math.nan
-
-
-def _values(result: PhaseResult, metric: str, candidates: int) -> np.ndarray:
-    return result.per_user[metric]
 
 
 def _has_interval(metric: str, users: int, resamples: int) -> bool:
