@@ -164,6 +164,9 @@ class TrainConfig(_Section):
     learning_rate: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     patience: int = Field(ge=1)
+    warmup_epochs: float = Field(default=0.0, ge=0)
+    lr_decay: Literal["constant", "cosine"] = "constant"
+    window_offsets: Literal["fixed", "random"] = "fixed"
     seed: int = 42
     min_item_count: int = Field(ge=1)
     history_items: int = Field(ge=2, le=1_000_000)
@@ -171,6 +174,12 @@ class TrainConfig(_Section):
     refit: bool = True
     gate_tolerance: float = Field(ge=0)
     gate_min_users: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _warmup_within_epochs(self) -> "TrainConfig":
+        if self.warmup_epochs >= self.epochs:
+            raise ValueError(f"train.warmup_epochs={self.warmup_epochs} must be less than train.epochs={self.epochs}")
+        return self
 
 
 class ALSGridConfig(_Section):

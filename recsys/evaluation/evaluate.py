@@ -249,8 +249,8 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
             run.test_vocab = build_vocabulary(split.test.history, cfg.train.min_item_count)
             run.test_seqs, _ = run.test_vocab.map_sequences(split.test.history)
         started = time.perf_counter()
-        model = fit(run.test_seqs, model_config(cfg.train.model, len(run.test_vocab), name),
-                    replace(settings, epochs=fitted.best_epoch), device=device).model
+        model = fit(run.test_seqs, model_config(cfg.train.model, len(run.test_vocab), name), settings,
+                    device=device, stop_after=fitted.best_epoch).model
         tested_items = run.test_vocab.item_ids
         details.update(refit_epochs=fitted.best_epoch, refit_seconds=round(time.perf_counter() - started, 1))
         log.info("[evaluate] %s refitted on the test-phase histories for %d epochs (%.1f s)", name,

@@ -22,4 +22,6 @@ def train_settings(train: TrainConfig):
     from recsys.model.training import TrainSettings
 
     return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
-                         weight_decay=train.weight_decay, patience=train.patience, seed=train.seed)
+                         weight_decay=train.weight_decay, patience=train.patience, seed=train.seed,
+                         warmup_epochs=train.warmup_epochs, lr_decay=train.lr_decay,
+                         window_offsets=train.window_offsets)

@@ -10,14 +10,20 @@ window 1 ends where window 0's first target is, and so on; the oldest window is 
 interaction except a user's first is a target exactly once per epoch, so an epoch costs time linear
 in the interactions, and long histories, which hold most of the data in typical logs, are used
 whole (in ml-latest-small a quarter of the users hold 71% of the ratings, and 74% of the ratings
-are older than their user's latest 51: training on the latest window only would discard them). The windows are fixed; what varies between epochs is their order (seeded). Random crops
-would add augmentation but make an epoch's coverage uneven; with every position already a target
-the gain is small.
+are older than their user's latest 51: training on the latest window only would discard them).
+
+By default the windows are fixed and only their order varies between epochs (seeded). With
+``window_offsets="random"`` each epoch shifts every long user's tiling by a seeded random offset:
+a partial window ends at the newest item with only its newest ``offset`` positions as targets, and
+the full windows tile backwards from there. Every interaction is still a target exactly once per
+epoch, but from epoch to epoch it is predicted at different positions, with different contexts,
+including the last position with a full window of context, which is the one scoring reads.
 
 Pure torch/numpy: runs on any machine the models run on.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +37,10 @@ from recsys.model.registry import build_model
 from recsys.sequences import Sequences, pad_left
 
 
+LR_DECAYS = ("constant", "cosine")
+WINDOW_OFFSETS = ("fixed", "random")
+
+
 @dataclass(frozen=True)
 class TrainSettings:
     epochs: int = 30
@@ -41,6 +51,9 @@ class TrainSettings:
     seed: int = 42
     eval_every: int = 1          # validate every this many epochs (and after the last one)
     num_threads: int | None = None  # torch CPU threads during fit (restored afterwards); None: unchanged
+    warmup_epochs: float = 0.0   # learning rate rises linearly from 0 over this many epochs' steps
+    lr_decay: str = "constant"   # constant | cosine: to 0 at the end of ``epochs`` (the schedule's horizon)
+    window_offsets: str = "fixed"   # fixed | random: each epoch shifts long users' window tiling (see above)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "patience", "eval_every"):
@@ -48,6 +61,13 @@ class TrainSettings:
                 raise ValueError(f"TrainSettings.{name} must be at least 1, got {getattr(self, name)}")
         if not self.learning_rate > 0 or self.weight_decay < 0:
             raise ValueError("TrainSettings.learning_rate must be > 0 and weight_decay >= 0")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            raise ValueError(f"TrainSettings.warmup_epochs must be in [0, epochs={self.epochs}), got {self.warmup_epochs}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"TrainSettings.lr_decay must be one of {', '.join(LR_DECAYS)}, got {self.lr_decay!r}")
+        if self.window_offsets not in WINDOW_OFFSETS:
+            raise ValueError(f"TrainSettings.window_offsets must be one of {', '.join(WINDOW_OFFSETS)}, "
+                             f"got {self.window_offsets!r}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"TrainSettings.num_threads must be at least 1 or None, got {self.num_threads}")
 
@@ -82,24 +102,43 @@ def training_windows(train: Sequences, max_len: int) -> np.ndarray:
     first input of the newer), so each item but the first is a target once. Left-padded with 0.
     Users with fewer than two items give no window. Vectorised: no per-user Python.
     """
+    windows, _ = offset_windows(train, max_len, np.zeros(len(train), dtype=np.int64))
+    return windows
+
+
+def offset_windows(train: Sequences, max_len: int, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Windows as :func:`training_windows`, with each long user's tiling shifted by ``offsets[u]``.
+
+    For a user with more targets than ``max_len`` and an offset ``s`` in ``1..max_len - 1``, the first
+    window ends at the newest item with only its last ``s`` positions as targets, and full windows
+    tile backwards from ``s`` items before the newest. Returns the windows and, per window, the first
+    position whose label counts (earlier labels belong to the next window). Offsets of users whose
+    targets fit one window are ignored: left-padding fixes their positions anyway.
+    """
+    L = max_len
     n = train.lengths                                                     # [U]
-    count = np.where(n >= 2, -(-(n - 1) // max_len), 0)                   # [U] windows per user
+    shift = np.where(n - 1 > L, np.asarray(offsets, dtype=np.int64) % L, 0)       # [U]
+    partial = (shift > 0) & (n >= 2)                                      # [U] a partial newest window
+    count = np.where(n >= 2, -(-(n - 1 - shift) // L), 0) + partial       # [U] windows per user
     user = np.repeat(np.arange(len(n)), count)                            # [W]
     first_of_user = np.repeat(np.cumsum(count) - count, count)            # [W]
     k = np.arange(len(user)) - first_of_user                              # [W] 0 = newest window
-    end = n[user] - k * max_len                                           # [W] exclusive, within user
-    start = np.maximum(end - max_len - 1, 0)                              # [W]
+    has_partial, s = partial[user], shift[user]
+    end = np.where(has_partial, np.where(k == 0, n[user], n[user] - s - (k - 1) * L), n[user] - k * L)
+    label_from = np.where(has_partial & (k == 0), L - s, 0)               # [W]
+    start = np.maximum(end - L - 1, 0)                                    # [W]
     base = train.offsets[:-1][user]                                       # [W]
-    offsets = np.zeros(len(user) + 1, dtype=np.int64)
-    np.cumsum(end - start, out=offsets[1:])
-    idx = np.repeat(base + start - offsets[:-1], end - start) + np.arange(offsets[-1], dtype=np.int64)
-    return pad_left(Sequences(offsets, train.items[idx]), max_len + 1)
+    offsets_out = np.zeros(len(user) + 1, dtype=np.int64)
+    np.cumsum(end - start, out=offsets_out[1:])
+    idx = np.repeat(base + start - offsets_out[:-1], end - start) + np.arange(offsets_out[-1], dtype=np.int64)
+    return pad_left(Sequences(offsets_out, train.items[idx]), L + 1), label_from
 
 
 def fit(train: Sequences, model_config, settings: TrainSettings, *,
         valid: ValidationSet | None = None, device: str | torch.device = "cpu",
         progress: Callable[[dict], None] | None = None,
-        validate: Callable[[torch.nn.Module], dict[str, float]] | None = None) -> FitResult:
+        validate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+        stop_after: int | None = None) -> FitResult:
     """Train a model from scratch; with ``valid``, keep the epoch with the best validation NDCG@10.
 
     ``model_config`` is the config dataclass of a registered model type (``recsys.model.registry``);
@@ -110,7 +149,13 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
     ``progress`` receives each epoch's curve row as soon as the epoch ends. ``validate``, instead of
     ``valid``, measures the model (in eval mode) by any protocol, e.g. several targets per user or a
     ranking restricted to a catalog; it must return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics.
+
+    ``stop_after`` ends training after that many epochs while the learning-rate schedule keeps its
+    horizon of ``settings.epochs``: how a refit repeats the first epochs of a run that early stopping
+    chose, step for step, on more data.
     """
+    if stop_after is not None and not 1 <= stop_after <= settings.epochs:
+        raise ValueError(f"stop_after must be in 1..{settings.epochs} (settings.epochs), got {stop_after}")
     if valid is not None and validate is not None:
         raise ValueError("pass valid or validate, not both")
     device = torch.device(device)
@@ -118,11 +163,21 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
     if valid is not None:
         _check_items(np.asarray(valid.targets), model_config.num_items, "valid.targets", allow_empty=False)
         _check_items(valid.histories.items, model_config.num_items, "valid.histories")
-    windows = torch.from_numpy(training_windows(train, model_config.max_len))   # [W, L+1]
-    if len(windows) == 0:
+    if not (train.lengths >= 2).any():
         raise ValueError("no training sequence has two or more items: there is nothing to learn from")
-    inputs = windows[:, :-1].contiguous()                                        # [W, L]
-    labels = windows[:, 1:].masked_fill(inputs == 0, 0).contiguous()             # [W, L], 0: no loss
+
+    def epoch_windows(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[W, L] inputs and labels (0: no loss) for one epoch: the fixed tiling, or a seeded random shift."""
+        if settings.window_offsets == "random":
+            shift = np.random.default_rng([settings.seed, epoch]).integers(0, model_config.max_len, len(train))
+        else:
+            shift = np.zeros(len(train), dtype=np.int64)
+        windows, label_from = offset_windows(train, model_config.max_len, shift)
+        windows = torch.from_numpy(windows)                                          # [W, L+1]
+        inputs = windows[:, :-1].contiguous()                                        # [W, L]
+        before = torch.arange(model_config.max_len)[None, :] < torch.from_numpy(label_from)[:, None]
+        labels = windows[:, 1:].masked_fill((inputs == 0) | before, 0).contiguous()  # [W, L]
+        return inputs, labels
 
     previous_threads = torch.get_num_threads()
     if settings.num_threads is not None:
@@ -134,22 +189,27 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
             if valid is not None:
                 def validate(model: torch.nn.Module) -> dict[str, float]:
                     return evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
-            return _fit(inputs, labels, model_config, settings, validate, device, progress)
+            return _fit(epoch_windows, model_config, settings, validate, device, progress,
+                        stop_after or settings.epochs)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config, settings: TrainSettings,
+def _fit(epoch_windows: Callable[[int], tuple[torch.Tensor, torch.Tensor]], model_config, settings: TrainSettings,
          validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
-         progress: Callable[[dict], None] | None) -> FitResult:
+         progress: Callable[[dict], None] | None, last_epoch: int) -> FitResult:
     model = build_model(model_config).to(device)
     optimizer = _optimizer(model, settings)
+    inputs, labels = epoch_windows(1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(settings, -(-len(inputs) // settings.batch_size)))
     order_rng = torch.Generator().manual_seed(settings.seed)
     curve: list[dict] = []
     best_score, best_epoch, best_metrics, best_state = -1.0, 0, {}, None
 
-    for epoch in range(1, settings.epochs + 1):
+    for epoch in range(1, last_epoch + 1):
         started = time.perf_counter()
+        if epoch > 1 and settings.window_offsets == "random":
+            inputs, labels = epoch_windows(epoch)
         model.train()
         loss_sum = torch.zeros((), device=device)
         targets_seen = 0
@@ -163,12 +223,13 @@ def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config, settings: Tra
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            schedule.step()
             loss_sum += loss.detach() * len(hidden)
             targets_seen += len(hidden)
         row: dict = {"epoch": epoch, "train_loss": float(loss_sum) / targets_seen}
 
         stop = False
-        if validate is not None and (epoch % settings.eval_every == 0 or epoch == settings.epochs):
+        if validate is not None and (epoch % settings.eval_every == 0 or epoch == last_epoch):
             model.eval()
             with torch.no_grad():
                 metrics = dict(validate(model))
@@ -190,6 +251,22 @@ def _fit(inputs: torch.Tensor, labels: torch.Tensor, model_config, settings: Tra
     else:
         best_epoch = curve[-1]["epoch"]
     return FitResult(model=model.eval(), curve=curve, best_epoch=best_epoch, best_metrics=best_metrics)
+
+
+def lr_factor(settings: TrainSettings, steps_per_epoch: int) -> Callable[[int], float]:
+    """The learning rate's multiplier at optimizer step ``s`` (0-based): a linear warm-up over
+    ``warmup_epochs`` epochs of steps, then constant or a cosine to 0 at the end of ``epochs``."""
+    total = settings.epochs * steps_per_epoch
+    warmup = int(round(settings.warmup_epochs * steps_per_epoch))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if settings.lr_decay == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+        return 1.0
+
+    return factor
 
 
 def _optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:

@@ -249,9 +249,8 @@ def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[Any, dict[str, 
 
 def _refit(run: _Training, settings: Any, epochs: int) -> Any:
     """The registered model: the selection's settings for its chosen epoch count, on every interaction
-    before the date (no held-out items, so no early stop: the count is what the selection chose)."""
-    from dataclasses import replace
-
+    before the date (no held-out items, so no early stop: the count is what the selection chose; the
+    learning-rate schedule keeps the selection's horizon, so the refit repeats its first epochs)."""
     from recsys.model.training import fit
 
     def on_epoch(row: dict[str, Any]) -> None:
@@ -260,8 +259,8 @@ def _refit(run: _Training, settings: Any, epochs: int) -> Any:
 
     model_cfg = model_config(run.cfg.train.model, len(run.full_vocab))
     with run.timer.stage("refit", f"train on every interaction for {epochs} epochs") as c:
-        result = fit(run.full_seqs, model_cfg, replace(settings, epochs=max(1, epochs)), device=run.device,
-                     progress=on_epoch)
+        result = fit(run.full_seqs, model_cfg, settings, device=run.device, progress=on_epoch,
+                     stop_after=max(1, epochs))
         c.update(epochs=len(result.curve), items=len(run.full_vocab), interactions=len(run.full_seqs.items))
     run.recorder.log_metrics({"refit_epochs": len(result.curve), **run.timer.as_metrics()})
     return result.model
