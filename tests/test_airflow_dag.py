@@ -3,8 +3,9 @@
 One DAG run trains a model and publishes a date end to end through ``spark-submit.sh`` (the tasks'
 real command lines, so a DAG whose arguments stop matching spark-submit.sh's or the job's fails here);
 the next night's training is not due (``train.every_nights=2``) and is skipped; a night whose
-training fails still publishes, with the version holding the alias; a run for a date whose input
-is bad (exit code 2) ends failed after one try, with no retry. Airflow runs with its own temporary
+training fails still publishes, with the version holding the alias, and so does a night whose
+training the gate refuses; a run for a date whose input is bad (exit code 2) ends failed after one
+try, with no retry. Airflow runs with its own temporary
 AIRFLOW_HOME and sqlite database; ``airflow dags test`` runs the DAG in-process.
 
 Cost: a cold cache installs Airflow first (about 2-3 minutes, once per machine, see airflowkit);
@@ -26,6 +27,7 @@ pytestmark = [pytest.mark.slow]
 BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-day window: exit code 2
 DAG_ID, TASK_ID, TRAIN_TASK = "recsys_nightly", "recommend", "train"
 FAILED_TRAINING_DATE = "2024-05-10"   # two nights after RUN_DATE's training: due, and made to fail
+REFUSED_TRAINING_DATE = "2024-05-12"  # due; the data ends on 05-07, so no held-out item is new to the holder
 TRAINING = ["train.epochs=2", "train.device=cpu", "train.every_nights=2", "train.model.sasrec.dim=8",
             "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8"]
 
@@ -210,3 +212,20 @@ def test_a_run_whose_date_is_locked_by_another_run_is_retried(airflow):
     assert "recsys train: not due: the last training finished for 2024-05-08" in log
     assert _task_instances(airflow, "2024-05-09", TRAIN_TASK) == [("success", 1)]
     assert _task_instances(airflow, "2024-05-09") == [("up_for_retry", 1)]
+
+
+def test_a_night_whose_training_the_gate_refuses_still_publishes_with_the_alias_holder(airflow):
+    """Runs last: its training is the newest finished one, which the cadence of the tests above counts from.
+
+    The holder trained on everything before RUN_DATE and the events end before it, so no user's held-out
+    newest item is one the holder has not seen: the gate cannot judge and keeps the holder (exit 0)."""
+    _, _, _, data = airflow
+    holder = _alias_holder(airflow)
+    code, log = _dags_test(airflow, REFUSED_TRAINING_DATE)
+    assert code == 0, log[-6000:]
+    assert "recsys train finished with exit code 0" in log
+    assert f"kept @champion on version {holder}: only 0 held-out user(s)" in log and "gate_min_users" in log
+    assert _task_instances(airflow, REFUSED_TRAINING_DATE, TRAIN_TASK) == [("success", 1)]
+    assert _task_instances(airflow, REFUSED_TRAINING_DATE) == [("success", 1)]
+    manifest = json.loads((data / "recommendations" / f"dt={REFUSED_TRAINING_DATE}" / "_manifest.json").read_text())
+    assert manifest["model"]["version"] == holder == _alias_holder(airflow)
