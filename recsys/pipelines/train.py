@@ -340,7 +340,7 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData,
         return GateDecision(False, f"kept @{alias} on version {holder_version}: only {judged.users} held-out "
                                    f"user(s) {basis}, fewer than train.gate_min_users={cfg.train.gate_min_users} to "
                                    f"judge on; the set grows every night the holder stays, or use --force", figures)
-    new_score = score_on_split(candidate.model.to(device), candidate.item_ids, judged, device)   # registering moved it to the CPU
+    new_score = score_on_split(candidate.model.to(device), candidate.item_ids, judged, device)   # _register: on CPU
     figures.update({"gate_candidate_" + SELECTION_METRIC: new_score, "gate_holder_" + SELECTION_METRIC: holder_score})
     detail = (f"new {SELECTION_METRIC}={new_score:.4f} vs holder version {holder_version} {holder_score:.4f} on "
               f"{judged.users} held-out user(s) {basis} (tolerance {tolerance})")
