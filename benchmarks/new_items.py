@@ -21,10 +21,15 @@ items launch on later days with the highest ids, some retire, one catalog snapsh
     PYTHONPATH=. .venv/bin/python benchmarks/new_items.py [--users 2000 --items 3000 --days 30]
         [--end-date 2026-11-30] [--set train.epochs=10 ...] [--json out.json] [--work DIR --keep]
 
+On a machine whose cores are busy with something else, prefix ``OMP_NUM_THREADS=1``: torch's CPU
+threads wait on each other at every step, and an epoch that takes 2 s on idle cores took up to 200 s
+with two threads competing against another process; with one thread it took about 3 s, and the
+figures came out identical.
+
 The figures are cross-checked against the job's own: the known available items must equal the
-run's ``catalog_candidate_items``, the partition's rows its row count. The training settings are the
-project's defaults except those in ``DEFAULT_OVERRIDES`` (fewer epochs, to run in minutes on 2 cores)
-and any ``--set``; the output states all of them.
+run's ``catalog_candidate_items``, the partition's rows and slots its counts. The training settings are
+the project's embedded defaults (at most 40 epochs, early stopping with patience 10, SASRec dim 64:
+about 3 minutes for both variants on 2 cores) and any ``--set``; the output states them.
 """
 from __future__ import annotations
 
@@ -44,9 +49,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# What differs from the embedded default configuration, so the script runs in a few minutes on 2
-# cores: fewer epochs (the default is 40, patience 10), and scoring the top 20 (the default) as is.
-DEFAULT_OVERRIDES: tuple[str, ...] = ("train.epochs=10", "train.device=cpu")
 NEW_DAYS = 7
 VARIANTS: tuple[tuple[str, bool], ...] = (("before", False), ("after", True))   # (label, train.refit)
 
@@ -254,7 +256,7 @@ def check_against_the_run(label: str, figures: Mapping[str, Any], manifest: Mapp
         raise RuntimeError(f"{label}: figures from the files disagree with the run's manifest: {wrong}")
 
 
-def run_benchmark(spark, data: Path, work: Path, date: dt.date, overrides: Sequence[str] = DEFAULT_OVERRIDES,
+def run_benchmark(spark, data: Path, work: Path, date: dt.date, overrides: Sequence[str] = (),
                   new_days: int = NEW_DAYS, data_summary: Mapping[str, Any] | None = None) -> Report:
     """Both variants on the dataset under ``data`` (``events/``, ``catalog/``), everything else under ``work``."""
     from recsys.config import load_config
@@ -273,8 +275,14 @@ def run_benchmark(spark, data: Path, work: Path, date: dt.date, overrides: Seque
 # --------------------------------------------------------------------------- output
 
 
+def _percent(share: float | None) -> str:
+    if share is None:
+        return "n/a"
+    return f"{100 * share:.2f}%" if 0 < share < 0.01 else f"{100 * share:.1f}%"
+
+
 def _count_share(count: int, share: float | None, of: int | None = None) -> str:
-    pct = "n/a" if share is None else f"{100 * share:.1f}%"
+    pct = _percent(share)
     return f"{count:,} of {of:,} ({pct})" if of is not None else f"{count:,} ({pct})"
 
 
@@ -296,16 +304,15 @@ def markdown_table(report: Report) -> str:
     row("model vocabulary (items)", lambda v: f"{v.vocabulary_items:,}")
     row(f"items available in the catalog snapshot (dt={b.catalog_snapshot})", lambda v: f"{f(v, 'available_items'):,}")
     row("... known to the model", lambda v: known(v.figures, "available"))
-    row(f"new items (available, first available on or after {report.since})", lambda v: f"{f(v, 'new_items'):,}")
+    row(f"new items: available, first available on or after {report.since}", lambda v: f"{f(v, 'new_items'):,}")
     row("... known to the model", lambda v: known(v.figures, "new"))
-    row(f"... of which first available on {b.catalog_snapshot} (the newest snapshot)",
-        lambda v: f"{n(v, 'new_items'):,}")
-    row("...... known to the model", lambda v: known(v.newest_figures, "new"))
+    row(f"new items first available on {b.catalog_snapshot} (the newest snapshot)", lambda v: f"{n(v, 'new_items'):,}")
+    row("... known to the model", lambda v: known(v.newest_figures, "new"))
     row("users scored (model + popularity fallback)",
         lambda v: f"{f(v, 'users'):,} ({v.model_users:,} + {v.fallback_users:,})")
     row("recommendation slots that are new items",
         lambda v: _count_share(f(v, "new_slots"), f(v, "new_slot_share"), f(v, "slots")))
-    row(f"... items first available on {b.catalog_snapshot}",
+    row(f"... of them items first available on {b.catalog_snapshot}",
         lambda v: _count_share(n(v, "new_slots"), n(v, "new_slot_share"), n(v, "slots")))
     row("distinct recommended items that are new",
         lambda v: _count_share(f(v, "distinct_new_recommended"), f(v, "distinct_new_share"), f(v, "distinct_recommended")))
@@ -322,8 +329,8 @@ def markdown_table(report: Report) -> str:
 def describe(report: Report) -> str:
     data = ", ".join(f"{k}={v}" for k, v in report.data.items())
     return (f"data: {data}\n"
-            f"settings: the embedded default configuration with {' '.join(report.overrides) or 'nothing'} "
-            f"(+ paths, mlflow store and model names, train.refit)\n"
+            f"settings: the embedded default configuration, overridden: {' '.join(report.overrides) or 'nothing'} "
+            f"(besides paths, the MLflow store and model names, train.refit)\n"
             f"new items: available in the snapshot and first available in one on or after {report.since} "
             f"(the last {report.new_days} days before {report.date})\n"
             f"training seconds are the fit stages (torch); `recsys train` wall, reading included: "
@@ -353,8 +360,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work", type=Path, help="MLflow store, models and outputs (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the temporary work directory")
     p.add_argument("--set", dest="overrides", action="append", metavar="KEY=VALUE",
-                   help=f"a configuration override for both variants, repeatable; applied after the script's "
-                        f"defaults ({' '.join(DEFAULT_OVERRIDES)}), so it wins over them")
+                   help="a configuration override for both variants (e.g. train.epochs=10), repeatable; "
+                        "default: none, the project's embedded defaults")
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--verbose", action="store_true", help="the project's INFO log lines too")
     return p.parse_args(argv)
@@ -370,13 +377,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("recsys").setLevel(logging.WARNING)
     temporary = args.work is None
+    if not temporary and (args.work / "mlflow.db").exists():
+        raise SystemExit(f"{args.work} holds an earlier run (mlflow.db): its model versions would face this run's "
+                         f"gate; pass a new or empty --work")
     work = Path(tempfile.mkdtemp(prefix="recsys-new-items-")) if temporary else args.work
     work.mkdir(parents=True, exist_ok=True)
     data = args.data or work / "data"
     try:
         summary, end_date = _prepare_data(args, data)
         date = end_date + dt.timedelta(days=1)
-        overrides = [*DEFAULT_OVERRIDES, *(args.overrides or [])]
+        overrides = list(args.overrides or [])
         cfg = load_config(overrides=overrides)
         spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name="recsys-new-items",
                               launch=load_launch_settings())
@@ -391,6 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(markdown_table(report))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
         print(f"\nfigures written to {args.json}")
     return 0

@@ -106,7 +106,7 @@ def test_on_tiny_sample_data_the_refit_model_knows_at_least_what_the_held_out_on
 
     ni = _load_script()
     summary = generate_sample(tmp_path / "data", users=300, items=400, days=10, seed=5, end_date=dt.date(2024, 6, 9))
-    overrides = [*ni.DEFAULT_OVERRIDES, "train.epochs=1", "train.model.sasrec.dim=8", "train.model.sasrec.layers=1",
+    overrides = ["train.device=cpu", "train.epochs=1", "train.model.sasrec.dim=8", "train.model.sasrec.layers=1",
                  "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8", "scoring.top_n=5"]
     report = ni.run_benchmark(spark, tmp_path / "data", tmp_path / "work", D, overrides)
 
