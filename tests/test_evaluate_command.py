@@ -178,13 +178,19 @@ def test_temporal_end_to_end(spark, dataset):
     doc = json.loads(out.read_text())
     assert doc["protocol"] == "temporal" and doc["k"] == [10]
     assert list(doc["models"]) == ["popularity", "sasrec", "sasrec-heldout"]
-    assert result.comparison.reference is None and "Paired difference" not in result.table   # no ALS, no reference
+    assert result.comparison.reference is None and "Paired difference to" not in result.table   # no ALS, no reference
     # --seeds 2: each sequence row is the mean of two trainings (seeds 42 and 43), both shown
     for row in ("sasrec", "sasrec-heldout"):
         by_seed = result.details[row]["seed_ndcg@10"]
         assert len(by_seed) == 2 and doc["models"][row]["ndcg@10"] == pytest.approx(np.mean(by_seed), abs=1e-4)
         assert "2 trainings, seeds 42, 43" in result.comparison.notes[row]
     assert "seeds" not in result.details["popularity"]
+    # the refit against its own held-out fit, paired over users and seeds: in the table and in MLflow
+    diff, lo, hi = result.comparison.pair_differences["sasrec - sasrec-heldout"]["ndcg@10"]
+    assert lo <= diff <= hi and "| sasrec - sasrec-heldout |" in result.table
+    from mlflow import MlflowClient
+    logged = MlflowClient(cfg.mlflow.tracking_uri).get_run(result.run_id).data.metrics
+    assert logged["sasrec.ndcg_at_10.diff_to_sasrec-heldout"] == pytest.approx(diff, abs=1e-6)
 
 
 def test_evaluate_command_line_and_its_errors(tmp_path):

@@ -227,8 +227,12 @@ def test_seeds_are_averaged_per_user_and_their_variance_widens_the_interval():
     assert merged.seed_means("ndcg@10") == pytest.approx([values.mean() - 0.05, values.mean(), values.mean() + 0.05])
     assert merge_seeds(seeds[:1]) is seeds[0]
     results = {"als": _result(values.copy(), top), "seeded": merged, "one": _result(values.copy(), top)}
-    c = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", bootstrap=Bootstrap(500, 1))
+    c = compare(results, protocol="loo", ks=(10,), candidates=49, reference="als", bootstrap=Bootstrap(500, 1),
+                pairs=[("seeded", "one"), ("one", "missing")])
     assert c.models["seeded"]["ndcg@10"] == pytest.approx(values.mean())
+    assert set(c.pair_differences) == {"seeded - one"}                 # a pair with an absent row is left out
+    assert c.pair_differences["seeded - one"]["ndcg@10"] == pytest.approx(c.differences["seeded"]["ndcg@10"])
+    assert "| seeded - one |" in format_table(c)
     width = {name: np.subtract(*c.intervals[name]["ndcg@10"][::-1]) for name in ("seeded", "one")}
     assert width["seeded"] > 1.5 * width["one"]
     assert c.differences["one"]["ndcg@10"][1:] == (0.0, 0.0)

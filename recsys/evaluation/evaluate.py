@@ -148,7 +148,8 @@ def run_evaluation(spark, cfg: Config, request: EvaluationRequest) -> Evaluation
     default = cfg.train.model.type if cfg.train.model.type in results else None
     comparison = compare(results, protocol=request.protocol, ks=ks, candidates=len(split.test.candidates),
                          reference=REFERENCE, bootstrap=Bootstrap(ev.bootstrap_resamples, ev.bootstrap_seed),
-                         default_model=default)
+                         default_model=default,
+                         pairs=[(d["heldout_of"], row) for row, d in details.items() if "heldout_of" in d])
     comparison.notes.update(_notes(details))
     table = format_table(comparison)
     if request.json_path is not None:
@@ -354,6 +355,10 @@ def _record(cfg: Config, r: _Record) -> str | None:
         for m, (diff, lo, hi) in comparison.differences.get(name, {}).items():
             metrics.update({f"{name}.{m}.diff_to_{REFERENCE}": diff, f"{name}.{m}.diff_to_{REFERENCE}.lo": lo,
                             f"{name}.{m}.diff_to_{REFERENCE}.hi": hi})
+    for pair, diffs in comparison.pair_differences.items():
+        a, b = pair.split(" - ")
+        for m, (diff, lo, hi) in diffs.items():
+            metrics.update({f"{a}.{m}.diff_to_{b}": diff, f"{a}.{m}.diff_to_{b}.lo": lo, f"{a}.{m}.diff_to_{b}.hi": hi})
     recorder.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)})
     recorder.log_text(r.table + "\n", "evaluation.md")
     recorder.log_dict({**comparison.to_full_json(), "split": r.split.info, "details": details}, "evaluation.json")

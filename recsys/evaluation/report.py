@@ -49,6 +49,7 @@ class Comparison:
     reference: str | None = None
     differences: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)  # (diff, lo, hi)
     ratios: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)       # ndcg@k ratio
+    pair_differences: dict[str, dict[str, tuple[float, float, float]]] = field(default_factory=dict)  # "a - b"
     default_model: str | None = None
     notes: dict[str, str] = field(default_factory=dict)                              # model -> short remark
 
@@ -67,6 +68,8 @@ class Comparison:
             "differences_to_reference": {n: {m: [_plain(x) for x in t] for m, t in v.items()}
                                          for n, v in self.differences.items()},
             "ratios_to_reference": {n: {m: [_plain(x) for x in t] for m, t in v.items()} for n, v in self.ratios.items()},
+            "pair_differences": {n: {m: [_plain(x) for x in t] for m, t in v.items()}
+                                 for n, v in self.pair_differences.items()},
         })
         return doc
 
@@ -80,8 +83,11 @@ class Bootstrap:
 
 
 def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int], candidates: int,
-            reference: str | None, bootstrap: Bootstrap, default_model: str | None = None) -> Comparison:
-    """Means, bootstrap intervals and paired differences to ``reference`` for models ranked on one phase."""
+            reference: str | None, bootstrap: Bootstrap, default_model: str | None = None,
+            pairs: Sequence[tuple[str, str]] = ()) -> Comparison:
+    """Means, bootstrap intervals and paired differences to ``reference`` for models ranked on one phase;
+    and for each ``(a, b)`` in ``pairs``, the paired difference ``a - b`` (e.g. a model and its held-out fit,
+    whose seeds pair up: seed i of both is one training)."""
     resamples, seed = bootstrap.resamples, bootstrap.seed
     if not results:
         raise ValueError("no model results to compare")
@@ -122,6 +128,12 @@ def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int]
                         with np.errstate(divide="ignore", invalid="ignore"):
                             ratio = out.models[name][m] / out.models[reference][m] if out.models[reference][m] else math.nan
                             out.ratios[name][m] = (ratio, *_interval(a / b))
+        for a_name, b_name in pairs:
+            if a_name in results and b_name in results:
+                out.pair_differences[f"{a_name} - {b_name}"] = {
+                    m: (out.models[a_name][m] - out.models[b_name][m],
+                        *_interval(draws.result_means(results[a_name], m) - draws.result_means(results[b_name], m)))
+                    for m in metric_names(ks) if _has_interval(m, n_users, resamples)}
     return out
 
 
@@ -218,6 +230,13 @@ def format_table(comparison: Comparison, *, digits: int = 4) -> str:
                 ratio_lines.append(f"- {name} / {ref}: " + ", ".join(parts))
         if ratio_lines:
             lines += ["", f"NDCG ratio to {ref} (95% bootstrap interval):", *ratio_lines]
+    if comparison.pair_differences:
+        lines += ["", "Paired differences between rows, 95% bootstrap interval over the same users (and seeds):", "",
+                  "| rows | " + " | ".join(m for m in metrics if not m.startswith("coverage")) + " |",
+                  "|---|" + "---|" * sum(not m.startswith("coverage") for m in metrics)]
+        for pair, diffs in comparison.pair_differences.items():
+            cells = [_cell(d[0], (d[1], d[2]), digits, m, signed=True) for m, d in diffs.items()]
+            lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     if comparison.notes:
         lines += ["", *[f"- {name}: {note}" for name, note in comparison.notes.items()]]
     return "\n".join(lines)
