@@ -28,8 +28,11 @@ BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-da
 DAG_ID, TASK_ID, TRAIN_TASK = "recsys_nightly", "recommend", "train"
 FAILED_TRAINING_DATE = "2024-05-10"   # two nights after RUN_DATE's training: due, and made to fail
 REFUSED_TRAINING_DATE = "2024-05-12"  # due; the data ends on 05-07, so no held-out item is new to the holder
+# 24 users: the gate judges on 10 or more (the default 100 would keep the store's first version, which
+# records no training date, and so is judged on all 24); any judged version moves the alias (tolerance 1)
 TRAINING = ["train.epochs=2", "train.device=cpu", "train.every_nights=2", "train.model.sasrec.dim=8",
-            "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8"]
+            "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8",
+            "train.gate_min_users=10", "train.gate_tolerance=1"]
 
 
 def _conf_file(path, overrides: list[str]) -> None:
@@ -162,6 +165,7 @@ def test_one_dag_run_trains_then_publishes_the_date_through_spark_submit(airflow
     code, log = _dags_test(airflow, str(RUN_DATE))
     assert code == 0, log[-6000:]
     assert "recsys train finished with exit code 0" in log and "trained model version 2" in log
+    assert _alias_holder(airflow) == "2"          # judged on all 24 users (the first version has no date)
     partition = data / "recommendations" / f"dt={RUN_DATE}"
     manifest = json.loads((partition / "_manifest.json").read_text())
     assert manifest["date"] == str(RUN_DATE) and manifest["counts"]["rows"] == N_USERS
