@@ -206,7 +206,7 @@ def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
     events = f"paths.events={job['cfg'].paths.events}"
     longer = load_config(overrides=[events, "history.window_days=30", "history.max_items=2", "train.history_items=50"])
     capped = load_config(overrides=[events, "history.window_days=30", "history.max_items=50", "train.history_items=2"])
-    _, long_seqs = load_training_data(job["spark"], longer, RUN_DATE)
-    _, short_seqs = load_training_data(job["spark"], capped, RUN_DATE)
+    long_seqs = load_training_data(job["spark"], longer, RUN_DATE).sequences
+    short_seqs = load_training_data(job["spark"], capped, RUN_DATE).sequences
     assert long_seqs.lengths.max() > 2
     assert short_seqs.lengths.max() == 2
