@@ -104,10 +104,10 @@ def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> Train
                                                    cfg.history.event_types))
     histories = hist.build_histories(events, max_items=cfg.train.history_items,
                                      tie_break_seed=cfg.history.tie_break_seed)
-    newest = histories.select("user_id", F.element_at(hist.HISTORY_COLUMN, -1).alias("item_id"))
     first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias("first_us"))
-    table = histories.join(newest.join(first_seen, ["user_id", "item_id"]).select("user_id", "first_us"),
-                           "user_id").toArrow()
+    # histories used once (a second reference would build them, shuffles and all, a second time)
+    table = (histories.withColumn("item_id", F.element_at(hist.HISTORY_COLUMN, -1))
+             .join(first_seen, ["user_id", "item_id"]).drop("item_id").toArrow())
     user_ids, sequences = hist.histories_to_sequences(table)
     return TrainingData(user_ids, sequences, table.column("first_us").to_numpy())
 
