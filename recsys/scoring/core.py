@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +35,7 @@ import torch
 
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
 from recsys.model.base import SequenceRecommender
+from recsys.model.precision import cpu_bf16_supported
 from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -63,26 +63,6 @@ CPU_MIN_GROUPS_PER_ITEM = 2
 # path therefore does too, as CUDA always did.
 BF16_PRESELECT = 1.5
 ENCODE_BF16_ON_CPU = True
-
-
-def cpu_bf16_supported() -> bool:
-    """Whether this CPU runs bf16 matrix products natively (AVX-512-BF16 or AMX-BF16) through oneDNN.
-
-    Without them torch still accepts bf16 on the CPU, but emulates it, slower than fp32: that is
-    why the core refuses ``dtype="bfloat16"`` there instead of silently running slow.
-    """
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        caps = torch._C._cpu._get_cpu_capability()   # torch's own cpuinfo: {'avx512_bf16': True, ...}
-        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-    except (AttributeError, RuntimeError):
-        pass
-    try:  # older torch: the kernel's flags
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class UnsupportedDtype(ValueError):
