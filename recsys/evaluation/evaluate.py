@@ -237,7 +237,7 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
         log.info("[evaluate] %s epoch %d: loss %.4f, valid %s %s (%.1f s)", name, row["epoch"], row["train_loss"],
                  SELECTION_METRIC, score, row["seconds"])
 
-    settings = train_settings(cfg.train)
+    settings = train_settings(cfg.train, device)
     if seed is not None:
         settings = replace(settings, seed=seed)
     fitted = fit(run.train_seqs, model_cfg, settings, device=device, validate=validate, progress=progress)

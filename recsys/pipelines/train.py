@@ -147,7 +147,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     timer = StageTimer(partial(job_description, spark), job=f"train {date}")
     run = _prepare(cfg, date, timer, _read(spark, cfg, date, timer))
     run.device = resolve_device(cfg.train.device)
-    model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train)
+    model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train, run.device)
     run.recorder = _open_run(run, model_cfg, settings)
     try:
         result, metrics = _fit(run, model_cfg, settings)
