@@ -40,6 +40,7 @@ from recsys.sequences import Sequences, pad_left
 
 LR_DECAYS = ("constant", "cosine")
 WINDOW_OFFSETS = ("fixed", "random")
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")   # where torch (>= 2.4) has a fused AdamW kernel
 
 
 @dataclass(frozen=True)
@@ -288,13 +289,19 @@ def _autocast(precision: str, device: torch.device) -> torch.autocast:
 
 
 def _optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
-    """AdamW with decay on matrices and embeddings only, as in nanoGPT; betas as in SASRec."""
+    """AdamW with decay on matrices and embeddings only, as in nanoGPT; betas as in SASRec.
+
+    Fused (one kernel over all parameters) on CPU and CUDA: torch's default on the CPU is a Python
+    loop over the tensors. Measured with bf16 on ml-latest-small, 1 thread: the step 1.1 -> 0.4 ms,
+    an epoch about 4% shorter (benchmarks/train_speed.py, docs/performance.md).
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": settings.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=settings.learning_rate, betas=(0.9, 0.98))
+    fused = bool(params) and params[0].device.type in FUSED_ADAMW_DEVICES
+    return torch.optim.AdamW(groups, lr=settings.learning_rate, betas=(0.9, 0.98), fused=fused or None)
 
 
 def _check_items(items: np.ndarray, num_items: int, what: str, allow_empty: bool = True) -> None:

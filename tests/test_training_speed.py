@@ -1,5 +1,6 @@
-"""train.precision (issue 21): bf16 autocast where the device runs it natively, refused where it would be
-emulated, fp32 weights and loss either way, and the same seed still gives the same weights. No Spark."""
+"""Training speed on one machine (issue 21): train.precision (bf16 autocast where the device runs it natively,
+refused where it would be emulated, fp32 weights and loss either way, the same seed still gives the same
+weights) and the fused AdamW. No Spark."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -108,3 +109,11 @@ def test_bf16_training_learns_the_pattern_and_repeats_exactly(native_bf16):
     again = fit(train, CONFIG, settings, valid=valid)
     a, b = result.model.state_dict(), again.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_optimizer_is_fused_on_the_cpu_and_keeps_its_groups():
+    from recsys.model.sasrec import SASRec
+
+    optimizer = training_module._optimizer(SASRec(CONFIG), TrainSettings(weight_decay=0.1))
+    assert optimizer.defaults["fused"] is True
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
