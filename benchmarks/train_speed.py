@@ -1,7 +1,8 @@
 """Training speed on one machine (issue 21, part 4): the old default against the new, side by side.
 
     OMP_WAIT_POLICY=PASSIVE PYTHONPATH=. python benchmarks/train_speed.py --data .bench/ml-small \\
-        [--seeds 3] [--threads 1] [--points old,bf16,new] [--json .bench/train_speed.json]
+        [--seeds 3] [--threads 1] [--levers old,bf16,fused,bf16+fused,new] [--lever-epochs 3] \\
+        [--points old,new] [--json benchmarks/train_speed.json]
 
 What ``recsys train`` costs is a selection run (early stopping on each user's held-out newest item)
 plus a refit of the chosen epoch count on every interaction. Each point here is trained on the
@@ -13,11 +14,14 @@ of merit is the total, ``select + refit``, as a ratio to the old default's, at t
 NDCG@10 (mean and sd over seeds).
 
 Points (``POINTS``): ``old`` is recsys/default.yaml's train section before issue 21 (fp32, batch 16,
-lr 0.001, patience 10, 40 epochs); ``new`` is recsys/default.yaml as it is now, read through the
-project's own config (``train.precision: auto`` resolved for this CPU); the others change one lever
-from ``old``. Trainings run one at a time, in this process, with ``--threads`` torch threads, and are
-interleaved per seed (old, ..., new, then the next seed), so whatever else the machine is doing hits
-every point alike: compare the times only as ratios within one run.
+lr 0.001, patience 10, 40 epochs) with torch's CPU AdamW; ``new`` is recsys/default.yaml as it is now,
+read through the project's own config (``train.precision: auto`` resolved for this CPU) with the
+fused AdamW; the others change one lever from ``old``. ``--levers`` compares their time per epoch
+in short runs (no validation, two interleaved rounds); ``--points`` trains them in full. The epoch cap
+is shown without retraining: "old, epochs capped at N" is read off old's own curves. Trainings run
+one at a time, in this process, with ``--threads`` torch threads, and are interleaved per seed (old,
+..., new, then the next seed), so whatever else the machine is doing hits every point alike: compare
+the times only as ratios within one run. Result: docs/performance.md, "Training speed on one machine".
 """
 from __future__ import annotations
 
