@@ -174,6 +174,21 @@ class TrainConfig(_Section):
     refit: bool = True
     gate_tolerance: float = Field(ge=0)
     gate_min_users: int = Field(ge=1)
+    processes: int = Field(default=1, ge=1, le=4096)
+    shards: int = Field(default=0, ge=0, le=100_000)
+    max_users: int | None = Field(default=None, ge=1)
+
+    @property
+    def shard_files(self) -> int:
+        """Parquet files the training histories are written to: ``shards``, or 0 -> 4 per process, at least 8."""
+        return self.shards or max(8, 4 * self.processes)
+
+    @model_validator(mode="after")
+    def _a_shard_per_process(self) -> "TrainConfig":
+        if self.shards and self.shards < self.processes:
+            raise ValueError(f"train.shards={self.shards} is fewer than train.processes={self.processes}: every "
+                             "training process reads its own shard files; raise train.shards or set it to 0 (auto)")
+        return self
 
     @model_validator(mode="after")
     def _warmup_within_epochs(self) -> "TrainConfig":

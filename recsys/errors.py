@@ -81,6 +81,12 @@ class GateError(RecsysError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class TrainingProcessFailed(RecsysError):
+    """A data-parallel training process failed or was killed mid-epoch: nothing was registered; a retry may help."""
+
+    exit_code = ExitCode.UNEXPECTED_ERROR
+
+
 class ValidationFailed(RecsysError):
     exit_code = ExitCode.VALIDATION_FAILED
 
