@@ -50,6 +50,8 @@ class FitJob:
     progress_every_s: float = 30.0
     users_per_chunk: int = 4096
     shuffle_windows: int = 32768
+    log_dir: str | None = None       # each process writes its lines to rank-<r>.log here (the driver reads them
+                                     # back when a process fails: on a cluster its stdout is on another host)
 
 
 @dataclass
@@ -75,6 +77,20 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
 
     Every process returns; only process 0's output is used (TorchDistributor returns rank 0's).
     """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = job.device
+    journal = _Journal(job.log_dir, rank)
+    try:
+        output = _run_fit(job, on_epoch, world, rank, device, journal)
+    except BaseException as exc:
+        journal.write(f"FAILED {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
+        raise
+    journal.write("DONE")
+    return output
+
+
+def _run_fit(job: FitJob, on_epoch, world: int, rank: int, device: str, journal: "_Journal") -> FitOutput:
     import torch
     import torch.distributed as dist
 
@@ -83,9 +99,6 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
     from recsys.model.training import fit
     from recsys.sequences import Vocabulary
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    device = job.device
     if world > 1:
         if device.startswith("cuda"):
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(1, torch.cuda.device_count())}"
@@ -104,9 +117,10 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
         def validate(model) -> dict[str, float]:
             part = ranking_sums(model, vocab, held_out_chunks(files, users_per_chunk=job.users_per_chunk),
                                 ks=(SELECTION_K,), device=device)
-            keys = sorted(part.sums)
+            keys = (f"ndcg@{SELECTION_K}", f"hr@{SELECTION_K}", "mrr")   # the same on every process, known users or not
             if world > 1:
-                values = torch.tensor([part.sums[k] for k in keys] + [part.known, part.total], dtype=torch.float64)
+                values = torch.tensor([part.sums.get(k, 0.0) for k in keys] + [part.known, part.total],
+                                      dtype=torch.float64)
                 dist.all_reduce(values)
                 part.sums = dict(zip(keys, values[:len(keys)].tolist()))
                 part.known = int(values[len(keys)])
@@ -115,6 +129,7 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
             return part.means_over_known()
 
         def epoch_done(row: dict) -> None:
+            journal.write(f"epoch {row['epoch']}: train_loss={row['train_loss']:.4f}")
             if rank == 0:
                 _print(f"{job.label} epoch {row['epoch']}: " + ", ".join(
                     f"{k}={v:.4f}" for k, v in row.items() if k != "epoch" and isinstance(v, float)))
@@ -122,6 +137,7 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
                     on_epoch(row)
 
         def steps(row: dict) -> None:
+            journal.write(f"epoch {row['epoch']}: step {row['step']}")
             if rank == 0:
                 _print(f"{job.label} epoch {row['epoch']}/{row['epochs']}: step {row['step']:,} of about "
                        f"{row['steps']:,}, {row['windows_per_s']:,.0f} windows/s, about "
@@ -130,10 +146,12 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
         def kill_mid_epoch(epoch: int, step: int) -> None:
             if epoch == 1 and step == 2:
                 _print(f"{job.label} fault injection: training process {rank} of {world} kills itself")
+                journal.write("fault injection: SIGKILL to itself")
                 os.kill(os.getpid(), signal.SIGKILL)
 
         on_step = kill_mid_epoch if KILL_FAULT in job.faults and rank == world - 1 else None
 
+        journal.write(f"started: process {rank} of {world}, files {', '.join(p.rsplit('/', 1)[-1] for p in files.paths)}")
         if rank == 0:
             _print(f"{job.label} {world} process(es), {len(files.paths)} of {len(job.files)} shard file(s) here, "
                    f"{source.windows_per_epoch:,} windows an epoch in this process, batches of {batch_size}")
@@ -148,8 +166,12 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
 
 
 def _print(line: str) -> None:
-    """Progress from a training process: on stdout, which TorchDistributor streams to the driver's log."""
-    print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stdout, flush=True)
+    """Progress from a training process: the job's log in the driver's process; on stdout in a process
+    TorchDistributor started (it streams their output to the driver)."""
+    if "WORLD_SIZE" not in os.environ:
+        log.info("%s", line)
+    else:
+        print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stdout, flush=True)
 
 
 def fit_with_processes(spark, job: FitJob, processes: int, on_epoch: Callable[[dict], None] | None = None) -> FitOutput:
@@ -168,12 +190,63 @@ def fit_with_processes(spark, job: FitJob, processes: int, on_epoch: Callable[[d
     except Exception as exc:
         raise TrainingProcessFailed(
             f"{job.label} a data-parallel training process failed ({processes} processes, "
-            f"{'local' if local else 'on the executors'}); nothing was registered. The processes' last lines: "
-            f"{_tail(exc)}") from None
+            f"{'on this machine' if local else 'on the executors'}); nothing was registered, a rerun starts clean. "
+            f"{_journals(job.log_dir, processes) or 'TorchDistributor: ' + _tail(exc)}") from None
     if not isinstance(output, FitOutput):
         raise TrainingProcessFailed(f"{job.label} the training processes returned {type(output).__name__}, "
                                     "not the trained weights; nothing was registered")
     return output
+
+
+class _Journal:
+    """A training process's own lines in ``<log_dir>/rank-<r>.log``, flushed line by line: what the driver
+    reads back to say which process failed and how (a killed process's file ends without DONE or FAILED)."""
+
+    def __init__(self, log_dir: str | None, rank: int):
+        self.path = None if log_dir is None else f"{log_dir.rstrip('/')}/rank-{rank}.log"
+        self._stream = None
+
+    def write(self, line: str) -> None:
+        if self.path is None:
+            return
+        try:
+            if self._stream is None:
+                from recsys import fs as rfs
+
+                fs, local = rfs.resolve(self.path)
+                fs.create_dir(local.rsplit("/", 1)[0], recursive=True)
+                self._stream = fs.open_output_stream(local)
+            self._stream.write(f"{time.strftime('%H:%M:%S')} {line}\n".encode())
+            self._stream.flush()
+            if line.startswith(("DONE", "FAILED")):
+                self._stream.close()
+                self._stream = None
+        except OSError:   # the journal is for the error message; it never fails the training
+            self.path = None
+
+
+def _journals(log_dir: str | None, processes: int) -> str:
+    """What each process's journal says about how it ended: one clause per process."""
+    if log_dir is None:
+        return ""
+    from recsys import fs as rfs
+
+    parts = []
+    for rank in range(processes):
+        try:
+            fs, local = rfs.resolve(f"{log_dir.rstrip('/')}/rank-{rank}.log")
+            lines = [ln.split(" ", 1)[-1] for ln in rfs.read_text(fs, local).splitlines() if ln.strip()]
+        except (OSError, FileNotFoundError):
+            lines = []
+        if not lines:
+            parts.append(f"process {rank}: never started (no line written)")
+        elif lines[-1].startswith("FAILED"):
+            parts.append(f"process {rank}: {lines[-1]}")
+        elif lines[-1] == "DONE":
+            parts.append(f"process {rank}: finished")
+        else:
+            parts.append(f"process {rank}: died without an error (killed, or out of memory?) after: {lines[-1]}")
+    return "; ".join(parts)
 
 
 def _local_master(spark) -> bool:

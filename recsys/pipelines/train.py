@@ -96,6 +96,7 @@ class _Training:
     vocab: Vocabulary                 # the selection fit's: items without each user's held-out newest
     full_vocab: Vocabulary            # the refit's: every item before the date, newest items included
     held_out: StreamedHeldOut         # each user's newest item, streamed from the shards (the gate's users)
+    work_dir: str = ""                # this attempt's shards/ and the training processes' logs/, removed at the end
     hooks: Hooks = NO_HOOKS
     device: Any = None
     recorder: Any = None              # tracking.RunRecorder, once the run is opened
@@ -123,6 +124,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     work_dir = training_work_dir(cfg, date)
     try:
         run = _prepare(spark, cfg, date, timer, _write(spark, cfg, date, timer, work_dir), hooks)
+        run.work_dir = work_dir
         run.device = resolve_device(cfg.train.device)
         model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train)
         run.recorder = _open_run(run, model_cfg, settings)
@@ -159,7 +161,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
 
 def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str) -> TrainingShards:
     with timer.stage("read", "read events, write the training histories as shards") as c:
-        shards = write_training_shards(spark, cfg, date, work_dir, shards=cfg.train.shard_files)
+        shards = write_training_shards(spark, cfg, date, rfs.join(work_dir, "shards"), shards=cfg.train.shard_files)
         c.update(users=shards.users, interactions=shards.interactions, files=len(shards.files.paths),
                  **({"sampled_from_users": shards.sampled_from} if shards.sampled_from is not None else {}))
     if shards.interactions == 0:
@@ -184,7 +186,7 @@ def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer,
         raise InputDataError(f"the histories fill {len(shards.files.paths)} shard file(s), fewer than "
                              f"train.processes={cfg.train.processes}: too few users for that many processes; "
                              "train with fewer processes")
-    return _Training(cfg, date, timer, spark, shards, vocab, full_vocab, StreamedHeldOut(shards.files), hooks)
+    return _Training(cfg, date, timer, spark, shards, vocab, full_vocab, StreamedHeldOut(shards.files), hooks=hooks)
 
 
 def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
@@ -212,7 +214,8 @@ def _job(run: _Training, label: str, model_cfg: Any, settings: Any, vocab: Vocab
          stop_after: int | None = None) -> FitJob:
     return FitJob(label=f"[train {run.date}] {label}", files=run.shards.files.paths, vocab_ids=vocab.item_ids,
                   model_config=model_cfg, settings=settings, hold_out_newest=hold_out, validate=hold_out,
-                  stop_after=stop_after, device=str(run.device), faults=run.hooks.faults)
+                  stop_after=stop_after, device=str(run.device), faults=run.hooks.faults,
+                  log_dir=rfs.join(run.work_dir, "logs", label))
 
 
 def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[FitOutput, dict[str, float]]:
