@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -185,17 +186,26 @@ def fit_with_processes(spark, job: FitJob, processes: int, on_epoch: Callable[[d
     use_gpu = job.device.startswith("cuda")
     log.info("%s training in %d processes with TorchDistributor (%s, %s)", job.label, processes,
              "on this machine" if local else "on the executors", "NCCL on GPUs" if use_gpu else "gloo on CPUs")
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from recsys.learning import bootstrap
+
+    cloudpickle.register_pickle_by_value(bootstrap)   # unpickled where recsys is not importable yet
+    recsys_home = str(Path(sys.modules["recsys"].__file__).resolve().parents[1])
     try:
-        output = TorchDistributor(num_processes=processes, local_mode=local, use_gpu=use_gpu).run(run_fit, job)
+        output = TorchDistributor(num_processes=processes, local_mode=local, use_gpu=use_gpu).run(
+            bootstrap.run_fit_anywhere, [recsys_home], pickle.dumps(job))
     except Exception as exc:
         raise TrainingProcessFailed(
             f"{job.label} a data-parallel training process failed ({processes} processes, "
             f"{'on this machine' if local else 'on the executors'}); nothing was registered, a rerun starts clean. "
             f"{_journals(job.log_dir, processes) or 'TorchDistributor: ' + _tail(exc)}") from None
-    if not isinstance(output, FitOutput):
+    if not isinstance(output, dict) or "state" not in output:
         raise TrainingProcessFailed(f"{job.label} the training processes returned {type(output).__name__}, "
                                     "not the trained weights; nothing was registered")
-    return output
+    return FitOutput(**output)
 
 
 class _Journal:
