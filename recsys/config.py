@@ -370,6 +370,18 @@ def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
     return Hooks.from_environ(os.environ if environ is None else environ)
 
 
+def torchrun_place(environ: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """(rank, world size, local rank) of this process in a data-parallel group: the variables torchrun
+    sets for the processes it starts (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; TorchDistributor starts
+    them through torchrun), not settings. (0, 1, 0) in a process that torchrun did not start."""
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ConfigError(f"torchrun's RANK/WORLD_SIZE/LOCAL_RANK are not integers: {env.get('RANK')!r}, "
+                          f"{env.get('WORLD_SIZE')!r}, {env.get('LOCAL_RANK')!r}") from None
+
+
 def default_config_text() -> str:
     return resources.files("recsys").joinpath("default.yaml").read_text()
 

@@ -13,17 +13,16 @@ it back needs no recsys class either.
 from __future__ import annotations
 
 
-def run_fit_anywhere(recsys_paths: list, job_bytes: bytes):
+def run_fit_anywhere(recsys_paths: list, job_fields: dict):
     """Train as one process of the data-parallel group: returns process 0's weights and curve as plain values."""
     import os
-    import pickle
     import sys
 
     for path in [*recsys_paths, os.path.abspath("recsys.zip")]:
         if os.path.exists(path) and path not in sys.path:
             sys.path.insert(0, path)
-    from recsys.learning.distributed import run_fit
+    from recsys.learning.distributed import FitJob, run_fit
 
-    out = run_fit(pickle.loads(job_bytes))
+    out = run_fit(FitJob.from_plain(job_fields))
     return {"state": out.state, "curve": out.curve, "best_epoch": out.best_epoch,
             "best_metrics": out.best_metrics, "processes": out.processes}

@@ -16,6 +16,7 @@ last lines the processes printed: the caller registers nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from recsys.config import torchrun_place
 from recsys.errors import TrainingProcessFailed
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,29 @@ class FitJob:
                                      # back when a process fails: on a cluster its stdout is on another host)
 
 
+    def to_plain(self) -> dict:
+        """The job as plain values (no recsys class inside): what the bootstrap carries to processes that
+        cannot import recsys until it has set their path (``recsys.learning.bootstrap``)."""
+        from recsys.model.registry import MODEL_TYPES
+
+        model_type = next(name for name, (config_cls, _) in MODEL_TYPES.items()
+                          if type(self.model_config) is config_cls)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields.update(model_config=(model_type, dataclasses.asdict(self.model_config)),
+                      settings=dataclasses.asdict(self.settings))
+        return fields
+
+    @classmethod
+    def from_plain(cls, fields: dict) -> "FitJob":
+        from recsys.model.registry import MODEL_TYPES
+        from recsys.model.training import TrainSettings
+
+        model_type, model_fields = fields["model_config"]
+        config_cls, _ = MODEL_TYPES[model_type]
+        return cls(**{**fields, "model_config": config_cls(**model_fields),
+                      "settings": TrainSettings(**fields["settings"])})
+
+
 @dataclass
 class FitOutput:
     """What process 0 returns: the best epoch's weights (on the CPU), the learning curve and the best epoch."""
@@ -78,12 +103,10 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
 
     Every process returns; only process 0's output is used (TorchDistributor returns rank 0's).
     """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    device = job.device
+    rank, world, local_rank = torchrun_place()
     journal = _Journal(job.log_dir, rank)
     try:
-        output = _run_fit(job, on_epoch, world, rank, device, journal)
+        output = _run_fit(job, on_epoch, world, rank, local_rank, journal)
     except BaseException as exc:
         journal.write(f"FAILED {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
         raise
@@ -91,7 +114,7 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
     return output
 
 
-def _run_fit(job: FitJob, on_epoch, world: int, rank: int, device: str, journal: "_Journal") -> FitOutput:
+def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, journal: "_Journal") -> FitOutput:
     import torch
     import torch.distributed as dist
 
@@ -100,9 +123,10 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, device: str, journal:
     from recsys.model.training import fit
     from recsys.sequences import Vocabulary
 
+    device = job.device
     if world > 1:
         if device.startswith("cuda"):
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % max(1, torch.cuda.device_count())}"
+            device = f"cuda:{local_rank % max(1, torch.cuda.device_count())}"
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
     try:
@@ -169,7 +193,7 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, device: str, journal:
 def _print(line: str) -> None:
     """Progress from a training process: the job's log in the driver's process; on stdout in a process
     TorchDistributor started (it streams their output to the driver)."""
-    if "WORLD_SIZE" not in os.environ:
+    if torchrun_place()[1] == 1:
         log.info("%s", line)
     else:
         print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stdout, flush=True)
@@ -186,8 +210,6 @@ def fit_with_processes(spark, job: FitJob, processes: int, on_epoch: Callable[[d
     use_gpu = job.device.startswith("cuda")
     log.info("%s training in %d processes with TorchDistributor (%s, %s)", job.label, processes,
              "on this machine" if local else "on the executors", "NCCL on GPUs" if use_gpu else "gloo on CPUs")
-    import pickle
-
     from pyspark import cloudpickle
 
     from recsys.learning import bootstrap
@@ -196,7 +218,7 @@ def fit_with_processes(spark, job: FitJob, processes: int, on_epoch: Callable[[d
     recsys_home = str(Path(sys.modules["recsys"].__file__).resolve().parents[1])
     try:
         output = TorchDistributor(num_processes=processes, local_mode=local, use_gpu=use_gpu).run(
-            bootstrap.run_fit_anywhere, [recsys_home], pickle.dumps(job))
+            bootstrap.run_fit_anywhere, [recsys_home], job.to_plain())
     except Exception as exc:
         raise TrainingProcessFailed(
             f"{job.label} a data-parallel training process failed ({processes} processes, "
