@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-from recsys.model.losses import (full_softmax_loss, item_log_q, sampled_softmax_loss, target_counts,
-                                 training_loss)
+from recsys.model.losses import (full_softmax_loss, item_log_q, sampled_softmax_loss, training_loss,
+                                 vocabulary_counts)
+from recsys.model.sasrec import SASRecConfig
+from recsys.model.training import TrainSettings, ValidationSet, fit
+from recsys.sequences import Sequences
 
 
 def skewed_problem(num_items: int = 1000, rows: int = 64, dim: int = 16, seed: int = 0):
@@ -93,9 +97,10 @@ def test_the_proposal_is_smoothed_popularity_with_every_item_possible():
         item_log_q(torch.tensor([-1.0, 3.0]))
 
 
-def test_target_counts_count_labels_and_not_the_padding():
-    labels = torch.tensor([[0, 2, 2], [0, 0, 3]])
-    assert target_counts(labels, 4).tolist() == [0, 2, 1, 0]
+def test_vocabulary_counts_drop_the_padding_index_and_count_unseen_items_as_zero():
+    assert vocabulary_counts(np.array([0, 2, 1]), 4).tolist() == [2, 1, 0, 0]
+    with pytest.raises(ValueError, match="at most num_items"):
+        vocabulary_counts(np.ones(7), 4)
 
 
 def test_sampled_loss_falls_back_to_the_full_softmax_when_the_sample_is_no_smaller_than_the_catalog(caplog):
@@ -107,3 +112,47 @@ def test_sampled_loss_falls_back_to_the_full_softmax_when_the_sample_is_no_small
     assert training_loss("sampled", 99, counts, seed=0) is not full_softmax_loss
     with pytest.raises(ValueError, match="full, sampled.*'bpr'"):
         training_loss("bpr", 10, counts, seed=0)
+
+
+def test_train_settings_refuse_an_unknown_loss_and_no_negatives():
+    with pytest.raises(ValueError, match=r"TrainSettings.loss must be one of full, sampled, got 'sampeld'"):
+        TrainSettings(loss="sampeld")
+    with pytest.raises(ValueError, match="TrainSettings.negatives must be at least 1.*got 0"):
+        TrainSettings(loss="sampled", negatives=0)
+
+
+NUM_ITEMS = 300
+
+
+def skewed_successor_task(users: int = 1200, seed: int = 0) -> tuple[Sequences, ValidationSet]:
+    """Item i is followed by i + 1 (cyclically), runs of 4..12 items starting at Zipf-distributed items,
+    so item popularity is skewed as in real logs. Target: the item after each user's last."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / np.arange(1, NUM_ITEMS + 1)
+    starts = rng.choice(NUM_ITEMS, users, p=weights / weights.sum())
+    lengths = rng.integers(4, 13, users)
+    runs = [(s + np.arange(n)) % NUM_ITEMS + 1 for s, n in zip(starts, lengths)]
+    targets = np.array([r[-1] % NUM_ITEMS + 1 for r in runs], dtype=np.int64)
+    return Sequences.from_lists(runs), ValidationSet(Sequences.from_lists(runs), targets)
+
+
+def test_a_model_trained_with_sampled_softmax_ranks_nearly_as_well_as_with_the_full_softmax():
+    """A 300-item catalog, 32 negatives a step (about a tenth of it): validation NDCG@10 within 0.1 of
+    the full softmax's, both far above a random ranking's (about 0.02)."""
+    train, valid = skewed_successor_task()
+    config = SASRecConfig(num_items=NUM_ITEMS, dim=32, layers=1, heads=2, max_len=10, dropout=0.1)
+    full = TrainSettings(epochs=5, batch_size=64, learning_rate=5e-3, patience=3, seed=3, num_threads=2)
+    by_full = fit(train, config, full, valid=valid).best_metrics["ndcg@10"]
+    by_sampled = fit(train, config, replace(full, loss="sampled", negatives=32), valid=valid).best_metrics["ndcg@10"]
+    assert by_full > 0.6 and by_sampled > 0.6, (by_full, by_sampled)
+    assert by_sampled > by_full - 0.1, (by_full, by_sampled)
+
+
+def test_training_with_sampled_softmax_repeats_for_a_seed():
+    train, _ = skewed_successor_task(users=200)
+    config = SASRecConfig(num_items=NUM_ITEMS, dim=16, layers=1, heads=1, max_len=10, dropout=0.1)
+    settings = TrainSettings(epochs=1, batch_size=32, seed=5, num_threads=2, loss="sampled", negatives=32)
+    a, b = (fit(train, config, settings).model.state_dict() for _ in range(2))
+    c = fit(train, config, replace(settings, seed=6)).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)

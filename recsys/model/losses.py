@@ -51,7 +51,7 @@ def item_log_q(counts: torch.Tensor | np.ndarray, power: float = PROPOSAL_POWER,
                smoothing: float = PROPOSAL_SMOOTHING) -> torch.Tensor:
     """[N] float32 log-probabilities of the proposal: ``(count + smoothing) ** power``, normalised.
 
-    ``counts`` [N] is how often each item is a training target. Why these defaults:
+    ``counts`` [N] is how often each item occurs in the training sequences. Why these defaults:
 
     - ``smoothing`` 1 (add-one): every item of the vocabulary keeps a non-zero probability, so its
       embedding is pushed down now and then even if it is never a target in this window of data
@@ -110,16 +110,24 @@ def sampled_softmax_loss(hidden: torch.Tensor, items: torch.Tensor, targets: tor
     return F.cross_entropy(logits, torch.zeros(len(targets), dtype=torch.long, device=logits.device))
 
 
-def target_counts(labels: torch.Tensor, num_items: int) -> torch.Tensor:
-    """[num_items] how often each item (1..num_items) is a label; 0 (no loss) is not counted."""
-    return torch.bincount(labels.flatten(), minlength=num_items + 1)[1:num_items + 1]
+def vocabulary_counts(index_counts: np.ndarray | torch.Tensor, num_items: int) -> torch.Tensor:
+    """[num_items] counts of items 1..num_items from a bincount over item indices (index 0: padding).
+
+    A bincount is as long as the largest index seen plus one; items never seen count 0 (the
+    proposal's smoothing still gives them a chance to be drawn).
+    """
+    counts = torch.as_tensor(np.asarray(index_counts), dtype=torch.float64)
+    if counts.dim() != 1 or len(counts) > num_items + 1:
+        raise ValueError(f"index counts must be a vector of at most num_items + 1 = {num_items + 1} entries "
+                         f"(index 0 is padding), got shape {tuple(counts.shape)}")
+    return torch.nn.functional.pad(counts, (0, num_items + 1 - len(counts)))[1:]
 
 
 def training_loss(kind: str, negatives: int, counts: torch.Tensor, *, seed: int,
                   device: str | torch.device = "cpu") -> LossFunction:
     """The loss ``fit`` calls each step, ``(hidden [T, D], items [N, D], targets [T]) -> scalar``, chosen once.
 
-    ``counts`` [N] are the training targets' item counts (the proposal of "sampled"); ``seed`` seeds the
+    ``counts`` [N] are the training sequences' item counts (the proposal of "sampled"); ``seed`` seeds the
     negatives' generator, on ``device`` (a CUDA tensor needs a CUDA generator), apart from every other
     random stream of training. With ``negatives >= N`` a sampled softmax costs as much as the full one
     or more and only approximates it, so "sampled" falls back to "full" and logs why, rather than

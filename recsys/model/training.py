@@ -30,8 +30,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from recsys.model.losses import LOSSES, training_loss, vocabulary_counts
 from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
 from recsys.model.registry import build_model
 from recsys.model.stream import StreamedWindows, window_examples
@@ -55,6 +55,8 @@ class TrainSettings:
     warmup_epochs: float = 0.0   # learning rate rises linearly from 0 over this many epochs' steps
     lr_decay: str = "constant"   # constant | cosine: to 0 at the end of ``epochs`` (the schedule's horizon)
     window_offsets: str = "fixed"   # fixed | random: each epoch shifts long users' window tiling (see above)
+    loss: str = "full"           # full | sampled: softmax over this many negatives, log-q corrected (model/losses.py)
+    negatives: int = 8192        # with loss "sampled"; at or above the item count, the full softmax is used
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "patience", "eval_every"):
@@ -69,6 +71,10 @@ class TrainSettings:
         if self.window_offsets not in WINDOW_OFFSETS:
             raise ValueError(f"TrainSettings.window_offsets must be one of {', '.join(WINDOW_OFFSETS)}, "
                              f"got {self.window_offsets!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"TrainSettings.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.negatives < 1:
+            raise ValueError(f"TrainSettings.negatives must be at least 1 (items sampled a step), got {self.negatives}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"TrainSettings.num_threads must be at least 1 or None, got {self.num_threads}")
 
@@ -283,6 +289,8 @@ def _fit(source, model_config, settings: TrainSettings,
     windows = int(_all_reduce([float(source.windows_per_epoch)], "min")[0])
     steps_per_epoch = max(1, -(-windows // source.batch_size))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(settings, steps_per_epoch))
+    counts = vocabulary_counts(source.item_counts, model_config.num_items)           # this process's data
+    loss_of = training_loss(settings.loss, settings.negatives, counts, seed=settings.seed + 1000 * rank, device=device)
     curve: list[dict] = []
     best_score, best_epoch, best_metrics, best_state = -1.0, 0, {}, None
 
@@ -303,8 +311,7 @@ def _fit(source, model_config, settings: TrainSettings,
             y = batch[1].to(device, non_blocking=True)                           # [b, L]
             keep = y != 0                                                        # [b, L]
             hidden = net(x)[keep]                                                # [T, D]
-            logits = hidden @ model.item_embeddings()[1:].T                      # [T, N], padding left out
-            loss = F.cross_entropy(logits, y[keep] - 1)
+            loss = loss_of(hidden, model.item_embeddings()[1:], y[keep] - 1)     # padding row left out
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
