@@ -167,6 +167,8 @@ class TrainConfig(_Section):
     warmup_epochs: float = Field(default=0.0, ge=0)
     lr_decay: Literal["constant", "cosine"] = "constant"
     window_offsets: Literal["fixed", "random"] = "fixed"
+    loss: Literal["full", "sampled"] = "full"
+    negatives: int = Field(default=8192, ge=1)
     seed: int = 42
     min_item_count: int = Field(ge=1)
     history_items: int = Field(ge=2, le=1_000_000)

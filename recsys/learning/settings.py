@@ -18,10 +18,10 @@ def model_config(model: ModelConfig, num_items: int, model_type: str | None = No
 
 
 def train_settings(train: TrainConfig):
-    """The training loop's settings (epochs, batch, optimiser, early stop, seed) from ``train.*``."""
+    """The training loop's settings (epochs, batch, optimiser, loss, early stop, seed) from ``train.*``."""
     from recsys.model.training import TrainSettings
 
     return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
                          weight_decay=train.weight_decay, patience=train.patience, seed=train.seed,
                          warmup_epochs=train.warmup_epochs, lr_decay=train.lr_decay,
-                         window_offsets=train.window_offsets)
+                         window_offsets=train.window_offsets, loss=train.loss, negatives=train.negatives)
