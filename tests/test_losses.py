@@ -156,3 +156,35 @@ def test_training_with_sampled_softmax_repeats_for_a_seed():
     c = fit(train, config, replace(settings, seed=6)).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_training_from_streamed_shards_samples_from_their_item_counts(tmp_path):
+    """recsys train streams its windows from shard files: the proposal comes from their counts, and
+    a streamed sampled-softmax fit learns and repeats for a seed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recsys.model.stream import ShardFiles, StreamedWindows
+    from recsys.sequences import Vocabulary
+
+    train, _ = skewed_successor_task(users=300)
+    ids = train.items + 1000                                                     # external ids
+    lists = [ids[a:b].tolist() for a, b in zip(train.offsets[:-1], train.offsets[1:])]
+    path = tmp_path / "part-00000.parquet"
+    pq.write_table(pa.table({"user_id": pa.array(np.arange(len(lists)), pa.int64()),
+                             "history": pa.array(lists, pa.list_(pa.int64())),
+                             "newest_first_us": pa.array(np.zeros(len(lists)), pa.int64())}), path)
+    vocab = Vocabulary(np.unique(ids))
+    config = SASRecConfig(num_items=len(vocab), dim=16, layers=1, heads=1, max_len=10, dropout=0.1)
+    settings = TrainSettings(epochs=3, batch_size=32, learning_rate=5e-3, seed=5, num_threads=2,
+                             loss="sampled", negatives=32)
+
+    def run():
+        source = StreamedWindows(ShardFiles((str(path),)), vocab, max_len=10, batch_size=32, seed=5,
+                                 hold_out_newest=False, random_offsets=False, users_per_chunk=64, shuffle_windows=128)
+        assert vocabulary_counts(source.item_counts, len(vocab)).sum() == len(ids)
+        return fit(source, config, settings)
+
+    first, second = run(), run()
+    assert first.curve[-1]["train_loss"] < first.curve[0]["train_loss"]
+    assert all(torch.equal(v, second.model.state_dict()[k]) for k, v in first.model.state_dict().items())
