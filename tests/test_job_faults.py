@@ -134,11 +134,14 @@ def _closed_port() -> int:
 
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
         spark, base, tmp_path, monkeypatch, caplog, capsys):
-    memo = next((base.data / "driver" / "models").rglob("last-resolved@champion.json"))
-    target = tmp_path / "driver" / memo.relative_to(base.data / "driver")
-    target.parent.mkdir(parents=True)
-    shutil.copy(memo, target)                      # what the previous night left in paths.driver_scratch
+    from recsys.tracking.last_model import recall, remember
+
     uri = f"http://bob:s3cret@127.0.0.1:{_closed_port()}/"
+    # what the previous night left in paths.driver_scratch, when this server answered: the version the
+    # module's run resolved, bound to this store (the memo is only used with the store it came from)
+    model, why = recall(base.data / "driver", base.store.model_name, "champion", base.store.tracking_uri)
+    assert why is None, why
+    remember(tmp_path / "driver", model, uri)
     started = time.monotonic()
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
                                            *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
@@ -156,6 +159,33 @@ def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exi
     assert "MLflow is unreachable" in caplog.text and "could not be recorded" in caplog.text
     logged = caplog.text + capsys.readouterr().err
     assert "s3cret" not in logged and "s3cret" not in manifest_text and "bob:" not in manifest_text
+
+
+def test_a_model_remembered_from_another_tracking_store_is_never_published_when_mlflow_is_unreachable(
+        spark, base, tmp_path, monkeypatch, caplog):
+    """The sequence that once published a toy model as "version 1" with exit 5: one store's resolution is
+    remembered in the driver's scratch (the module's run left it there, as tests/test_submit_log.py once
+    did in the checkout), then a forced run against another, unreachable store finds it."""
+    from recsys.tracking.store import tracking_store_id
+
+    memo = next((base.data / "driver" / "models").rglob("last-resolved@champion.json"))   # its files are still there
+    target = tmp_path / "driver" / memo.relative_to(base.data / "driver")
+    target.parent.mkdir(parents=True)
+    shutil.copy(memo, target)
+    before = _with_old_partition(base, tmp_path)
+    uri = f"http://127.0.0.1:{_closed_port()}/"
+    code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE), "--force",
+                                           *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
+                                                                  inputs=base.data)])
+    errors = jobkit.errors_logged(caplog)
+    assert code == ExitCode.UNEXPECTED_ERROR == 1 and len(errors) == 1, caplog.text
+    assert (f"came from the tracking store {tracking_store_id(base.store.tracking_uri)}, not this run's "
+            f"{tracking_store_id(uri)}" in errors[0]), errors[0]
+    assert "Retry when the tracking store is back" in errors[0] and "Traceback" not in caplog.text
+    assert "scoring with the last resolved version" not in caplog.text
+    out = tmp_path / "recommendations"
+    assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before   # nothing published
+    assert not list(out.glob("_staging/*/*")) and not list(out.glob("_locks/*.lock"))
 
 
 def test_an_unreachable_mlflow_without_a_remembered_model_fails_in_one_line(spark, base, tmp_path, monkeypatch,

@@ -48,6 +48,43 @@ class ResolvedModel:
         return f"models:/{self.name}@{self.alias}"
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def tracking_store_id(tracking_uri: str) -> str:
+    """Which tracking store ``tracking_uri`` names, as one spelling, without credentials.
+
+    What the remembered model resolution and the date's lock are bound to, so that something
+    learnt from one store is never used with another: a registry's "version 1 of recsys-default"
+    means nothing in another registry. Two spellings of one store give the same id: relative sqlite
+    and file-store paths are made absolute (MLflow resolves them against the working directory, so
+    ``sqlite:///.recsys/mlflow.db`` in two checkouts is two stores); scheme and host are lower-cased, a
+    default port, a trailing slash, the query and the fragment are dropped; ``user:password@`` never
+    appears. Safe to write to disk and to log.
+    """
+    uri = tracking_uri.strip()
+    if uri in ("databricks", "databricks-uc"):
+        return uri
+    if uri.lower().startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].partition("?")[0]   # "/abs/db" for sqlite:////abs/db, "rel/db" for sqlite:///rel/db
+        return "sqlite:///" + (path if path == ":memory:" else str(Path(path).resolve()))
+    if is_local_path(uri):
+        return local_path(uri).resolve().as_uri()
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        return redact_uri(uri)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"   # an IPv6 literal
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        host = f"{host}:{port}"
+    return f"{scheme}://{host}{parts.path.rstrip('/')}"
+
+
 def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
     """Point MLflow at the configured store and return the experiment id (created if missing)."""
     import mlflow
