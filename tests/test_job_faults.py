@@ -4,6 +4,7 @@ One published run of the module's dataset is the "previous partition" that each 
 its own output root; inputs are shared read-only. Everything runs on the shared Spark session
 except the SIGKILL test, which needs a process of its own to kill.
 """
+import datetime as dt
 import json
 import os
 import shutil
@@ -75,6 +76,9 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeeds(spark, base, tmp_path, caplog):
+    from mlflow import MlflowClient
+
+    from recsys.cli.runs import list_runs
     from recsys.pipelines.nightly import run_nightly
 
     before = _with_old_partition(base, tmp_path)
@@ -112,14 +116,30 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     assert jobkit.snapshot(out / PART) == before
     assert spark.read.parquet(str(out)).count() == N_USERS
     assert list((out / "_staging" / PART).iterdir())           # the killed run's partial output, out of sight
-    assert (out / "_locks" / f"{PART}.lock").is_file()         # and its lock, whose process is gone
+    lock = json.loads((out / "_locks" / f"{PART}.lock").read_text())   # and its lock, whose process is gone,
+    dead = lock["mlflow_run_id"]                               # naming the MLflow run it could not end
+    client = MlflowClient(base.store.tracking_uri)
+    assert client.get_run(dead).info.status == "RUNNING"
+    assert client.get_run(dead).data.tags["recsys.job_run"] == lock["run"]
 
+    cfg = jobkit.config(tmp_path, base.store, inputs=base.data)
     caplog.clear()
     with caplog.at_level("WARNING"):
-        result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
+        result = run_nightly(spark, cfg, RUN_DATE)
     assert "taking over the lock" in caplog.text and "is gone" in caplog.text
     assert "removed staging directory" in caplog.text
     assert result.exit_code == ExitCode.OK
+    # the dead run's MLflow run no longer claims to be running: KILLED, saying who found it dead and when
+    killed = client.get_run(dead)
+    assert killed.info.status == "KILLED" and killed.info.end_time >= killed.info.start_time
+    assert killed.data.tags["recsys.found_dead_by"] == result.manifest["job_run"]
+    found_at = dt.datetime.fromisoformat(killed.data.tags["recsys.found_dead_at"])
+    assert 0 <= (dt.datetime.now(dt.timezone.utc) - found_at).total_seconds() < 600
+    assert f"ended MLflow run {dead} of the dead run {lock['run']} as KILLED" in caplog.text
+    rows = list_runs(cfg, date=RUN_DATE)           # what `recsys runs --date` prints, newest first
+    assert [(r["run_id"], r["status"]) for r in rows[:2]] == [(result.run_id, "published"), (dead, "killed")]
+    assert f"is gone; found dead by run {result.manifest['job_run']}" in rows[1]["error"]
+    assert not [r for r in rows if r["status"] == "running"]
     assert jobkit.snapshot(out / PART) != before
     assert json.loads((out / PART / "_manifest.json").read_text())["job_run"] == result.manifest["job_run"]
     assert _users(out / PART) == list(range(1, N_USERS + 1))
