@@ -39,6 +39,7 @@ class RunStatus(str, Enum):
     PUBLISHED = "published"
     SKIPPED = "skipped"            # already published with the same model version and configuration
     FAILED = "failed"
+    KILLED = "killed"              # the process died before the run could end; a later run of the date found it dead
 
     def __str__(self) -> str:
         return self.value

@@ -34,12 +34,15 @@ SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machi
 
 
 LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
+# --pack's archive (about 510 MiB, 40 s to build) is kept between sessions, but never in the checkout's
+# .recsys/pack/, which is the user's (tests/checkout_guard.py)
+PACK_CACHE = Path(os.environ.get("RECSYS_PACK_CACHE") or Path.home() / ".cache" / "recsys-pack")
 
 
 def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
     cmd = [str(CHECKOUT / "spark-submit.sh"), *args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_"))}
-    full_env.update(SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
+    full_env.update(SPARK_LOCAL_IP="127.0.0.1", RECSYS_PACK_CACHE=str(PACK_CACHE), **(env or {}))
     if not wait:
         return subprocess.Popen(cmd, cwd=CHECKOUT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -90,8 +93,11 @@ def runs(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "recsys.cli", "sample-data", "--out", str(data), "--users", "200",
                     "--items", "60", "--days", "10", "--end-date", str(END)], cwd=root, check=True,
                    capture_output=True, timeout=300)
+    # every path in the test's directories: the jobs run from the checkout (relative job files), whose
+    # .recsys/ the embedded defaults would write into; each nightly run sets its own paths.output below
     base = [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}",
-            f"paths.work={shared / 'work'}", f"paths.driver_scratch={private / 'scratch'}",
+            f"paths.output={shared / 'out'}", f"paths.work={shared / 'work'}",
+            f"paths.driver_scratch={private / 'scratch'}",
             f"mlflow.tracking_uri=sqlite:///{private / 'mlflow.db'}", f"mlflow.artifact_location={private / 'artifacts'}",
             "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64", "scoring.device=cpu",
             "train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
