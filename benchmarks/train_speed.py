@@ -103,13 +103,13 @@ def main() -> None:
                                                    f"first; '' for none (default {LEVERS})")
     p.add_argument("--lever-epochs", type=int, default=3, help="epochs of each short run (default 3)")
     p.add_argument("--points", default=TRAININGS, help=f"points trained in full with early stopping, 'old' first "
-                                                      f"(default {TRAININGS})")
+                                                      f"(default {TRAININGS}); '' for none")
     p.add_argument("--epochs", type=int, default=None, help="cap every point at this many epochs (a quick check "
                                                             "of the script; not the comparison)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     levers = [x for x in a.levers.split(",") if x]
-    points = a.points.split(",")
+    points = [x for x in a.points.split(",") if x]
     for name, chosen in (("--levers", levers), ("--points", points)):
         if chosen and (chosen[0] != "old" or any(x not in POINTS for x in chosen)):
             raise SystemExit(f"{name} must start with old and name only {', '.join(POINTS)}; got {','.join(chosen)!r}")

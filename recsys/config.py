@@ -167,6 +167,8 @@ class TrainConfig(_Section):
     warmup_epochs: float = Field(default=0.0, ge=0)
     lr_decay: Literal["constant", "cosine"] = "constant"
     window_offsets: Literal["fixed", "random"] = "fixed"
+    loss: Literal["full", "sampled"] = "full"
+    negatives: int = Field(default=8192, ge=1)
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     seed: int = 42
     min_item_count: int = Field(ge=1)
@@ -175,6 +177,21 @@ class TrainConfig(_Section):
     refit: bool = True
     gate_tolerance: float = Field(ge=0)
     gate_min_users: int = Field(ge=1)
+    processes: int = Field(default=1, ge=1, le=4096)
+    shards: int = Field(default=0, ge=0, le=100_000)
+    max_users: int | None = Field(default=None, ge=1)
+
+    @property
+    def shard_files(self) -> int:
+        """Parquet files the training histories are written to: ``shards``, or 0 -> 4 per process, at least 8."""
+        return self.shards or max(8, 4 * self.processes)
+
+    @model_validator(mode="after")
+    def _a_shard_per_process(self) -> "TrainConfig":
+        if self.shards and self.shards < self.processes:
+            raise ValueError(f"train.shards={self.shards} is fewer than train.processes={self.processes}: every "
+                             "training process reads its own shard files; raise train.shards or set it to 0 (auto)")
+        return self
 
     @model_validator(mode="after")
     def _warmup_within_epochs(self) -> "TrainConfig":
@@ -354,6 +371,18 @@ def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
     from recsys.hooks import Hooks
 
     return Hooks.from_environ(os.environ if environ is None else environ)
+
+
+def torchrun_place(environ: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """(rank, world size, local rank) of this process in a data-parallel group: the variables torchrun
+    sets for the processes it starts (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``; TorchDistributor starts
+    them through torchrun), not settings. (0, 1, 0) in a process that torchrun did not start."""
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0"))
+    except ValueError:
+        raise ConfigError(f"torchrun's RANK/WORLD_SIZE/LOCAL_RANK are not integers: {env.get('RANK')!r}, "
+                          f"{env.get('WORLD_SIZE')!r}, {env.get('LOCAL_RANK')!r}") from None
 
 
 def default_config_text() -> str:

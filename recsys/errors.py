@@ -39,6 +39,7 @@ class RunStatus(str, Enum):
     PUBLISHED = "published"
     SKIPPED = "skipped"            # already published with the same model version and configuration
     FAILED = "failed"
+    KILLED = "killed"              # the process died before the run could end; a later run of the date found it dead
 
     def __str__(self) -> str:
         return self.value
@@ -79,6 +80,12 @@ class GateError(RecsysError):
     """The training gate could not compare with the alias holder; the new version is registered, the alias did not move."""
 
     exit_code = ExitCode.BAD_INPUT
+
+
+class TrainingProcessFailed(RecsysError):
+    """A data-parallel training process failed or was killed mid-epoch: nothing was registered; a retry may help."""
+
+    exit_code = ExitCode.UNEXPECTED_ERROR
 
 
 class ValidationFailed(RecsysError):

@@ -7,7 +7,9 @@ so the driver can move, list and write small files (manifests, locks) without a 
 """
 from __future__ import annotations
 
+import hashlib
 import uuid
+from pathlib import Path
 
 import pyarrow.fs as pafs
 
@@ -58,3 +60,23 @@ def list_dirs(fs: pafs.FileSystem, path: str) -> list[str]:
         return []
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
     return sorted(i.path for i in infos if i.type == pafs.FileType.Directory)
+
+
+DIGEST_CHARS = 16
+
+
+def files_digest(directory: Path) -> str:
+    """Digest of a flat local directory: every regular file's name and bytes, in name order (16 hex chars).
+
+    The one identity of a model's files: the driver ships them under it, the executors check it, and
+    the remembered model resolution is bound to it, so files that changed under an unchanged version
+    number are never taken for that version.
+    """
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
+        h.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()[:DIGEST_CHARS]

@@ -22,7 +22,9 @@ at a known point without sleeping and hoping. Points, in the order a run reaches
 Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring tasks:
 
 - ``fail_first_attempt``: every scoring task fails on its first attempt, so Spark retries it;
-- ``kill_worker_first_attempt``: the Python worker exits abruptly on a task's first attempt.
+- ``kill_worker_first_attempt``: the Python worker exits abruptly on a task's first attempt;
+- ``kill_training_process`` (``recsys train`` with ``train.processes`` > 1): the last data-parallel
+  training process SIGKILLs itself in the second step of the first epoch.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ PAUSE_ENV = "RECSYS_PAUSE_AT"
 PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
 POINTS = ("writing", "staged", "before_swap", "between_renames", "after_swap")
-FAULTS = ("fail_first_attempt", "kill_worker_first_attempt")
+FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_training_process")
 
 
 @dataclass(frozen=True)

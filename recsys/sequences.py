@@ -60,6 +60,19 @@ class Sequences:
     def to_lists(self) -> list[np.ndarray]:
         return [self.items[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
 
+    def split_newest(self, min_len: int) -> tuple["Sequences", np.ndarray, np.ndarray]:
+        """Each sequence of at least ``min_len`` items without its newest item: (the sequences that are
+        left, the rows that gave one up, the items they gave up). The held-out split of training, in one
+        place for the in-memory and the streamed paths, so both hold out exactly the same items."""
+        lengths = self.lengths
+        has_target = lengths >= min_len
+        last_pos = self.offsets[1:] - 1
+        keep = np.ones(len(self.items), dtype=bool)
+        keep[last_pos[has_target]] = False
+        offsets = np.zeros(len(self) + 1, dtype=np.int64)
+        np.cumsum(lengths - has_target.astype(np.int64), out=offsets[1:])
+        return Sequences(offsets, self.items[keep]), np.flatnonzero(has_target), self.items[last_pos[has_target]]
+
     def take(self, rows: np.ndarray) -> "Sequences":
         """A subset of users, vectorised (no per-row Python)."""
         rows = np.asarray(rows, dtype=np.int64)

@@ -1,4 +1,7 @@
-"""Shared fixtures. Spark tests share ONE local session per test run (starting Spark costs seconds)."""
+"""Shared fixtures. Spark tests share ONE local session per test run (starting Spark costs seconds).
+
+Every session also checks that no test wrote into the checkout's ``.recsys/`` (tests/checkout_guard.py).
+"""
 from __future__ import annotations
 
 import os
@@ -8,6 +11,20 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/toy_model.py and friends
+
+import checkout_guard  # noqa: E402  (found through the path above)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_untouched():
+    """Fail the session, naming the files, if any test left, changed or removed a file under the checkout's
+    ``.recsys/`` (or ``mlruns/``, ``spark-warehouse/``). Compared with what was there before the session,
+    so a demo's state is no failure; it is the user's, and a test that writes there corrupts it."""
+    before = checkout_guard.snapshot()
+    yield
+    lines = checkout_guard.differences(before, checkout_guard.snapshot())
+    if lines:
+        pytest.fail(checkout_guard.report(checkout_guard.CHECKOUT, lines), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ ALLOWED_UPWARD: dict[tuple[str, str], str] = {
 GLUE_MAY_USE: dict[str, frozenset[str]] = {
     "recsys.data": frozenset(),
     "recsys.spark": frozenset(),
-    "recsys.learning": frozenset(),
+    "recsys.learning": frozenset({"recsys.data"}),        # training shards: the histories built as the job builds them
     "recsys.scoring": frozenset({"recsys.spark"}),          # shipping the model files through the session
     "recsys.publish": frozenset({"recsys.spark"}),
     "recsys.tracking": frozenset(),

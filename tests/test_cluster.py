@@ -34,12 +34,15 @@ SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machi
 
 
 LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
+# --pack's archive (about 510 MiB, 40 s to build) is kept between sessions, but never in the checkout's
+# .recsys/pack/, which is the user's (tests/checkout_guard.py)
+PACK_CACHE = Path(os.environ.get("RECSYS_PACK_CACHE") or Path.home() / ".cache" / "recsys-pack")
 
 
 def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
     cmd = [str(CHECKOUT / "spark-submit.sh"), *args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_"))}
-    full_env.update(SPARK_LOCAL_IP="127.0.0.1", **(env or {}))
+    full_env.update(SPARK_LOCAL_IP="127.0.0.1", RECSYS_PACK_CACHE=str(PACK_CACHE), **(env or {}))
     if not wait:
         return subprocess.Popen(cmd, cwd=CHECKOUT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -90,8 +93,11 @@ def runs(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "recsys.cli", "sample-data", "--out", str(data), "--users", "200",
                     "--items", "60", "--days", "10", "--end-date", str(END)], cwd=root, check=True,
                    capture_output=True, timeout=300)
+    # every path in the test's directories: the jobs run from the checkout (relative job files), whose
+    # .recsys/ the embedded defaults would write into; each nightly run sets its own paths.output below
     base = [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}",
-            f"paths.work={shared / 'work'}", f"paths.driver_scratch={private / 'scratch'}",
+            f"paths.output={shared / 'out'}", f"paths.work={shared / 'work'}",
+            f"paths.driver_scratch={private / 'scratch'}",
             f"mlflow.tracking_uri=sqlite:///{private / 'mlflow.db'}", f"mlflow.artifact_location={private / 'artifacts'}",
             "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64", "scoring.device=cpu",
             "train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
@@ -118,6 +124,18 @@ def runs(tmp_path_factory):
                                                 *_sets(base)])
         out["train"] = train
         assert train.returncode == 0, train.stderr[-4000:]
+
+        # the same training data-parallel: two processes started by TorchDistributor on the two executors
+        # (a barrier stage), each reading its own shards from the shared work directory; its own model name,
+        # so the nightly runs below keep scoring with the single-process version
+        dp_sets = base + ["mlflow.model_name=recsys-dp", "train.processes=2", "train.refit=false"]
+        dp_train, out["times"]["train_2_processes"] = _submit(["--pack", *master, "jobs/train.py", "--date",
+                                                               str(DATE), *_sets(dp_sets)])
+        out["dp_train"] = dp_train
+        local_dp, out["times"]["train_2_processes_local"] = _submit(
+            ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/train.py", "--date", str(DATE),
+             *_sets(dp_sets + ["mlflow.model_name=recsys-dp-local", f"paths.work={shared / 'work-local'}"])])
+        out["local_dp_train"] = local_dp
 
         # this run asks for Spark's GPU scheduling (each Worker offers one fake GPU; scoring stays on the CPU)
         cluster_run, out["times"]["cluster"] = _submit(
@@ -254,3 +272,19 @@ def test_bad_input_at_the_cluster_edge_fails_fast_in_one_line_and_publishes_noth
     assert seconds < (180 if case == "unwritable_work" else 30)
     for name in ("out-unwritable", "out-edge"):
         assert not list((runs["shared"] / name).glob("dt=*"))
+
+
+def test_training_runs_data_parallel_on_the_executors(runs):
+    """Two training processes on the two executors (TorchDistributor, gloo), each reading its own shards:
+    the version is registered and gated as a single-process one, and the same run in local mode agrees."""
+    dp, local = runs["dp_train"], runs["local_dp_train"]
+    assert dp.returncode == 0, dp.stderr[-4000:]
+    assert local.returncode == 0, local.stderr[-4000:]
+    assert "Started distributed training with 2 executor processes" in dp.stderr + dp.stdout
+    assert "2 process(es), " in dp.stdout + dp.stderr
+    score = {name: float(re.search(r"val_ndcg@10=([0-9.]+)", run.stdout).group(1)) for name, run in
+             (("cluster", dp), ("local", local))}
+    assert abs(score["cluster"] - score["local"]) < 0.05, score
+    print(f"training with 2 processes: cluster {runs['times']['train_2_processes']:.0f}s, local mode "
+          f"{runs['times']['train_2_processes_local']:.0f}s, single process on the cluster {runs['times']['train']:.0f}s; "
+          f"val_ndcg@10 {score}")

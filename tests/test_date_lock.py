@@ -159,3 +159,34 @@ def test_a_run_whose_lock_was_taken_over_cannot_publish(tmp_path):
         lock.verify()
     lock.release()                                          # must not delete the other run's lock
     assert json.loads(Path(lock.path).read_text())["token"] == "someone-else"
+
+
+def test_the_holder_records_its_mlflow_run_in_the_lock_for_whoever_finds_it_dead(tmp_path):
+    lock = DateLock(str(tmp_path), DATE, "dying-run").acquire()
+    lock._stop_heartbeat()
+    first = json.loads(Path(lock.path).read_text())
+    assert "mlflow_run_id" not in first                              # no MLflow run yet: nothing to record
+    assert lock.annotate(mlflow_run_id="a" * 32, tracking_store="sqlite:////x/mlflow.db") is True
+    data = json.loads(Path(lock.path).read_text())
+    assert data == {**first, "mlflow_run_id": "a" * 32, "tracking_store": "sqlite:////x/mlflow.db"}   # the rest kept
+    lock._held = False                                               # the process dies holding it
+    os.utime(lock.path, (time.time() - 900, time.time() - 900))
+    with open(lock.path) as f:
+        data = json.load(f)
+    data["pid"] = _dead_pid()
+    Path(lock.path).write_text(json.dumps(data))
+    with DateLock(str(tmp_path), DATE, "next-run") as rerun:
+        assert rerun.took_over.run == "dying-run" and rerun.took_over.mlflow_run_id == "a" * 32
+        assert rerun.took_over.tracking_store == "sqlite:////x/mlflow.db"
+        assert "is gone" in rerun.took_over_reason
+        # the dead run's handle can no longer write into the new holder's lock
+        assert lock.annotate(mlflow_run_id="b" * 32, tracking_store="elsewhere") is False
+        assert json.loads(Path(rerun.path).read_text())["run"] == "next-run"
+        assert "mlflow_run_id" not in json.loads(Path(rerun.path).read_text())
+
+
+def test_a_lock_written_before_it_recorded_mlflow_runs_is_still_read_and_taken_over(tmp_path):
+    _plant_lock(tmp_path, pid=_dead_pid())                             # the old format: no MLflow fields
+    with DateLock(str(tmp_path), DATE, "rerun") as lock:
+        assert lock.took_over.run == "other-run"
+        assert lock.took_over.mlflow_run_id is None and lock.took_over.tracking_store is None

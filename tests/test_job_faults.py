@@ -4,6 +4,7 @@ One published run of the module's dataset is the "previous partition" that each 
 its own output root; inputs are shared read-only. Everything runs on the shared Spark session
 except the SIGKILL test, which needs a process of its own to kill.
 """
+import datetime as dt
 import json
 import os
 import shutil
@@ -75,6 +76,9 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 
 def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeeds(spark, base, tmp_path, caplog):
+    from mlflow import MlflowClient
+
+    from recsys.cli.runs import list_runs
     from recsys.pipelines.nightly import run_nightly
 
     before = _with_old_partition(base, tmp_path)
@@ -112,14 +116,30 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     assert jobkit.snapshot(out / PART) == before
     assert spark.read.parquet(str(out)).count() == N_USERS
     assert list((out / "_staging" / PART).iterdir())           # the killed run's partial output, out of sight
-    assert (out / "_locks" / f"{PART}.lock").is_file()         # and its lock, whose process is gone
+    lock = json.loads((out / "_locks" / f"{PART}.lock").read_text())   # and its lock, whose process is gone,
+    dead = lock["mlflow_run_id"]                               # naming the MLflow run it could not end
+    client = MlflowClient(base.store.tracking_uri)
+    assert client.get_run(dead).info.status == "RUNNING"
+    assert client.get_run(dead).data.tags["recsys.job_run"] == lock["run"]
 
+    cfg = jobkit.config(tmp_path, base.store, inputs=base.data)
     caplog.clear()
     with caplog.at_level("WARNING"):
-        result = run_nightly(spark, jobkit.config(tmp_path, base.store, inputs=base.data), RUN_DATE)
+        result = run_nightly(spark, cfg, RUN_DATE)
     assert "taking over the lock" in caplog.text and "is gone" in caplog.text
     assert "removed staging directory" in caplog.text
     assert result.exit_code == ExitCode.OK
+    # the dead run's MLflow run no longer claims to be running: KILLED, saying who found it dead and when
+    killed = client.get_run(dead)
+    assert killed.info.status == "KILLED" and killed.info.end_time >= killed.info.start_time
+    assert killed.data.tags["recsys.found_dead_by"] == result.manifest["job_run"]
+    found_at = dt.datetime.fromisoformat(killed.data.tags["recsys.found_dead_at"])
+    assert 0 <= (dt.datetime.now(dt.timezone.utc) - found_at).total_seconds() < 600
+    assert f"ended MLflow run {dead} of the dead run {lock['run']} as KILLED" in caplog.text
+    rows = list_runs(cfg, date=RUN_DATE)           # what `recsys runs --date` prints, newest first
+    assert [(r["run_id"], r["status"]) for r in rows[:2]] == [(result.run_id, "published"), (dead, "killed")]
+    assert f"is gone; found dead by run {result.manifest['job_run']}" in rows[1]["error"]
+    assert not [r for r in rows if r["status"] == "running"]
     assert jobkit.snapshot(out / PART) != before
     assert json.loads((out / PART / "_manifest.json").read_text())["job_run"] == result.manifest["job_run"]
     assert _users(out / PART) == list(range(1, N_USERS + 1))
@@ -134,11 +154,14 @@ def _closed_port() -> int:
 
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
         spark, base, tmp_path, monkeypatch, caplog, capsys):
-    memo = next((base.data / "driver" / "models").rglob("last-resolved@champion.json"))
-    target = tmp_path / "driver" / memo.relative_to(base.data / "driver")
-    target.parent.mkdir(parents=True)
-    shutil.copy(memo, target)                      # what the previous night left in paths.driver_scratch
+    from recsys.tracking.last_model import recall, remember
+
     uri = f"http://bob:s3cret@127.0.0.1:{_closed_port()}/"
+    # what the previous night left in paths.driver_scratch, when this server answered: the version the
+    # module's run resolved, bound to this store (the memo is only used with the store it came from)
+    model, why = recall(base.data / "driver", base.store.model_name, "champion", base.store.tracking_uri)
+    assert why is None, why
+    remember(tmp_path / "driver", model, uri)
     started = time.monotonic()
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
                                            *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
@@ -156,6 +179,33 @@ def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exi
     assert "MLflow is unreachable" in caplog.text and "could not be recorded" in caplog.text
     logged = caplog.text + capsys.readouterr().err
     assert "s3cret" not in logged and "s3cret" not in manifest_text and "bob:" not in manifest_text
+
+
+def test_a_model_remembered_from_another_tracking_store_is_never_published_when_mlflow_is_unreachable(
+        spark, base, tmp_path, monkeypatch, caplog):
+    """The sequence that once published a toy model as "version 1" with exit 5: one store's resolution is
+    remembered in the driver's scratch (the module's run left it there, as tests/test_submit_log.py once
+    did in the checkout), then a forced run against another, unreachable store finds it."""
+    from recsys.tracking.store import tracking_store_id
+
+    memo = next((base.data / "driver" / "models").rglob("last-resolved@champion.json"))   # its files are still there
+    target = tmp_path / "driver" / memo.relative_to(base.data / "driver")
+    target.parent.mkdir(parents=True)
+    shutil.copy(memo, target)
+    before = _with_old_partition(base, tmp_path)
+    uri = f"http://127.0.0.1:{_closed_port()}/"
+    code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE), "--force",
+                                           *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
+                                                                  inputs=base.data)])
+    errors = jobkit.errors_logged(caplog)
+    assert code == ExitCode.UNEXPECTED_ERROR == 1 and len(errors) == 1, caplog.text
+    assert (f"came from the tracking store {tracking_store_id(base.store.tracking_uri)}, not this run's "
+            f"{tracking_store_id(uri)}" in errors[0]), errors[0]
+    assert "Retry when the tracking store is back" in errors[0] and "Traceback" not in caplog.text
+    assert "scoring with the last resolved version" not in caplog.text
+    out = tmp_path / "recommendations"
+    assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before   # nothing published
+    assert not list(out.glob("_staging/*/*")) and not list(out.glob("_locks/*.lock"))
 
 
 def test_an_unreachable_mlflow_without_a_remembered_model_fails_in_one_line(spark, base, tmp_path, monkeypatch,

@@ -201,12 +201,16 @@ def test_the_job_runs_over_spark_connect(job, tmp_path):
 
 def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
     """Scoring needs the recent items only; training learns from the longer history it is given."""
-    from recsys.pipelines.train import load_training_data
+    from recsys.learning.shards import training_histories
+    from recsys.sequences import Sequences
+
+    def load_training_data(spark, cfg, date):   # the rows the shards hold, collected for the test's inspection only
+        return Sequences.from_arrow(training_histories(spark, cfg, date).toArrow().column("history"))
 
     events = f"paths.events={job['cfg'].paths.events}"
     longer = load_config(overrides=[events, "history.window_days=30", "history.max_items=2", "train.history_items=50"])
     capped = load_config(overrides=[events, "history.window_days=30", "history.max_items=50", "train.history_items=2"])
-    long_seqs = load_training_data(job["spark"], longer, RUN_DATE).sequences
-    short_seqs = load_training_data(job["spark"], capped, RUN_DATE).sequences
+    long_seqs = load_training_data(job["spark"], longer, RUN_DATE)
+    short_seqs = load_training_data(job["spark"], capped, RUN_DATE)
     assert long_seqs.lengths.max() > 2
     assert short_seqs.lengths.max() == 2

@@ -181,12 +181,13 @@ def test_an_unreachable_tracking_server_s_credentials_stay_out_of_the_manifest_a
     from recsys.tracking.store import ResolvedModel
 
     store = data.store
-    remember(str(tmp_path / "driver"),   # jobkit's paths.driver_scratch: where the job looks
-             ResolvedModel(store.model_name, "champion", store.version, None, str(store.model_dir), store.model_dir))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     uri = f"http://bob:s3cret@127.0.0.1:{port}/?token=t0ken"
+    remember(str(tmp_path / "driver"),   # jobkit's paths.driver_scratch: where the job looks
+             ResolvedModel(store.model_name, "champion", store.version, None, str(store.model_dir), store.model_dir),
+             uri)                        # as a night that resolved it through this server left it
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE), *jobkit.recommend_args(
         tmp_path, store, f"mlflow.tracking_uri={uri}", inputs=data.inputs)])
     captured = capsys.readouterr()

@@ -53,14 +53,20 @@ def _submit(root: Path, uri: str, *submit_options: str) -> tuple[int, list[str]]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_MASTER": "local[2]"}
     for key in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE", "RECSYS_LOG4J_CONF"):
         env.pop(key, None)
+    # every path the job writes, in this test's directory: with the default paths.driver_scratch this run
+    # once remembered its own registry's "version 1" in the checkout's .recsys/, where a later
+    # unreachable-MLflow night of the demo took it for the demo's model (tests/checkout_guard.py)
     sets = [f"paths.events={root / 'data' / 'events'}", f"paths.catalog={root / 'data' / 'catalog'}",
-            f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}", f"mlflow.tracking_uri={uri}",
+            f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
+            f"paths.driver_scratch={root / 'driver'}", f"mlflow.tracking_uri={uri}",
             f"mlflow.artifact_location={root / 'artifacts'}", "history.max_items=50"]
-    argv = [str(REPO / "spark-submit.sh"), *submit_options, "jobs/nightly_recommendations.py", "--date", DATE]
+    argv = [str(REPO / "spark-submit.sh"), *submit_options, str(REPO / "jobs" / "nightly_recommendations.py"),
+            "--date", DATE]
     for item in sets:
         argv += ["--set", item]
-    # one stream, as a scheduler's log keeps it: lines in the order they were written
-    run = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    # one stream, as a scheduler's log keeps it: lines in the order they were written; run from the test's
+    # directory, so that whatever still defaults to the working directory lands there too
+    run = subprocess.run(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          errors="replace", timeout=600)
     return run.returncode, run.stdout.splitlines()
 

@@ -93,12 +93,11 @@ def _registered(cfg, version: str):
 
 
 def test_each_users_newest_item_comes_with_when_it_was_first_touched(spark, data_root, tmp_path):
-    from recsys.pipelines.train import load_training_data
+    from recsys.learning.shards import training_histories
 
-    data = load_training_data(spark, _config(data_root, tmp_path), dt.date(2024, 3, 7))
-    row = {int(u): i for i, u in enumerate(data.user_ids)}
-    newest = {int(u): int(data.sequences.items[data.sequences.offsets[i + 1] - 1]) for u, i in row.items()}
-    first = {u: dt.datetime.fromtimestamp(int(data.newest_first_us[i]) / 1e6, UTC) for u, i in row.items()}
+    rows = training_histories(spark, _config(data_root, tmp_path), dt.date(2024, 3, 7)).toArrow().to_pylist()
+    newest = {r["user_id"]: r["history"][-1] for r in rows}
+    first = {r["user_id"]: dt.datetime.fromtimestamp(r["newest_first_us"] / 1e6, UTC) for r in rows}
     assert newest[1] == NEWEST_ONLY and first[1] == dt.datetime(2024, 3, 6, 23, tzinfo=UTC)
     # the repeat collapses to its latest time in the history, but was first touched on day 1
     assert newest[REPEATER] == ITEMS + 1 and first[REPEATER] == dt.datetime(2024, 3, 1, 7, tzinfo=UTC)

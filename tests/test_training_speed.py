@@ -117,3 +117,11 @@ def test_the_optimizer_is_fused_on_the_cpu_and_keeps_its_groups():
     optimizer = training_module._optimizer(SASRec(CONFIG), TrainSettings(weight_decay=0.1))
     assert optimizer.defaults["fused"] is True
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+
+
+def test_bf16_with_the_sampled_softmax_learns_too(native_bf16):
+    """The sampled loss runs under the same autocast: its log-q correction meets fp32 hidden states (the
+    final LayerNorm's output), its logits are cast up for the cross-entropy."""
+    train, valid = successor_task()
+    result = fit(train, CONFIG, replace(FAST, precision="bf16", loss="sampled", negatives=16), valid=valid)
+    assert result.best_metrics["ndcg@10"] > 0.8

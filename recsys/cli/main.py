@@ -241,7 +241,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             return ExitCode.OK
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
     try:
-        result = run_training(spark, cfg, date, force=args.force)
+        result = run_training(spark, cfg, date, force=args.force, hooks=_hooks())
     finally:
         spark.stop()
     print(result.summary())

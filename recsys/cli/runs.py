@@ -8,6 +8,11 @@ sqlite default or a server), and shows one run with its note, inputs, manifest a
 A run whose recording failed half-way (exit code 5: published, but the store went away) stays
 RUNNING in MLflow forever; the published partition's manifest names its run id and the tracking
 error, so it is shown as ``published, not recorded`` with exit code 5.
+
+A run whose process was killed cannot end its MLflow run; the next run of its date takes over its
+lock and ends it as KILLED, tagged with who found it dead and when (``recsys.pipelines.nightly``).
+It is shown as ``killed``, without an exit code (the process never returned one), the error column
+saying what the next run found. Until a next run comes, it shows as ``running``.
 """
 from __future__ import annotations
 
@@ -91,6 +96,8 @@ def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any
         "problems": {k: _int(metrics[k]) for k in PROBLEM_METRICS if metrics.get(k)},
         "error": next(iter((run_tags.get(tags.ERROR) or "").splitlines()), "")[:300] or None,
         "note": run_tags.get(tags.NOTE),
+        "found_dead_by": run_tags.get(tags.FOUND_DEAD_BY),   # a killed run: the run key that found it dead, and when
+        "found_dead_at": run_tags.get(tags.FOUND_DEAD_AT),
     }
 
 
@@ -105,7 +112,9 @@ def _status(run: Any, manifest: dict[str, Any] | None) -> tuple[str, int | None]
         if (manifest.get("tracking") or {}).get("error"):
             return f"{RunStatus.PUBLISHED}, not recorded", int(ExitCode.TRACKING_FAILED)
         return f"{RunStatus.PUBLISHED}, recording unfinished", None
-    return run.info.status.lower(), None   # RUNNING: in progress, or a run killed before it could end
+    if run.info.status == "KILLED":   # found dead by a later run of its date, which ended it (see the error column)
+        return RunStatus.KILLED.value, None
+    return run.info.status.lower(), None   # RUNNING: in progress, or killed and not yet found dead
 
 
 def _published_manifest(cfg: Config, date: str | None) -> dict[str, Any] | None:

@@ -21,7 +21,7 @@ def model_config(model: ModelConfig, num_items: int, model_type: str | None = No
 
 
 def train_settings(train: TrainConfig, device: Any = None):
-    """The training loop's settings (epochs, batch, optimiser, early stop, seed, precision) from ``train.*``.
+    """The training loop's settings (epochs, batch, optimiser, loss, early stop, seed, precision) from ``train.*``.
 
     With the training ``device``, ``train.precision`` is resolved for it (``auto`` becomes ``bf16`` or
     ``fp32``), so the run's parameters say what ran and a ``bf16`` the device cannot run natively is a
@@ -39,4 +39,5 @@ def train_settings(train: TrainConfig, device: Any = None):
     return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
                          weight_decay=train.weight_decay, patience=train.patience, seed=train.seed,
                          warmup_epochs=train.warmup_epochs, lr_decay=train.lr_decay,
-                         window_offsets=train.window_offsets, precision=precision)
+                         window_offsets=train.window_offsets, loss=train.loss, negatives=train.negatives,
+                         precision=precision)

@@ -8,10 +8,15 @@ version never trained on (:meth:`SplitData.since`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from recsys.sequences import Sequences, Vocabulary
+
+if TYPE_CHECKING:
+    from recsys.model.stream import ShardFiles
 
 
 @dataclass(frozen=True)
@@ -39,25 +44,48 @@ class SplitData:
                          self.valid_first_us[rows])
 
 
+    def score(self, model, item_ids: np.ndarray, device) -> float:
+        """The selection metric over all these users (:func:`score_on_split`)."""
+        return score_on_split(model, item_ids, self, device)
+
+
+@dataclass(frozen=True)
+class StreamedHeldOut:
+    """The held-out split read from training shards, chunk by chunk: :class:`SplitData`'s gate interface
+    (``users``, ``since``, ``score``) without the histories in memory."""
+
+    files: ShardFiles
+    since_us: int | None = None
+
+    @cached_property
+    def users(self) -> int:
+        from recsys.model.stream import held_out_chunks
+
+        return sum(len(c.targets) for c in held_out_chunks(self.files, since_us=self.since_us))
+
+    def since(self, cutoff_us: int) -> "StreamedHeldOut":
+        return StreamedHeldOut(self.files, cutoff_us if self.since_us is None else max(cutoff_us, self.since_us))
+
+    def score(self, model, item_ids: np.ndarray, device) -> float:
+        """NDCG@10 over every held-out user; a target outside ``item_ids`` counts as a miss."""
+        from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
+        from recsys.model.stream import held_out_chunks, ranking_sums
+
+        sums = ranking_sums(model, Vocabulary(item_ids), held_out_chunks(self.files, since_us=self.since_us),
+                            ks=(SELECTION_K,), device=device)
+        return sums.mean_over_all(SELECTION_METRIC)
+
+
 def split_last_item(seqs: Sequences, min_len: int = 3, first_us: np.ndarray | None = None) -> SplitData:
     """Hold out each user's newest item as the validation target (users with >= ``min_len`` items).
 
     ``first_us`` [U], optional: when each user first interacted with their newest item (epoch
     microseconds), kept with the targets for :meth:`SplitData.since`.
     """
-    lengths = seqs.lengths
-    has_target = lengths >= min_len
-    last_pos = seqs.offsets[1:] - 1
-    keep = np.ones(len(seqs.items), dtype=bool)
-    keep[last_pos[has_target]] = False
-    new_len = lengths - has_target.astype(np.int64)
-    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-    np.cumsum(new_len, out=offsets[1:])
-    train = Sequences(offsets, seqs.items[keep])
-    rows = np.flatnonzero(has_target)
+    train, rows, targets = seqs.split_newest(min_len)
     if first_us is not None and len(first_us) != len(seqs):
         raise ValueError(f"first_us has {len(first_us)} entries for {len(seqs)} sequences")
-    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=seqs.items[last_pos[has_target]],
+    return SplitData(train=train, valid_histories=train.take(rows), valid_targets=targets,
                      valid_first_us=None if first_us is None else np.asarray(first_us, dtype=np.int64)[rows])
 
 

@@ -26,15 +26,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from recsys.model.losses import LOSSES, training_loss, vocabulary_counts
 from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
 from recsys.model.precision import PRECISIONS, resolve_precision
 from recsys.model.registry import build_model
+from recsys.model.stream import StreamedWindows, window_examples
 from recsys.sequences import Sequences, pad_left
 
 
@@ -56,6 +57,8 @@ class TrainSettings:
     warmup_epochs: float = 0.0   # learning rate rises linearly from 0 over this many epochs' steps
     lr_decay: str = "constant"   # constant | cosine: to 0 at the end of ``epochs`` (the schedule's horizon)
     window_offsets: str = "fixed"   # fixed | random: each epoch shifts long users' window tiling (see above)
+    loss: str = "full"           # full | sampled: softmax over this many negatives, log-q corrected (model/losses.py)
+    negatives: int = 8192        # with loss "sampled"; at or above the item count, the full softmax is used
     precision: str = "fp32"      # fp32 | bf16 | auto: bf16 autocast for the model and logits (see _autocast)
 
     def __post_init__(self) -> None:
@@ -71,6 +74,10 @@ class TrainSettings:
         if self.window_offsets not in WINDOW_OFFSETS:
             raise ValueError(f"TrainSettings.window_offsets must be one of {', '.join(WINDOW_OFFSETS)}, "
                              f"got {self.window_offsets!r}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"TrainSettings.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        if self.negatives < 1:
+            raise ValueError(f"TrainSettings.negatives must be at least 1 (items sampled a step), got {self.negatives}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"TrainSettings.num_threads must be at least 1 or None, got {self.num_threads}")
         if self.precision not in PRECISIONS:
@@ -139,21 +146,66 @@ def offset_windows(train: Sequences, max_len: int, offsets: np.ndarray) -> tuple
     return pad_left(Sequences(offsets_out, train.items[idx]), L + 1), label_from
 
 
-def fit(train: Sequences, model_config, settings: TrainSettings, *,
+class InMemoryWindows:
+    """An epoch's batches from sequences held in memory: one global seeded permutation of the windows.
+
+    What ``recsys evaluate`` and the tests train on; ``recsys train`` streams the same examples from
+    shard files (:class:`recsys.model.stream.StreamedWindows`), which share this interface.
+    """
+
+    def __init__(self, train: Sequences, *, max_len: int, batch_size: int, seed: int, random_offsets: bool):
+        self.train, self.max_len, self.batch_size, self.seed = train, max_len, batch_size, seed
+        self.random_offsets = random_offsets
+        self._order_rng: torch.Generator | None = None
+        self._epoch1 = self._windows(1)
+        self.windows_per_epoch = len(self._epoch1[0])
+
+    def _windows(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[W, L] inputs and labels (0: no loss) for one epoch: the fixed tiling, or a seeded random shift."""
+        if self.random_offsets:
+            shift = np.random.default_rng([self.seed, epoch]).integers(0, self.max_len, len(self.train))
+        else:
+            shift = np.zeros(len(self.train), dtype=np.int64)
+        return window_examples(*offset_windows(self.train, self.max_len, shift), self.max_len)
+
+    @property
+    def item_counts(self) -> np.ndarray:
+        return np.bincount(self.train.items)
+
+    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._order_rng is None:   # created when training starts, after the caller seeds torch
+            self._order_rng = torch.Generator().manual_seed(self.seed)
+        inputs, labels = self._epoch1 if epoch == 1 or not self.random_offsets else self._windows(epoch)
+        for rows in torch.randperm(len(inputs), generator=self._order_rng).split(self.batch_size):
+            yield inputs[rows], labels[rows]
+
+
+def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSettings, *,
         valid: ValidationSet | None = None, device: str | torch.device = "cpu",
         progress: Callable[[dict], None] | None = None,
         validate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
-        stop_after: int | None = None) -> FitResult:
+        stop_after: int | None = None, steps_progress: Callable[[dict], None] | None = None,
+        progress_every_s: float = 30.0, on_step: Callable[[int, int], None] | None = None) -> FitResult:
     """Train a model from scratch; with ``valid``, keep the epoch with the best validation NDCG@10.
 
-    ``model_config`` is the config dataclass of a registered model type (``recsys.model.registry``);
-    the model must return a hidden state per position (``model(seq)`` [B, L, D]).
+    ``train`` is either sequences in memory (model indices) or a :class:`StreamedWindows` reading
+    shard files; ``model_config`` is the config dataclass of a registered model type
+    (``recsys.model.registry``); the model must return a hidden state per position (``model(seq)`` [B, L, D]).
+
+    Data-parallel when ``torch.distributed`` is initialised with more than one process (the
+    processes that ``recsys.learning.distributed`` starts): each process trains on its own data with
+    ``settings.batch_size`` divided among the processes, gradients are averaged (DDP), and an epoch
+    ends for all when the first runs out of batches. ``validate`` must then return the same figures
+    on every process (sum across them first).
 
     Reproducible: the same data, config and settings give the same weights on CPU (on CUDA, up to
     the nondeterminism of its kernels). The caller's global torch RNG state is left untouched.
-    ``progress`` receives each epoch's curve row as soon as the epoch ends. ``validate``, instead of
-    ``valid``, measures the model (in eval mode) by any protocol, e.g. several targets per user or a
-    ranking restricted to a catalog; it must return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics.
+    ``progress`` receives each epoch's curve row as soon as the epoch ends; ``steps_progress``,
+    every ``progress_every_s`` seconds within an epoch, the step, the steps expected, windows/s and
+    the seconds left in the epoch. ``validate``, instead of ``valid``, measures the model (in eval mode)
+    by any protocol, e.g. several targets per user or a ranking restricted to a catalog; it must
+    return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics. ``on_step(epoch, step)`` runs after
+    each optimizer step (fault injection).
 
     ``stop_after`` ends training after that many epochs while the learning-rate schedule keeps its
     horizon of ``settings.epochs``: how a refit repeats the first epochs of a run that early stopping
@@ -164,25 +216,20 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
     if valid is not None and validate is not None:
         raise ValueError("pass valid or validate, not both")
     device = torch.device(device)
-    _check_items(train.items, model_config.num_items, "train")
+    if isinstance(train, Sequences):
+        _check_items(train.items, model_config.num_items, "train")
+        if not (train.lengths >= 2).any():
+            raise ValueError("no training sequence has two or more items: there is nothing to learn from")
+        source = InMemoryWindows(train, max_len=model_config.max_len, batch_size=settings.batch_size,
+                                 seed=settings.seed, random_offsets=settings.window_offsets == "random")
+    else:
+        source = train
+        if len(source.vocab) != model_config.num_items:
+            raise ValueError(f"the streamed data's vocabulary has {len(source.vocab)} items, the model "
+                             f"{model_config.num_items}")
     if valid is not None:
         _check_items(np.asarray(valid.targets), model_config.num_items, "valid.targets", allow_empty=False)
         _check_items(valid.histories.items, model_config.num_items, "valid.histories")
-    if not (train.lengths >= 2).any():
-        raise ValueError("no training sequence has two or more items: there is nothing to learn from")
-
-    def epoch_windows(epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """[W, L] inputs and labels (0: no loss) for one epoch: the fixed tiling, or a seeded random shift."""
-        if settings.window_offsets == "random":
-            shift = np.random.default_rng([settings.seed, epoch]).integers(0, model_config.max_len, len(train))
-        else:
-            shift = np.zeros(len(train), dtype=np.int64)
-        windows, label_from = offset_windows(train, model_config.max_len, shift)
-        windows = torch.from_numpy(windows)                                          # [W, L+1]
-        inputs = windows[:, :-1].contiguous()                                        # [W, L]
-        before = torch.arange(model_config.max_len)[None, :] < torch.from_numpy(label_from)[:, None]
-        labels = windows[:, 1:].masked_fill((inputs == 0) | before, 0).contiguous()  # [W, L]
-        return inputs, labels
 
     previous_threads = torch.get_num_threads()
     if settings.num_threads is not None:
@@ -194,46 +241,104 @@ def fit(train: Sequences, model_config, settings: TrainSettings, *,
             if valid is not None:
                 def validate(model: torch.nn.Module) -> dict[str, float]:
                     return evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
-            return _fit(epoch_windows, model_config, settings, validate, device, progress,
-                        stop_after or settings.epochs)
+            loop = _Loop(progress, steps_progress, progress_every_s, on_step)
+            return _fit(source, model_config, settings, validate, device, loop, stop_after or settings.epochs)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _fit(epoch_windows: Callable[[int], tuple[torch.Tensor, torch.Tensor]], model_config, settings: TrainSettings,
+@dataclass(frozen=True)
+class _Loop:
+    """The caller's hooks into the loop: per-epoch rows, progress lines within an epoch, per-step faults."""
+
+    epoch_done: Callable[[dict], None] | None
+    steps: Callable[[dict], None] | None
+    every_s: float
+    on_step: Callable[[int, int], None] | None
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size) of the data-parallel training this process is part of; (0, 1) alone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Sum (or min/max) ``values`` over the processes of a data-parallel training; unchanged alone."""
+    import torch.distributed as dist
+
+    if _world()[1] == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def _fit(source, model_config, settings: TrainSettings,
          validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
-         progress: Callable[[dict], None] | None, last_epoch: int) -> FitResult:
+         loop: _Loop, last_epoch: int) -> FitResult:
+    rank, world = _world()
     autocast = _autocast(settings.precision, device)
     model = build_model(model_config).to(device)
+    net = model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # every process starts from rank 0's weights (DDP broadcasts them); dropout differs per process
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        torch.manual_seed(settings.seed + 1000 * rank)
     optimizer = _optimizer(model, settings)
-    inputs, labels = epoch_windows(1)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(settings, -(-len(inputs) // settings.batch_size)))
-    order_rng = torch.Generator().manual_seed(settings.seed)
+    # one horizon for every process: the smallest share of windows (an epoch ends when the first runs out)
+    windows = int(_all_reduce([float(source.windows_per_epoch)], "min")[0])
+    steps_per_epoch = max(1, -(-windows // source.batch_size))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(settings, steps_per_epoch))
+    counts = vocabulary_counts(source.item_counts, model_config.num_items)           # this process's data
+    loss_of = training_loss(settings.loss, settings.negatives, counts, seed=settings.seed + 1000 * rank, device=device)
     curve: list[dict] = []
     best_score, best_epoch, best_metrics, best_state = -1.0, 0, {}, None
 
     for epoch in range(1, last_epoch + 1):
         started = time.perf_counter()
-        if epoch > 1 and settings.window_offsets == "random":
-            inputs, labels = epoch_windows(epoch)
-        model.train()
+        net.train()
         loss_sum = torch.zeros((), device=device)
         targets_seen = 0
-        for rows in torch.randperm(len(inputs), generator=order_rng).split(settings.batch_size):
-            x = inputs[rows].to(device, non_blocking=True)                       # [b, L]
-            y = labels[rows].to(device, non_blocking=True)                       # [b, L]
+        step, windows_seen, last_report = 0, 0, started
+        batches = iter(source.batches(epoch))
+        while True:
+            batch = next(batches, None)
+            if world > 1 and _all_reduce([float(batch is not None)], "min")[0] == 0.0:
+                break                     # another process ran out: DDP needs every process in every step
+            if batch is None:
+                break
+            x = batch[0].to(device, non_blocking=True)                           # [b, L]
+            y = batch[1].to(device, non_blocking=True)                           # [b, L]
             keep = y != 0                                                        # [b, L]
-            with autocast:
-                hidden = model(x)[keep]                                          # [T, D]
-                logits = hidden @ model.item_embeddings()[1:].T                  # [T, N], padding left out
-            loss = F.cross_entropy(logits.float(), y[keep] - 1)                  # softmax in fp32 whatever the precision
+            with autocast:                                                       # bf16 products where chosen
+                hidden = net(x)[keep]                                            # [T, D] fp32 (final LayerNorm)
+                loss = loss_of(hidden, model.item_embeddings()[1:], y[keep] - 1) # padding row left out; autocast
+                # runs the loss's cross-entropy in fp32 (logits cast up), whatever the precision
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
             loss_sum += loss.detach() * len(hidden)
             targets_seen += len(hidden)
-        row: dict = {"epoch": epoch, "train_loss": float(loss_sum) / targets_seen}
+            step += 1
+            windows_seen += len(x)
+            if loop.on_step is not None:
+                loop.on_step(epoch, step)
+            now = time.perf_counter()
+            if loop.steps is not None and now - last_report >= loop.every_s:
+                last_report = now
+                rate = windows_seen * world / (now - started)
+                loop.steps({"epoch": epoch, "epochs": last_epoch, "step": step, "steps": steps_per_epoch,
+                            "windows_per_s": rate,
+                            "epoch_seconds_left": max(0.0, (steps_per_epoch - step) * (now - started) / step)})
+        loss_total, targets_total = _all_reduce([float(loss_sum), float(targets_seen)])
+        row: dict = {"epoch": epoch, "train_loss": loss_total / max(targets_total, 1.0)}
 
         stop = False
         if validate is not None and (epoch % settings.eval_every == 0 or epoch == last_epoch):
@@ -248,8 +353,8 @@ def _fit(epoch_windows: Callable[[int], tuple[torch.Tensor, torch.Tensor]], mode
             stop = epoch - best_epoch >= settings.patience
         row["seconds"] = time.perf_counter() - started
         curve.append(row)
-        if progress is not None:
-            progress(dict(row))
+        if loop.epoch_done is not None:
+            loop.epoch_done(dict(row))
         if stop:
             break
 
@@ -279,8 +384,8 @@ def lr_factor(settings: TrainSettings, steps_per_epoch: int) -> Callable[[int], 
 def _autocast(precision: str, device: torch.device) -> torch.autocast:
     """The forward pass's autocast: bf16 matrix products where ``precision`` resolves to bf16, else off.
 
-    Weights, optimizer state and the softmax stay fp32 (the logits are cast up before the loss); only the
-    products run in bf16. Measured on ml-latest-small, 1 thread on an AVX-512-BF16 CPU: an epoch 8.8 -> 4.6 s
+    Weights, optimizer state and the softmax stay fp32 (autocast's own policy runs cross-entropy in fp32,
+    casting the logits up, and the final LayerNorm's output is fp32); only the products run in bf16. Measured on ml-latest-small, 1 thread on an AVX-512-BF16 CPU: an epoch 8.8 -> 4.6 s
     (1.9x), the same validation curve over 3 seeds (benchmarks/train_speed.py, docs/performance.md). Raises
     ValueError for bf16 on a device without native bf16 (emulated bf16 is slower than fp32).
     """

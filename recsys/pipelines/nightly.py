@@ -9,8 +9,9 @@ Nothing is visible to readers until validation has passed.
 Scheduler semantics, in the order a run meets them: the date's lock (a second run exits with
 LOCK_HELD; a lock left by a killed run is taken over), recovery of whatever a killed run of the
 date left behind, model resolution (falling back to the last remembered version if MLflow is
-unreachable), and the skip check (a date already published with the same model version and
-config digest is left alone unless forced). Only then is an MLflow run started.
+unreachable), the killed run's MLflow run ended as KILLED (its id is in the lock it left), and the
+skip check (a date already published with the same model version and config digest is left alone
+unless forced). Only then is an MLflow run started, and its id written into the date's lock.
 """
 from __future__ import annotations
 
@@ -28,12 +29,12 @@ from recsys import __version__
 from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data.contracts import parse_date
-from recsys.errors import ExitCode, RunStatus, ValidationFailed
+from recsys.errors import ExitCode, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
-from recsys.publish.lock import DateLock
+from recsys.publish.lock import DateLock, Holder
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       recover)
 from recsys.scoring.shipping import ship_model
@@ -130,6 +131,9 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             model, resolution_error = resolve_or_remembered(cfg.mlflow, cfg.paths.driver_dir)
             c.update(model=model.uri, version=model.version,
                      resolution="remembered" if resolution_error else "registry")
+        if lock.took_over is not None:
+            _end_dead_run(cfg, date, lock.took_over, lock.took_over_reason or "its lock was stale", run_key,
+                          resolution_error)
 
         published = manifest_file.read(cfg.paths.output, date)
         reason = skip_reason(published, model.version, config_digest)
@@ -146,6 +150,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             tags={tags.JOB: tags.NIGHTLY_JOB, tags.DATE: str(date), tags.VERSION: __version__,
                   tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
         )
+        if recorder.run_id is not None:
+            _note_mlflow_run(lock, cfg, date, recorder.run_id)
         run = stages.NightlyRun(spark=spark, cfg=cfg, date=date, model=model, model_resolution_error=resolution_error,
                                 config_digest=config_digest, layout=layout, lock=lock, recorder=recorder, timer=timer,
                                 hooks=hooks)
@@ -169,6 +175,46 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
+
+
+def _note_mlflow_run(lock: DateLock, cfg: Config, date: dt.date, mlflow_run_id: str) -> None:
+    """Put this run's MLflow run id in the date's lock: if this process dies, the run that takes the lock
+    over ends that MLflow run (KILLED) instead of leaving it RUNNING forever. Losing the note costs only that."""
+    try:
+        lock.annotate(mlflow_run_id=mlflow_run_id, tracking_store=tracking.tracking_store_id(cfg.mlflow.tracking_uri))
+    except OSError as exc:
+        log.warning("recommend %s: could not record MLflow run %s in the lock %s (%s); if this run dies, its MLflow "
+                    "run stays RUNNING", date, mlflow_run_id, lock.path, exc)
+
+
+def _end_dead_run(cfg: Config, date: dt.date, dead: Holder, why: str, run_key: str, tracking_down: str | None) -> None:
+    """End the MLflow run of the run whose stale lock this one took over: KILLED, with who found it dead and when.
+
+    Never fails this run: the dead run's MLflow record is bookkeeping, tonight's partition is not. What
+    cannot be done (MLflow down, the dead run recorded in another store) is logged, naming the run left
+    RUNNING, so that an operator can end it by hand.
+    """
+    here = tracking.tracking_store_id(cfg.mlflow.tracking_uri)
+    which = f"MLflow run {dead.mlflow_run_id}" if dead.mlflow_run_id else f"the MLflow run tagged {tags.JOB_RUN}={dead.run}"
+    if dead.tracking_store and dead.tracking_store != here:
+        log.warning("recommend %s: the dead run %s recorded %s in another tracking store (%s, this run uses %s); "
+                    "it stays RUNNING there", date, dead.run, which, dead.tracking_store, here)
+        return
+    if tracking_down is not None:
+        log.warning("recommend %s: MLflow is unreachable, so %s of the dead run %s stays RUNNING", date, which, dead.run)
+        return
+    last_alive = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=dead.heartbeat_age_s)
+    try:
+        ended = tracking.end_killed_run(cfg.mlflow, mlflow_run_id=dead.mlflow_run_id, job_run=dead.run,
+                                        found_by=run_key, why=why,
+                                        last_alive=last_alive)
+    except Exception as exc:   # MLflow misbehaving: never worth failing the night for
+        log.warning("recommend %s: could not end %s of the dead run %s: %s; it stays RUNNING", date, which, dead.run,
+                    first_line(exc, with_type=True))
+        return
+    if ended is not None:
+        log.warning("recommend %s: ended MLflow run %s of the dead run %s as KILLED (found dead by run %s)", date,
+                    ended, dead.run, run_key)
 
 
 def skip_reason(published: dict[str, Any] | None, model_version: str, config_digest: str) -> str | None:

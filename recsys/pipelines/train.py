@@ -25,19 +25,20 @@ from typing import Any
 
 import numpy as np
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from recsys import __version__
 from recsys.config import Config
-from recsys.data import history as hist
+from recsys import fs as rfs
 from recsys.data.contracts import parse_date
-from recsys.data.readers import read_events_window
 from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
+from recsys.hooks import Hooks
+from recsys.learning.distributed import FitJob, FitOutput, fit_with_processes
 from recsys.learning.settings import model_config, train_settings
-from recsys.learning.split import SplitData, build_vocabulary, score_on_split, split_last_item, validation_set
+from recsys.learning.shards import TrainingShards, remove_stale_attempts, training_work_dir, write_training_shards
+from recsys.learning.split import SplitData, StreamedHeldOut
 from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.pipelines.timing import StageTimer
-from recsys.sequences import Sequences, Vocabulary
+from recsys.sequences import Vocabulary
 from recsys.spark.session import job_description
 from recsys.tracking import run_notes as run_record
 from recsys.tracking import store as tracking
@@ -45,6 +46,7 @@ from recsys.tracking import tags
 from recsys.uris import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
+NO_HOOKS = Hooks()
 
 VALIDATION_METRIC = validation_name(SELECTION_METRIC)   # val_ndcg@10: what the gate compares
 
@@ -82,36 +84,6 @@ def training_due(cfg: Config, date: dt.date) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class TrainingData:
-    """Every user's history before the date, with when they first touched their newest item."""
-
-    user_ids: np.ndarray          # [U] external user ids
-    sequences: Sequences          # [U] item ids, oldest first
-    newest_first_us: np.ndarray   # [U] epoch microseconds (UTC) of the user's first event on their newest item
-
-
-def load_training_data(spark: SparkSession, cfg: Config, date: dt.date) -> TrainingData:
-    """Each user's history before ``date``, built by the nightly job's own code, but up to
-    ``train.history_items`` long: scoring needs only the recent items (``history.max_items``),
-    while training learns from every transition it is given.
-
-    With it, the time of each user's *first* event on their newest item: a history collapses
-    repeats to their latest time, and the gate must know whether an older model could have seen
-    the pair at all (``SplitData.since``). One more aggregation of the window, by (user, item).
-    """
-    events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
-                                                   cfg.history.event_types))
-    histories = hist.build_histories(events, max_items=cfg.train.history_items,
-                                     tie_break_seed=cfg.history.tie_break_seed)
-    first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias("first_us"))
-    # histories used once (a second reference would build them, shuffles and all, a second time)
-    table = (histories.withColumn("item_id", F.element_at(hist.HISTORY_COLUMN, -1))
-             .join(first_seen, ["user_id", "item_id"]).drop("item_id").toArrow())
-    user_ids, sequences = hist.histories_to_sequences(table)
-    return TrainingData(user_ids, sequences, table.column("first_us").to_numpy())
-
-
 @dataclass
 class _Training:
     """One training run under way: its data, settings and MLflow run, handed from step to step."""
@@ -119,25 +91,28 @@ class _Training:
     cfg: Config
     date: dt.date
     timer: StageTimer
-    user_ids: np.ndarray
-    split: SplitData                  # id space: every version is gated on the same users
-    vocab: Vocabulary
-    train_seqs: Sequences             # index space, each user's newest item held out
-    valid: Any                        # recsys.model.training.ValidationSet, for early stopping
+    spark: SparkSession
+    shards: TrainingShards            # what the executors wrote; nothing per user is on the driver
+    vocab: Vocabulary                 # the selection fit's: items without each user's held-out newest
     full_vocab: Vocabulary            # the refit's: every item before the date, newest items included
-    full_seqs: Sequences              # index space of full_vocab: every interaction before the date
+    held_out: StreamedHeldOut         # each user's newest item, streamed from the shards (the gate's users)
+    work_dir: str = ""                # this attempt's shards/ and the training processes' logs/, removed at the end
+    hooks: Hooks = NO_HOOKS
     device: Any = None
     recorder: Any = None              # tracking.RunRecorder, once the run is opened
 
 
-def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False) -> TrainResult:
+def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
+                 hooks: Hooks = NO_HOOKS) -> TrainResult:
     """Train ``train.model`` on the histories before ``date``, register it as a new version, and move the
     alias unless the holder scores better on held-out items neither has trained on (``force`` moves it anyway).
 
-    Steps: read -> prepare (hold out each user's newest item, build both vocabularies) -> open the MLflow
-    run -> select (early stopping on the held-out items) -> refit on everything (``train.refit``) ->
-    register -> gate. Bad input raises InputDataError before any MLflow run exists; any failure after
-    marks the run FAILED.
+    Steps: write the histories as shards (executors) -> vocabularies (item counts only) -> open the MLflow
+    run -> select (early stopping on each user's held-out newest item) -> refit on everything
+    (``train.refit``) -> register -> gate. The fits stream the shards, in this process or in
+    ``train.processes`` data-parallel ones. Bad input raises InputDataError before any MLflow run
+    exists; any failure after marks the run FAILED and registers nothing. The shards are removed at
+    the end, and an attempt that died leaves none behind for the next: a rerun starts clean.
     """
     import torch
 
@@ -145,63 +120,73 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
 
     date = parse_date(date)
     timer = StageTimer(partial(job_description, spark), job=f"train {date}")
-    run = _prepare(cfg, date, timer, _read(spark, cfg, date, timer))
-    run.device = resolve_device(cfg.train.device)
-    model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train, run.device)
-    run.recorder = _open_run(run, model_cfg, settings)
+    remove_stale_attempts(cfg.paths.work, date)
+    work_dir = training_work_dir(cfg, date)
     try:
-        result, metrics = _fit(run, model_cfg, settings)
-        final_model, final_items = result.model, run.vocab.item_ids
-        if cfg.train.refit:
-            final_model, final_items = _refit(run, settings, result.best_epoch), run.full_vocab.item_ids
-        version = _register(run, final_model, final_items, metrics)
-        with timer.stage("gate", "compare with the alias holder") as c:
-            gate = _gate(cfg, version, GateCandidate(result.model, run.vocab.item_ids), run.split, force, run.device)
-            c.update(decision=gate.decision)
-        promoted, decision = gate.promoted, gate.decision
-        run.recorder.log_metrics(gate.figures)
-        run.recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted), tags.GATE: decision})
-        run_record.record_training(run.recorder, date, run_record.Inputs.of(cfg.paths, cfg.history),
-                                   run_record.TrainingSummary(cfg.train.model.type, len(run.user_ids), len(final_items),
-                                                              metrics, cfg.mlflow.model_name, version, decision))
-        run.recorder.end("FINISHED")
-    except BaseException as exc:
-        run.recorder.set_tags({tags.ERROR: redact_text(str(exc))[:4000]})
-        run.recorder.end("FAILED")
-        raise
+        run = _prepare(spark, cfg, date, timer, _write(spark, cfg, date, timer, work_dir), hooks)
+        run.work_dir = work_dir
+        run.device = resolve_device(cfg.train.device)
+        model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train, run.device)
+        run.recorder = _open_run(run, model_cfg, settings)
+        try:
+            result, metrics = _fit(run, model_cfg, settings)
+            selection_model = result.model(model_cfg)
+            final_model, final_items = selection_model, run.vocab.item_ids
+            if cfg.train.refit:
+                final_model, final_items = _refit(run, settings, result.best_epoch), run.full_vocab.item_ids
+            version = _register(run, final_model, final_items, metrics)
+            with timer.stage("gate", "compare with the alias holder") as c:
+                gate = _gate(cfg, version, GateCandidate(selection_model, run.vocab.item_ids), run.held_out, force,
+                             run.device)
+                c.update(decision=gate.decision)
+            promoted, decision = gate.promoted, gate.decision
+            run.recorder.log_metrics(gate.figures)
+            run.recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted), tags.GATE: decision})
+            run_record.record_training(run.recorder, date, run_record.Inputs.of(cfg.paths, cfg.history),
+                                       run_record.TrainingSummary(cfg.train.model.type, run.shards.users,
+                                                                  len(final_items), metrics, cfg.mlflow.model_name,
+                                                                  version, decision))
+            run.recorder.end("FINISHED")
+        except BaseException as exc:
+            run.recorder.set_tags({tags.ERROR: redact_text(str(exc))[:4000]})
+            run.recorder.end("FAILED")
+            raise
+        finally:
+            torch.set_grad_enabled(True)
     finally:
-        torch.set_grad_enabled(True)
+        _remove(work_dir)
     log.info("[train %s] %s", date, decision)
     return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve)
 
 
-def _read(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer) -> TrainingData:
-    with timer.stage("read", "read events and build histories") as c:
-        data = load_training_data(spark, cfg, date)
-        c.update(users=len(data.user_ids), interactions=len(data.sequences.items))
-    if len(data.sequences.items) == 0:
+def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str) -> TrainingShards:
+    with timer.stage("read", "read events, write the training histories as shards") as c:
+        shards = write_training_shards(spark, cfg, date, rfs.join(work_dir, "shards"), shards=cfg.train.shard_files)
+        c.update(users=shards.users, interactions=shards.interactions, files=len(shards.files.paths),
+                 **({"sampled_from_users": shards.sampled_from} if shards.sampled_from is not None else {}))
+    if shards.interactions == 0:
         raise InputDataError(f"no events before {date} within history.window_days={cfg.history.window_days} "
                              f"under {redact_uri(cfg.paths.events)!r}; nothing to train on")
-    return data
+    return shards
 
 
-def _prepare(cfg: Config, date: dt.date, timer: StageTimer, data: TrainingData) -> _Training:
-    """Hold out each user's newest item, build the selection vocabulary from what is left and the
-    refit's from everything, map both to their indices."""
-    with timer.stage("prepare", "split and build vocabulary") as c:
-        split = split_last_item(data.sequences, first_us=data.newest_first_us)
-        vocab = build_vocabulary(split.train, cfg.train.min_item_count)
-        train_seqs, dropped = vocab.map_sequences(split.train)
-        valid = validation_set(vocab, split)
-        full_vocab = build_vocabulary(data.sequences, cfg.train.min_item_count)
-        full_seqs, _ = full_vocab.map_sequences(data.sequences)
-        c.update(items=len(vocab), train_items=len(train_seqs.items), dropped_rare=dropped,
-                 validation_users=len(valid.targets), refit_items=len(full_vocab),
+def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, shards: TrainingShards,
+             hooks: Hooks) -> _Training:
+    """The selection vocabulary (each user's newest item held out) and the refit's (everything), from the
+    item counts the executors computed."""
+    with timer.stage("prepare", "build the vocabularies") as c:
+        vocab = shards.items.vocabulary(cfg.train.min_item_count, held_out=True)
+        full_vocab = shards.items.vocabulary(cfg.train.min_item_count, held_out=False)
+        c.update(items=len(vocab), held_out_users=shards.held_out_users, refit_items=len(full_vocab),
                  items_only_in_newest=len(full_vocab) - len(vocab))
     if len(vocab) < 2:
         raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
                              f"train.min_item_count")
-    return _Training(cfg, date, timer, data.user_ids, split, vocab, train_seqs, valid, full_vocab, full_seqs)
+    if cfg.train.processes > len(shards.files.paths):
+        raise InputDataError(f"the histories fill {len(shards.files.paths)} shard file(s), fewer than "
+                             f"train.processes={cfg.train.processes}: too few users for that many processes; "
+                             "train with fewer processes")
+    return _Training(cfg, date, timer, spark, shards, vocab, full_vocab, StreamedHeldOut(shards.files), hooks=hooks)
 
 
 def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
@@ -217,28 +202,40 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
         "date": str(date), "model_type": cfg.train.model.type, **{f"model_{k}": v for k, v in model_cfg.__dict__.items()},
         **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(run.device),
         "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
-        "users": len(run.user_ids), "validation_users": len(run.valid.targets), "config_digest": cfg.digest(),
+        "users": run.shards.users, "validation_users": run.shards.held_out_users, "config_digest": cfg.digest(),
         "refit": cfg.train.refit, "refit_items": len(run.full_vocab), "gate_min_users": cfg.train.gate_min_users,
+        "processes": cfg.train.processes, "shard_files": len(run.shards.files.paths),
+        "max_users": cfg.train.max_users, "sampled_from_users": run.shards.sampled_from,
     })
     return recorder
 
 
-def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[Any, dict[str, float]]:
+def _job(run: _Training, label: str, model_cfg: Any, settings: Any, vocab: Vocabulary, *, hold_out: bool,
+         stop_after: int | None = None) -> FitJob:
+    return FitJob(label=f"[train {run.date}] {label}", files=run.shards.files.paths, vocab_ids=vocab.item_ids,
+                  model_config=model_cfg, settings=settings, hold_out_newest=hold_out, validate=hold_out,
+                  stop_after=stop_after, device=str(run.device), faults=run.hooks.faults,
+                  log_dir=rfs.join(run.work_dir, "logs", label))
+
+
+def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[FitOutput, dict[str, float]]:
     """Train with early stopping on the held-out items, logging each epoch; the best epoch's figures."""
-    from recsys.model.training import fit
     from recsys.tracking import plots
 
     recorder = run.recorder
 
     def on_epoch(row: dict[str, Any]) -> None:
-        log.info("[train %s] epoch %d: %s", run.date, row["epoch"],
-                 ", ".join(f"{k}={v:.4f}" for k, v in row.items() if k != "epoch" and isinstance(v, float)))
         recorder.log_metrics({validation_name(k) if "@" in k else k: v for k, v in row.items() if k != "epoch"},
                              step=int(row["epoch"]))
 
-    with run.timer.stage("fit", "train model") as c:
-        result = fit(run.train_seqs, model_cfg, settings, valid=run.valid, device=run.device, progress=on_epoch)
-        c.update(best_epoch=result.best_epoch, **{k: round(v, 4) for k, v in result.best_metrics.items()})
+    with run.timer.stage("fit", "train model (select the epoch count)") as c:
+        result = fit_with_processes(run.spark, _job(run, "select", model_cfg, settings, run.vocab, hold_out=True),
+                                    run.cfg.train.processes, on_epoch)
+        c.update(best_epoch=result.best_epoch, processes=result.processes,
+                 **{k: round(v, 4) for k, v in result.best_metrics.items()})
+    if result.processes > 1:   # the processes could not reach MLflow: the curve is logged now
+        for row in result.curve:
+            on_epoch(row)
     metrics = {validation_name(k): v for k, v in result.best_metrics.items()}
     metrics["best_epoch"] = result.best_epoch
     recorder.log_metrics({**metrics, **run.timer.as_metrics()})
@@ -251,19 +248,29 @@ def _refit(run: _Training, settings: Any, epochs: int) -> Any:
     """The registered model: the selection's settings for its chosen epoch count, on every interaction
     before the date (no held-out items, so no early stop: the count is what the selection chose; the
     learning-rate schedule keeps the selection's horizon, so the refit repeats its first epochs)."""
-    from recsys.model.training import fit
 
     def on_epoch(row: dict[str, Any]) -> None:
-        log.info("[train %s] refit epoch %d of %d: train_loss=%.4f", run.date, row["epoch"], epochs, row["train_loss"])
         run.recorder.log_metrics({"refit_train_loss": row["train_loss"]}, step=int(row["epoch"]))
 
     model_cfg = model_config(run.cfg.train.model, len(run.full_vocab))
     with run.timer.stage("refit", f"train on every interaction for {epochs} epochs") as c:
-        result = fit(run.full_seqs, model_cfg, settings, device=run.device, progress=on_epoch,
-                     stop_after=max(1, epochs))
-        c.update(epochs=len(result.curve), items=len(run.full_vocab), interactions=len(run.full_seqs.items))
+        result = fit_with_processes(run.spark, _job(run, "refit", model_cfg, settings, run.full_vocab, hold_out=False,
+                                                    stop_after=max(1, epochs)),
+                                    run.cfg.train.processes, on_epoch)
+        c.update(epochs=len(result.curve), items=len(run.full_vocab), interactions=run.shards.interactions)
+    if result.processes > 1:
+        for row in result.curve:
+            on_epoch(row)
     run.recorder.log_metrics({"refit_epochs": len(result.curve), **run.timer.as_metrics()})
-    return result.model
+    return result.model(model_cfg)
+
+
+def _remove(work_dir: str) -> None:
+    try:
+        fs, path = rfs.resolve(work_dir)
+        rfs.delete_dir_if_exists(fs, path)
+    except OSError as exc:   # a rerun removes it (remove_stale_attempts)
+        log.warning("could not remove the training shards under %s: %s", redact_uri(work_dir), exc)
 
 
 def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[str, float]) -> str:
@@ -303,7 +310,8 @@ class GateDecision:
     figures: dict[str, float] = field(default_factory=dict)   # logged to the training run
 
 
-def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData, force: bool, device) -> GateDecision:
+def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData | StreamedHeldOut, force: bool,
+          device) -> GateDecision:
     """Move the alias unless the holder scores better, by more than the tolerance, on held-out items
     that neither model has trained on.
 
@@ -327,7 +335,7 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData,
         loaded = _load_version(cfg, holder_version, device)
         judged, basis = held_out_unseen_by(split, loaded.metadata.get("trained_before"), holder_version)
         enough = judged.users >= cfg.train.gate_min_users
-        holder_score = score_on_split(loaded.model, loaded.item_ids, judged, device) if enough or force else math.nan
+        holder_score = judged.score(loaded.model, loaded.item_ids, device) if enough or force else math.nan
     except Exception as exc:
         problem = f"the holder version {holder_version} could not be scored ({first_line(exc, with_type=True, limit=300)})"
         if force:
@@ -340,7 +348,7 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData,
         return GateDecision(False, f"kept @{alias} on version {holder_version}: only {judged.users} held-out "
                                    f"user(s) {basis}, fewer than train.gate_min_users={cfg.train.gate_min_users} to "
                                    f"judge on; the set grows every night the holder stays, or use --force", figures)
-    new_score = score_on_split(candidate.model.to(device), candidate.item_ids, judged, device)   # _register: on CPU
+    new_score = judged.score(candidate.model.to(device), candidate.item_ids, device)   # _register: on CPU
     figures.update({"gate_candidate_" + SELECTION_METRIC: new_score, "gate_holder_" + SELECTION_METRIC: holder_score})
     detail = (f"new {SELECTION_METRIC}={new_score:.4f} vs holder version {holder_version} {holder_score:.4f} on "
               f"{judged.users} held-out user(s) {basis} (tolerance {tolerance})")
@@ -356,9 +364,9 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData,
                                "use --force to override", figures)
 
 
-def held_out_unseen_by(split: SplitData, trained_before: str | None, holder: str) -> tuple[SplitData, str]:
+def held_out_unseen_by(split: SplitData | StreamedHeldOut, trained_before: str | None, holder: str) -> tuple[Any, str]:
     """The held-out users whose newest item the holder cannot have trained on, and how they were chosen."""
-    if trained_before is None or split.valid_first_us is None:
+    if trained_before is None or getattr(split, "valid_first_us", 0) is None:
         return split, f"(all of them: version {holder} records no training date)"
     try:
         cutoff = parse_date(trained_before)

@@ -3,7 +3,8 @@
 Layout under ``paths.output`` (``_locks`` starts with ``_``, so Spark and Hive readers skip it)::
 
     _locks/dt=YYYY-MM-DD.lock                   JSON: run, token, host, pid, process start time, ttl;
-                                                its modification time is the heartbeat
+                                                once the run's MLflow run exists, also its id and
+                                                tracking store; its modification time is the heartbeat
     _locks/dt=YYYY-MM-DD.lock.ended-<token>     tombstone: the lock with that token was released or
                                                 taken over (kept an hour, then tidied)
 
@@ -25,6 +26,13 @@ release cannot both delete. This is exact on local and POSIX shared filesystems 
 create via ``link``). On object stores there is no exclusive create in pyarrow, so the lock is
 emulated (write, then read back the token): best effort only - keep schedulers from overlapping
 there (Airflow ``max_active_runs=1``, Kubernetes ``concurrencyPolicy: Forbid``).
+
+A run that dies (SIGKILL, an OOM kill, a lost container) cannot end its MLflow run, which would stay
+RUNNING forever. So the holder adds the id of its MLflow run to the lock once it exists
+(:meth:`DateLock.annotate`), and the run that takes the stale lock over finds it in
+:attr:`DateLock.took_over` and ends it (``recsys.pipelines.nightly``). Extra fields are optional both
+ways: a lock without them (written before, or by a run whose MLflow run had not started) reads with
+``None``, and older readers ignore them.
 """
 from __future__ import annotations
 
@@ -65,6 +73,8 @@ class Holder:
     started_at: str
     ttl_s: float
     heartbeat_age_s: float
+    mlflow_run_id: str | None = None    # the holder's MLflow run, once it started one (absent in older locks)
+    tracking_store: str | None = None   # the store that run is in (recsys.tracking.store.tracking_store_id)
 
     def describe(self) -> str:
         return (f"run {self.run} (pid {self.pid} on {self.host}, started {self.started_at}, "
@@ -88,6 +98,9 @@ class DateLock:
         self.path = lock_path(output_root, date)
         self.token = uuid.uuid4().hex
         self.took_over: Holder | None = None   # the stale holder this run replaced, if any
+        self.took_over_reason: str | None = None   # why it was stale ("its process 123 on h is gone")
+        self._annotations: dict[str, str] = {}
+        self._started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         self._store = _Store(self.path)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,7 +132,7 @@ class DateLock:
             if current is not None and current.token == holder.token:
                 log.warning("taking over the lock on %s from %s: %s", partition_name(self.date), holder.describe(), reason)
                 self._store.delete(self.path)
-                self.took_over = holder
+                self.took_over, self.took_over_reason = holder, reason
         raise LockHeld(f"could not take the lock {self.path} after 3 attempts; retry later")
 
     def release(self) -> None:
@@ -146,6 +159,20 @@ class DateLock:
             raise LockHeld(f"this run lost the lock on {partition_name(self.date)} (now held by {other}); "
                            f"nothing was published")
 
+    def annotate(self, *, mlflow_run_id: str, tracking_store: str) -> bool:
+        """Record this run's MLflow run in the lock file, so that whoever finds this run dead can end it.
+
+        The file is replaced whole (readers see the old or the new content, never a mix), and only while
+        it still carries this run's token; False when it no longer does (taken over: :meth:`verify`
+        says so before publishing). Raises OSError when the store cannot be written.
+        """
+        self._annotations = {"mlflow_run_id": mlflow_run_id, "tracking_store": tracking_store}
+        holder = self._store.read_holder(self.path)
+        if holder is None or holder.token != self.token:
+            return False
+        self._store.replace(self.path, self._content())
+        return True
+
     def __enter__(self) -> "DateLock":
         return self.acquire()
 
@@ -160,7 +187,7 @@ class DateLock:
         return json.dumps({
             "run": self.run, "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
             "pid_started": _process_start_time(os.getpid()),
-            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "ttl_s": self.ttl_s,
+            "started_at": self._started_at, "ttl_s": self.ttl_s, **self._annotations,
         })
 
     def beat(self) -> bool:
@@ -201,6 +228,10 @@ def stale_reason(holder: Holder, *, host: str | None = None) -> str | None:
     if holder.heartbeat_age_s > holder.ttl_s:
         return f"no heartbeat for {holder.heartbeat_age_s:.0f}s (ttl {holder.ttl_s:.0f}s)"
     return None
+
+
+def _text_or_none(value: Any) -> str | None:
+    return str(value) if value else None
 
 
 def _process_alive(pid: int, started: float | None) -> bool:
@@ -277,7 +308,21 @@ class _Store:
             host=str(data.get("host", "?")), pid=int(data.get("pid") or 0), pid_started=data.get("pid_started"),
             started_at=str(data.get("started_at", "?")), ttl_s=float(data.get("ttl_s") or DEFAULT_TTL_S),
             heartbeat_age_s=max(0.0, time.time() - mtime),
+            mlflow_run_id=_text_or_none(data.get("mlflow_run_id")), tracking_store=_text_or_none(data.get("tracking_store")),
         )
+
+    def replace(self, path: str, text: str) -> None:
+        """Replace the file's content in one step (a rename over it): readers never see it half-written."""
+        target = self._p(path)
+        if self.local:
+            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        else:
+            rfs.write_text_atomic(self.fs, target, text)
 
     def touch(self, path: str) -> None:
         if self.local:

@@ -16,7 +16,6 @@ number can never be served from the cache.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -24,9 +23,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from recsys.fs import files_digest
 
-_DIGEST_CHARS = 16
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,14 +45,7 @@ class ShippedModel:
 
 def model_files_digest(directory: Path) -> str:
     """Digest of a flat model directory: every regular file's name and bytes, in name order."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
-        h.update(path.name.encode() + b"\0")
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        h.update(b"\0")
-    return h.hexdigest()[:_DIGEST_CHARS]
+    return files_digest(directory)
 
 
 def ship_model(spark, model_dir: Path, *, name: str, version: str, scratch: Path) -> ShippedModel:

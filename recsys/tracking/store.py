@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from recsys.config import MlflowConfig
-from recsys.errors import ModelNotFoundError, TrackingUnavailable, first_line
+from recsys.errors import ModelNotFoundError, RunStatus, TrackingUnavailable, first_line
 from recsys.tracking import tags
 from recsys.uris import is_local_path, local_path, redact_text, redact_uri, redact_values
 
@@ -46,6 +46,43 @@ class ResolvedModel:
     @property
     def uri(self) -> str:
         return f"models:/{self.name}@{self.alias}"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def tracking_store_id(tracking_uri: str) -> str:
+    """Which tracking store ``tracking_uri`` names, as one spelling, without credentials.
+
+    What the remembered model resolution and the date's lock are bound to, so that something
+    learnt from one store is never used with another: a registry's "version 1 of recsys-default"
+    means nothing in another registry. Two spellings of one store give the same id: relative sqlite
+    and file-store paths are made absolute (MLflow resolves them against the working directory, so
+    ``sqlite:///.recsys/mlflow.db`` in two checkouts is two stores); scheme and host are lower-cased, a
+    default port, a trailing slash, the query and the fragment are dropped; ``user:password@`` never
+    appears. Safe to write to disk and to log.
+    """
+    uri = tracking_uri.strip()
+    if uri in ("databricks", "databricks-uc"):
+        return uri
+    if uri.lower().startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):].partition("?")[0]   # "/abs/db" for sqlite:////abs/db, "rel/db" for sqlite:///rel/db
+        return "sqlite:///" + (path if path == ":memory:" else str(Path(path).resolve()))
+    if is_local_path(uri):
+        return local_path(uri).resolve().as_uri()
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(uri)
+        port = parts.port
+    except ValueError:
+        return redact_uri(uri)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"   # an IPv6 literal
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        host = f"{host}:{port}"
+    return f"{scheme}://{host}{parts.path.rstrip('/')}"
 
 
 def setup(cfg: MlflowConfig, experiment: str | None = None) -> str:
@@ -218,6 +255,53 @@ def set_alias(model_name: str, alias: str, version: str) -> None:
     from mlflow import MlflowClient
 
     MlflowClient().set_registered_model_alias(model_name, alias, version)
+
+
+_RUN_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")   # what may go into a search filter unquoted
+
+
+def end_killed_run(cfg: MlflowConfig, *, mlflow_run_id: str | None, job_run: str, found_by: str, why: str,
+                   last_alive: dt.datetime | None = None) -> str | None:
+    """End the MLflow run of a nightly run found dead: status KILLED, tagged with who found it and when.
+
+    A killed process cannot end its own run, which would otherwise stay RUNNING in the UI and in
+    ``recsys runs`` forever. ``mlflow_run_id`` is the id the dead run left in the date's lock; without
+    one (an older lock, or a kill between the MLflow run's start and the lock's update) the RUNNING run
+    tagged ``recsys.job_run = job_run`` in ``cfg.experiment`` is ended instead. ``found_by`` is the run
+    key of the run that found it, ``why`` the lock's stale reason, ``last_alive`` the dead run's last
+    heartbeat (its end time, never before its start). Returns the id of the run ended, or None when no
+    such run is RUNNING (it ended, or never started). MLflow errors propagate: the caller decides.
+    """
+    from mlflow import MlflowClient
+    from mlflow.entities import RunTag
+
+    point_at(cfg)
+    client = MlflowClient()
+    if mlflow_run_id:
+        runs = [client.get_run(mlflow_run_id)]
+    elif _RUN_KEY.match(job_run):
+        experiment = client.get_experiment_by_name(cfg.experiment)
+        runs = [] if experiment is None else client.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.`{tags.JOB_RUN}` = '{job_run}'", max_results=5)
+    else:
+        return None
+    runs = [r for r in runs if r.info.status == "RUNNING"]
+    if not runs:
+        return None
+    run = runs[0]
+    found_at = dt.datetime.now(dt.timezone.utc)
+    at = found_at.isoformat(timespec="seconds")
+    date = run.data.tags.get(tags.DATE, "its date")
+    client.log_batch(run.info.run_id, tags=[RunTag(k, redact_text(v)) for k, v in {
+        tags.STATUS: RunStatus.KILLED.value, tags.FOUND_DEAD_BY: found_by, tags.FOUND_DEAD_AT: at,
+        tags.ERROR: f"killed: {why}; found dead by run {found_by} at {at}",
+        tags.NOTE: (f"Killed while running for {date}: the process died before the run could end ({why}). Found "
+                    f"dead at {at} by run {found_by}, which took over the date's lock and ended this MLflow run as "
+                    f"KILLED."),
+    }.items()])
+    end_ms = int((last_alive or found_at).timestamp() * 1000)
+    client.set_terminated(run.info.run_id, status="KILLED", end_time=max(end_ms, run.info.start_time or 0))
+    return run.info.run_id
 
 
 class RunRecorder:

@@ -1,0 +1,152 @@
+"""Training data written by Spark as Parquet shards, for training processes to stream: nothing per user reaches the driver.
+
+``recsys train`` used to collect every history to the driver (``toArrow()``) and train there; at the
+millions of users the nightly job scores, the driver ran out of memory before the first epoch. Now
+the executors write the histories (built by the nightly job's own code, ``recsys.data.history``) as
+``train.shards`` Parquet files under the training's work directory, users spread over the files by
+hash, and the training processes read them a chunk at a time (``recsys.model.stream``). What the
+driver collects is catalog-sized, never user-sized: each item's count (for the vocabularies) and
+a few totals.
+
+``train.max_users`` caps the users trained on by a seeded hash of the user id: the same users every
+night for the same population, about ``max_users`` of them (each user is kept with probability
+``max_users / users``, so the count varies by a fraction of a percent at scale).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from recsys import fs as rfs
+from recsys.config import Config
+from recsys.data import history as hist
+from recsys.data.contracts import partition_name
+from recsys.data.readers import read_events_window
+from recsys.model.stream import HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, USER_ID, ShardFiles
+from recsys.sequences import Vocabulary
+
+log = logging.getLogger(__name__)
+
+HASH_BUCKETS = 1 << 30     # max_users sampling: a user is kept when hash(user, seed) mod this < the share
+
+
+@dataclass(frozen=True)
+class ItemCounts:
+    """Each item's occurrences in the histories: all of them (the refit's) and without each user's held-out newest."""
+
+    item_ids: np.ndarray       # [I] sorted
+    all_events: np.ndarray     # [I]
+    selection: np.ndarray      # [I]
+
+    def vocabulary(self, min_count: int, *, held_out: bool) -> Vocabulary:
+        """Items seen at least ``min_count`` times, ordered by id (``build_vocabulary``'s rule)."""
+        counts = self.selection if held_out else self.all_events
+        return Vocabulary(self.item_ids[counts >= min_count])
+
+
+@dataclass(frozen=True)
+class TrainingShards:
+    """What Spark wrote for one training: the files, the item counts and the totals the driver reports."""
+
+    directory: str
+    files: ShardFiles
+    items: ItemCounts
+    users: int
+    interactions: int
+    held_out_users: int
+    sampled_from: int | None     # users before the train.max_users sample (None: no sample)
+
+
+def training_work_dir(cfg: Config, date: dt.date) -> str:
+    """A fresh directory for this attempt's shards under ``paths.work/train/dt=D/``."""
+    return rfs.join(train_work_root(cfg.paths.work, date), uuid.uuid4().hex[:12])
+
+
+def train_work_root(work: str, date: dt.date) -> str:
+    return rfs.join(work, "train", partition_name(date))
+
+
+def remove_stale_attempts(work: str, date: dt.date) -> None:
+    """Shards left by earlier attempts of ``date`` (a killed run): a rerun starts clean."""
+    base = train_work_root(work, date)
+    fs, root = rfs.resolve(base)
+    for path in rfs.list_dirs(fs, root):
+        log.info("removing the shards of an earlier training attempt: %s", path)
+        rfs.delete_dir_if_exists(fs, path)
+
+
+def training_histories(spark: SparkSession, cfg: Config, date: dt.date) -> DataFrame:
+    """user_id, history (item ids, oldest first, up to ``train.history_items``), newest_first_us: each user's
+    history before ``date`` and when they *first* touched their newest item (histories collapse repeats
+    to the latest time; the gate must know whether an older model could have seen the pair at all)."""
+    events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
+                                                   cfg.history.event_types))
+    histories = hist.build_histories(events, max_items=cfg.train.history_items,
+                                     tie_break_seed=cfg.history.tie_break_seed)
+    first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias(NEWEST_FIRST_US))
+    # histories used once (a second reference would build them, shuffles and all, a second time)
+    return (histories.withColumn("item_id", F.element_at(hist.HISTORY_COLUMN, -1))
+            .join(first_seen, ["user_id", "item_id"]).drop("item_id")
+            .select(USER_ID, F.col(hist.HISTORY_COLUMN).alias(HISTORY), NEWEST_FIRST_US))
+
+
+def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, directory: str, *,
+                          shards: int) -> TrainingShards:
+    """Write the training histories of ``date`` as ``shards`` Parquet files under ``directory`` and read
+    back the item counts and totals (aggregates only: nothing per user is collected)."""
+    histories = training_histories(spark, cfg, date)
+    sampled_from = None
+    if cfg.train.max_users is not None:
+        histories, sampled_from = _sample_users(histories, cfg.train.max_users, cfg.train.seed)
+    (histories.repartition(shards, F.xxhash64(USER_ID, F.lit(cfg.train.seed)))
+     .write.mode("overwrite").parquet(directory))
+    written = spark.read.parquet(directory)
+    files = _parquet_files(directory)
+    totals, items = _statistics(written)
+    return TrainingShards(directory, files, items, users=int(totals["users"] or 0),
+                          interactions=int(totals["interactions"] or 0),
+                          held_out_users=int(totals["held_out_users"] or 0), sampled_from=sampled_from)
+
+
+def _sample_users(histories: DataFrame, max_users: int, seed: int) -> tuple[DataFrame, int | None]:
+    """About ``max_users`` users chosen by a seeded hash of their id (all of them when there are fewer)."""
+    users = histories.count()
+    if users <= max_users:
+        return histories, users
+    share = int(HASH_BUCKETS * max_users / users)
+    bucket = F.pmod(F.xxhash64(F.col(USER_ID), F.lit(seed), F.lit("max_users")), F.lit(HASH_BUCKETS))
+    log.info("train.max_users=%d: training on a seeded sample of about %d of %d users", max_users, max_users, users)
+    return histories.filter(bucket < share), users
+
+
+def _statistics(written: DataFrame) -> tuple[dict, ItemCounts]:
+    """Totals and per-item counts of the written shards (two small collects: one row, one row per item)."""
+    n = F.size(HISTORY)
+    totals = written.agg(F.count(F.lit(1)).alias("users"), F.sum(n).alias("interactions"),
+                         F.count_if(n >= MIN_HELD_OUT_LEN).alias("held_out_users")).first().asDict()
+    exploded = written.select(F.posexplode(HISTORY).alias("pos", "item_id"), n.alias("n"))
+    held_out = (exploded.pos == exploded.n - 1) & (exploded.n >= MIN_HELD_OUT_LEN)
+    table = (exploded.groupBy("item_id").agg(F.count(F.lit(1)).alias("all_events"),
+                                             F.count_if(~held_out).alias("selection"))
+             .orderBy("item_id").toArrow())
+    items = ItemCounts(table.column("item_id").to_numpy().astype(np.int64),
+                       table.column("all_events").to_numpy().astype(np.int64),
+                       table.column("selection").to_numpy().astype(np.int64))
+    return totals, items
+
+
+def _parquet_files(directory: str) -> ShardFiles:
+    fs, root = rfs.resolve(directory)
+    from pyarrow import fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=False))
+    names = sorted(i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                   and not i.base_name.startswith(("_", ".")))
+    scheme = directory.split("://", 1)[0] + "://" if "://" in directory else ""
+    return ShardFiles(tuple(f"{scheme}{p}" if scheme and not p.startswith(scheme) else p for p in names))

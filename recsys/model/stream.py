@@ -1,0 +1,246 @@
+"""Training data streamed from Parquet shards of histories: what a training process reads, a chunk at a time.
+
+Spark writes every user's history before the training date as Parquet files (``recsys.learning.shards``;
+columns ``user_id``, ``history``: external item ids, oldest first, and ``newest_first_us``). No
+process ever holds all of them: a training process reads its files in batches of
+``users_per_chunk`` users, maps each chunk to the model's vocabulary, cuts it into training windows
+and passes the windows through a shuffle buffer of bounded size. Memory is set by the chunk, the
+buffer and the model, not by the number of users: the same at 250k users as at 10M.
+
+The examples are the ones the in-memory path makes (``recsys.model.training``): the same held-out
+split (:meth:`Sequences.split_newest`), the same window tiling with the same per-epoch offsets
+rule, the same labels. What differs is the order: a user's windows are shuffled within a buffer of
+``shuffle_windows`` windows, the files in a seeded order per epoch, instead of one global
+permutation. Spark writes users to files by hash, so a buffer holds a random sample of users.
+
+Validation and the gate stream the same files: each user with at least ``MIN_HELD_OUT_LEN`` items
+holds out their newest item, and metrics are accumulated as sums over chunks (so that several
+processes can add theirs).
+
+Pure pyarrow/numpy/torch: runs wherever a training process runs (an executor, a GPU box).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from recsys import fs as rfs
+from recsys.sequences import Sequences, Vocabulary
+
+HISTORY = "history"
+NEWEST_FIRST_US = "newest_first_us"
+USER_ID = "user_id"
+MIN_HELD_OUT_LEN = 3           # users with fewer items keep all of them for training (split_last_item's rule)
+USERS_PER_CHUNK = 4096         # users read, mapped and cut into windows at a time
+SHUFFLE_WINDOWS = 32768        # windows shuffled together: [32768, 51] int64 inputs + labels, about 27 MB
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """The Parquet files one process reads (paths or URIs that ``recsys.fs.resolve`` understands)."""
+
+    paths: tuple[str, ...]
+
+    def for_rank(self, rank: int, world: int) -> "ShardFiles":
+        """Files ``rank, rank + world, ...``: each process of a data-parallel training reads its own."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is outside a world of {world}")
+        if len(self.paths) < world:
+            raise ValueError(f"{len(self.paths)} shard file(s) for {world} training processes: every process "
+                             "needs at least one (write more shards, or train with fewer processes)")
+        return ShardFiles(self.paths[rank::world])
+
+
+def read_batches(paths: Sequence[str], columns: Sequence[str], users_per_chunk: int = USERS_PER_CHUNK
+                 ) -> Iterator[pa.RecordBatch]:
+    """Record batches of at most ``users_per_chunk`` rows, file after file, never a whole file at once."""
+    for path in paths:
+        fs, local = rfs.resolve(path)
+        with fs.open_input_file(local) as handle:
+            yield from pq.ParquetFile(handle).iter_batches(batch_size=users_per_chunk, columns=list(columns))
+
+
+def window_examples(windows: np.ndarray, label_from: np.ndarray, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[W, L+1] windows -> [W, L] inputs and labels (0: no loss), labels before ``label_from`` masked
+    (they belong to another window of the same user)."""
+    windows_t = torch.from_numpy(windows)
+    inputs = windows_t[:, :-1].contiguous()
+    before = torch.arange(max_len)[None, :] < torch.from_numpy(label_from)[:, None]
+    labels = windows_t[:, 1:].masked_fill((inputs == 0) | before, 0).contiguous()
+    return inputs, labels
+
+
+def window_count(seqs: Sequences, max_len: int) -> int:
+    """Windows of the fixed tiling (what an epoch holds, give or take one per long user with random offsets)."""
+    n = seqs.lengths
+    return int(np.where(n >= 2, -(-(n - 1) // max_len), 0).sum())
+
+
+class StreamedWindows:
+    """An epoch's training batches, streamed from shard files: ``batches(epoch)`` yields (inputs, labels).
+
+    ``hold_out_newest``: drop each user's newest item (the selection fit) or train on everything (the
+    refit). Items outside ``vocab`` are dropped from the sequences, as ``Vocabulary.map_sequences`` does.
+    """
+
+    def __init__(self, files: ShardFiles, vocab: Vocabulary, *, max_len: int, batch_size: int, seed: int,
+                 hold_out_newest: bool, random_offsets: bool, rank: int = 0,
+                 users_per_chunk: int = USERS_PER_CHUNK, shuffle_windows: int = SHUFFLE_WINDOWS):
+        if batch_size < 1 or shuffle_windows < batch_size:
+            raise ValueError(f"need 1 <= batch_size ({batch_size}) <= shuffle_windows ({shuffle_windows})")
+        self.files, self.vocab = files, vocab
+        self.max_len, self.batch_size, self.seed, self.rank = max_len, batch_size, seed, rank
+        self.hold_out_newest, self.random_offsets = hold_out_newest, random_offsets
+        self.users_per_chunk, self.shuffle_windows = users_per_chunk, shuffle_windows
+        self._windows: int | None = None
+        self._item_counts: np.ndarray | None = None
+
+    def sequences(self, paths: Sequence[str] | None = None) -> Iterator[Sequences]:
+        """Index-space training sequences, a chunk of users at a time."""
+        for batch in read_batches(self.files.paths if paths is None else paths, [HISTORY], self.users_per_chunk):
+            seqs = Sequences.from_arrow(batch.column(0))
+            if self.hold_out_newest:
+                seqs = seqs.split_newest(MIN_HELD_OUT_LEN)[0]
+            yield self.vocab.map_sequences(seqs)[0]
+
+    def _count(self) -> None:
+        windows, counts = 0, np.zeros(len(self.vocab) + 1, dtype=np.int64)
+        for seqs in self.sequences():
+            windows += window_count(seqs, self.max_len)
+            counts += np.bincount(seqs.items, minlength=len(counts))
+        self._windows, self._item_counts = windows, counts
+
+    @property
+    def windows_per_epoch(self) -> int:
+        """Windows in one epoch of the fixed tiling: one pass over the files, once, for the schedule's horizon."""
+        if self._windows is None:
+            self._count()
+        return self._windows
+
+    @property
+    def item_counts(self) -> np.ndarray:
+        """[num_items + 1] occurrences of each index in these files' sequences (0: padding, always 0)."""
+        if self._item_counts is None:
+            self._count()
+        return self._item_counts
+
+    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's batches: files in a seeded order, windows shuffled a buffer at a time.
+
+        Seeded by (seed, epoch, rank): the same data and seed give the same batches, and the
+        processes of a data-parallel training see different orders of their different files.
+        """
+        rng = np.random.default_rng([self.seed, epoch, self.rank])
+        paths = [self.files.paths[i] for i in rng.permutation(len(self.files.paths))]
+        inputs: list[torch.Tensor] = []
+        labels: list[torch.Tensor] = []
+        held = 0
+        for seqs in self.sequences(paths):
+            shift = (rng.integers(0, self.max_len, len(seqs)) if self.random_offsets
+                     else np.zeros(len(seqs), dtype=np.int64))
+            x, y = window_examples(*_offset_windows(seqs, self.max_len, shift), self.max_len)
+            inputs.append(x)
+            labels.append(y)
+            held += len(x)
+            if held >= self.shuffle_windows:
+                x, y = torch.cat(inputs), torch.cat(labels)
+                order = torch.from_numpy(rng.permutation(len(x)))
+                full = len(x) // self.batch_size * self.batch_size
+                for rows in order[:full].split(self.batch_size):
+                    yield x[rows], y[rows]
+                rest = order[full:]
+                inputs, labels, held = [x[rest]], [y[rest]], len(rest)
+        if held:
+            x, y = torch.cat(inputs), torch.cat(labels)
+            for rows in torch.from_numpy(rng.permutation(len(x))).split(self.batch_size):
+                yield x[rows], y[rows]
+
+
+def _offset_windows(seqs: Sequences, max_len: int, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    from recsys.model.training import offset_windows   # one tiling, defined with the training loop
+
+    return offset_windows(seqs, max_len, shift)
+
+
+@dataclass(frozen=True)
+class HeldOutChunk:
+    """One chunk's held-out users: id-space histories (newest item removed), the removed items, and when
+    each user first touched it (epoch microseconds, UTC)."""
+
+    histories: Sequences
+    targets: np.ndarray
+    first_us: np.ndarray
+
+
+def held_out_chunks(files: ShardFiles, *, since_us: int | None = None,
+                    users_per_chunk: int = USERS_PER_CHUNK) -> Iterator[HeldOutChunk]:
+    """Each user's newest item held out (users with at least ``MIN_HELD_OUT_LEN`` items), a chunk at a
+    time; with ``since_us``, only the users who first touched it at or after that instant."""
+    for batch in read_batches(files.paths, [HISTORY, NEWEST_FIRST_US], users_per_chunk):
+        seqs = Sequences.from_arrow(batch.column(0))
+        first_us = batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64)
+        left, rows, targets = seqs.split_newest(MIN_HELD_OUT_LEN)
+        first_us = first_us[rows]
+        keep = np.arange(len(rows)) if since_us is None else np.flatnonzero(first_us >= since_us)
+        if len(keep):
+            yield HeldOutChunk(left.take(rows[keep]), targets[keep], first_us[keep])
+
+
+@dataclass
+class RankingSums:
+    """Sums of per-user ranking metrics and the users behind them: what processes add up before dividing."""
+
+    sums: dict[str, float]
+    known: int           # users whose target the model knows (the metrics' users)
+    total: int           # every held-out user (unknown targets count as misses)
+
+    def add(self, other: "RankingSums") -> "RankingSums":
+        keys = set(self.sums) | set(other.sums)
+        return RankingSums({k: self.sums.get(k, 0.0) + other.sums.get(k, 0.0) for k in keys},
+                           self.known + other.known, self.total + other.total)
+
+    def means_over_known(self) -> dict[str, float]:
+        """What early stopping reads: metrics over users whose target the model can rank."""
+        return {k: v / self.known for k, v in self.sums.items()} if self.known else {}
+
+    def mean_over_all(self, metric: str) -> float:
+        """What the gate reads: the metric over all held-out users, a target the model lacks being a miss."""
+        return self.sums.get(metric, 0.0) / self.total if self.total else float("nan")
+
+
+def ranking_sums(model: torch.nn.Module, vocab: Vocabulary, chunks: Iterator[HeldOutChunk], *,
+                 ks: Sequence[int], device: torch.device | str) -> RankingSums:
+    """Leave-one-out metrics of ``model`` over streamed held-out users, as sums (``evaluate_ranking`` per chunk)."""
+    from recsys.model.metrics import evaluate_ranking
+
+    total = RankingSums({}, 0, 0)
+    for chunk in chunks:
+        histories, _ = vocab.map_sequences(chunk.histories)
+        targets = vocab.index_of(chunk.targets)
+        keep = np.flatnonzero(targets > 0)
+        part = RankingSums({}, len(keep), len(chunk.targets))
+        if len(keep):
+            means = evaluate_ranking(model, histories.take(keep), targets[keep], ks=ks, device=device)
+            part.sums = {k: v * len(keep) for k, v in means.items()}
+        total = total.add(part)
+    return total
+
+
+def count_users(files: ShardFiles) -> int:
+    """Users in the files, from the Parquet footers (no data read)."""
+    count = 0
+    for path in files.paths:
+        fs, local = rfs.resolve(path)
+        with fs.open_input_file(local) as handle:
+            count += pq.ParquetFile(handle).metadata.num_rows
+    return count
+
+
+__all__ = ["HISTORY", "NEWEST_FIRST_US", "USER_ID", "MIN_HELD_OUT_LEN", "ShardFiles", "StreamedWindows",
+           "HeldOutChunk", "RankingSums", "count_users", "held_out_chunks", "ranking_sums", "read_batches",
+           "window_count", "window_examples"]
