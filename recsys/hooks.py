@@ -19,6 +19,12 @@ at a known point without sleeping and hoping. Points, in the order a run reaches
   ``_trash/``, the new one not yet in place;
 - ``after_swap``: the new partition is in place, the old copy not yet deleted, the lock not released.
 
+``recsys export`` (docs/export.md) has two of its own:
+
+- ``export_writing``: inside the export task of the first data file, after its first batch of users went
+  to Redis (the other tasks keep writing): a kill, or Redis stopped, in the middle of writing a version;
+- ``before_switch``: every key of the new version is written and counted, the pointer not yet moved.
+
 Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring tasks:
 
 - ``fail_first_attempt``: every scoring task fails on its first attempt, so Spark retries it;
@@ -40,7 +46,7 @@ from recsys.errors import ConfigError
 PAUSE_ENV = "RECSYS_PAUSE_AT"
 PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
-POINTS = ("writing", "staged", "before_swap", "between_renames", "after_swap")
+POINTS = ("writing", "staged", "before_swap", "between_renames", "after_swap", "export_writing", "before_switch")
 FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_training_process")
 
 
