@@ -10,11 +10,8 @@ test, which must act while a request is still queued, starts a frontend of its o
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,10 +22,10 @@ import pytest
 import yaml
 
 from jobkit import N_USERS, RUN_DATE, TOP_N, catalog_table, make_store, write_dataset
+from servekit import Frontend, until as _until
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from recsys.config import load_config  # noqa: E402
 from recsys.data.contracts import EVENTS_SCHEMA, write_partition  # noqa: E402
@@ -42,63 +39,6 @@ UNKNOWN_USER = 10 ** 12
 
 def _free_port() -> int:
     return backend.free_port()
-
-
-def _until(condition, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``condition`` until it returns a truthy value or ``timeout`` passes (then fail, naming ``what``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-class Frontend:
-    def __init__(self, root: Path, conf: Path, port: int):
-        self.root, self.conf, self.port = root, conf, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = root / f"serve-{port}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recsys.cli", "serve", "--conf", str(conf), "--port", str(port)],
-            cwd=root, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env={**os.environ},
-        )
-        self.client = httpx.Client(base_url=self.url, timeout=120)
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the frontend exited ({self.proc.returncode}):\n{self.tail()}")
-        try:
-            return self.client.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-    def recommend(self, body) -> httpx.Response:
-        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-        return self.client.post("/v1/recommendations", content=content, headers={"content-type": "application/json"})
-
-    def metrics(self) -> dict[str, float]:
-        out = {}
-        for family in text_string_to_metric_families(self.client.get("/metrics").text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +56,8 @@ def stack(tmp_path_factory):
         "scoring": {"top_n": TOP_N, "chunk_size": 4},
         "serve": {"backend_dir": str(root / "backend"), "as_of": str(RUN_DATE), "max_wait_ms": MAX_WAIT_MS,
                   "max_batch_users": MAX_BATCH, "max_concurrent_jobs": 2, "max_queue_users": MAX_QUEUE,
-                  "max_request_users": 30, "request_timeout_s": 120, "backend_timeout_s": 2, "refresh_s": 2},
+                  "max_request_users": 30, "request_timeout_s": 120, "backend_timeout_s": 2, "refresh_s": 2,
+                  "store": "none"},      # every request on demand; lists first: test_serve_lists.py and below
         "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
                                                  "spark.driver.memory": "1g"}},
     }))
