@@ -151,6 +151,51 @@ def test_a_request_for_users_the_nightly_job_scored_returns_the_same_lists(stack
     assert response.json()["model_version"] == stack["store"].version
 
 
+def test_with_a_store_listed_users_come_from_it_and_the_backend_answers_the_rest(stack, spark, redis_server):
+    """serve.store=Redis on the same backend: listed users from Redis; unknown users, fresh requests and, while
+    Redis is down, every user on demand (and /readyz stays ready, saying the store is down)."""
+    import uuid
+
+    from recsys.pipelines.export import run_export
+
+    front, cfg, root = stack["front"], stack["cfg"], stack["root"]
+    submitted = front.client.post("/v1/jobs", json={"date": str(RUN_DATE)}).json()   # skipped if published above
+    assert _until(lambda: (s := front.client.get(f"/v1/jobs/{submitted['id']}").json())["state"] in
+                  ("succeeded", "failed") and s, 600, "the nightly job")["exit_code"] == 0
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    exporting = load_config(root / "serve.yaml", [f"export.redis_url={redis_server.url}", f"export.prefix={prefix}"])
+    assert run_export(spark, exporting, RUN_DATE).version == "v1"
+    published = {r["user_id"]: r for r in pq.read_table(Path(cfg.paths.output) / f"dt={RUN_DATE}").to_pylist()}
+    listed = Frontend(root, root / "serve.yaml", _free_port(),
+                      (f"serve.store={redis_server.url}", f"export.prefix={prefix}", "serve.max_wait_ms=20"))
+    try:
+        _until(lambda: listed.ready() and listed.readyz()["on_demand"]["ready"], 300, "the store and the backend")
+        one = listed.user(1).json()
+        assert (one["served_from"], one["version"], one["date"]) == ("redis", "v1", str(RUN_DATE))
+        assert one["recommendations"] == published[1]["recommendations"]
+        unknown = listed.user(UNKNOWN_USER).json()
+        assert unknown["served_from"] == "on_demand" and unknown["source"] == "popularity" and unknown["version"] is None
+        fresh = listed.user(1, fresh="true").json()
+        assert fresh["served_from"] == "on_demand"
+        assert [r["item_id"] for r in fresh["recommendations"]] == [r["item_id"] for r in published[1]["recommendations"]]
+        mixed = listed.recommend({"user_ids": [1, UNKNOWN_USER]}).json()
+        assert mixed["served_from"] == "mixed" and [r["served_from"] for r in mixed["rows"]] == ["redis", "on_demand"]
+        redis_server.kill()
+        try:
+            down = listed.user(1)
+            assert down.status_code == 200 and down.json()["served_from"] == "on_demand"
+            ready = listed.readyz()
+            assert ready["ready"] is True and ready["store"]["up"] is False and "unavailable" in ready["store"]["reason"]
+        finally:
+            redis_server.start()
+        _until(lambda: listed.user(1).json()["served_from"] == "redis", 60, "lookups from Redis again")
+        metrics = listed.metrics()
+        assert metrics["recsys_serve_served_users_total{served_from=on_demand}"] >= 4
+        assert metrics["recsys_serve_store_errors_total"] >= 1
+    finally:
+        listed.stop()
+
+
 def test_todays_events_count_for_users_the_window_does_not_know(stack):
     """A user who signed up today: no row in the nightly partition, a model row on demand."""
     front, root = stack["front"], stack["root"]

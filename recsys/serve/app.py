@@ -525,8 +525,8 @@ def _operation_routes(app: FastAPI, service: Service) -> None:
         if on_demand["ready"]:
             body.update({k: on_demand[k] for k in ("model_version", "catalog_snapshot", "window_users")})
         if not body["ready"]:
-            body["reason"] = "; ".join(filter(None, [lists and f"the list store: {lists['reason']}",
-                                                     f"the on-demand backend: {service.not_ready_reason}"]))
+            body["reason"] = (service.not_ready_reason if lists is None else
+                              f"the list store: {lists['reason']}; the on-demand backend: {service.not_ready_reason}")
             return JSONResponse(body, status_code=503)
         return body
 
