@@ -13,6 +13,11 @@ by side: users/s of the export (new version registered -> pointer switched), the
 store's memory per user (``used_memory`` after the first export less before, over the users), and the value
 encoding's bytes per user against the JSON a hand-written exporter would store (the same rows,
 ``json.dumps`` of the list). Everything it starts is stopped at the end.
+
+On a shared machine the wall-clock figures fall with the load (printed beside them), so it also counts the
+CPU seconds the export took: this process, the JVM and the Python workers (the process tree) plus the
+Redis server, from the version's registration to the switch; ``users / (cpu seconds / cores)`` is what the
+export would reach with the cores to itself (``users/s per C cores of CPU``).
 """
 from __future__ import annotations
 
@@ -70,6 +75,22 @@ def write_partition(root: Path, users: int, top_n: int, items: int, files: int, 
     return content
 
 
+def tree_cpu_s(*extra_pids: int) -> float:
+    """CPU seconds (user + system, reaped children included) of this process, its descendants and ``extra_pids``."""
+    import psutil
+
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True), *(psutil.Process(p) for p in extra_pids)]
+    total = 0.0
+    for proc in {p.pid: p for p in procs}.values():
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def json_bytes_per_user(root: Path, sample: int = 20_000) -> float:
     """What a hand-written exporter storing JSON would store: ``json.dumps`` of each row's list and source."""
     from recsys.data.contracts import partition_name
@@ -124,11 +145,14 @@ def main(argv=None) -> int:
         client = redis.Redis.from_url(server.url)
         before = int(client.info("memory")["used_memory"])
         for i in range(args.repeats):
+            cpu0 = tree_cpu_s(server.process.pid)
             t0 = time.perf_counter()
             result = run_export(spark, cfg, DATE, force=i > 0)
             wall = time.perf_counter() - t0
+            cpu = tree_cpu_s(server.process.pid) - cpu0
             memory = int(client.info("memory")["used_memory"])
-            run = {**result.figures, "version": result.version, "wall_s": round(wall, 2),
+            run = {**result.figures, "version": result.version, "wall_s": round(wall, 2), "cpu_s": round(cpu, 1),
+                   "users_per_s_of_cpu": round(result.figures["users"] / (cpu / args.cores)),
                    "used_memory": memory, "keys": int(client.dbsize()), "removed": list(result.removed),
                    "load": os.getloadavg()}
             if i == 0:
@@ -152,12 +176,13 @@ def main(argv=None) -> int:
 def format_table(r: dict) -> str:
     lines = [f"export of {r['users']:,} users x top {r['top_n']} into a local Redis, Spark local[{r['cores']}], "
              f"{r['files']} files (load before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f})",
-             "| run | version | users/s (export) | users/s (Spark job) | export s | job s | wall s | removed |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| run | version | users/s (export) | users/s per {r['cores']} cores of CPU | CPU s | export s | wall s "
+             "(with removal) | removed | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for i, run in enumerate(r["runs"], 1):
-        lines.append(f"| {i} | {run['version']} | {run['users_per_s']:,.0f} | {run['users'] / run['write_s']:,.0f} | "
-                     f"{run['seconds']:.1f} | {run['write_s']:.1f} | {run['wall_s']:.1f} | "
-                     f"{', '.join(run['removed']) or '-'} |")
+        lines.append(f"| {i} | {run['version']} | {run['users_per_s']:,.0f} | {run['users_per_s_of_cpu']:,.0f} | "
+                     f"{run['cpu_s']:.1f} | {run['seconds']:.1f} | {run['wall_s']:.1f} | "
+                     f"{', '.join(run['removed']) or '-'} | {run['load'][0]:.1f} |")
     lines.append(f"\nRedis memory per user: {r['memory_per_user']:,.0f} bytes (used_memory after the first export "
                  f"less before); value: {r['value_bytes_per_user']:,.0f} bytes (this format) against "
                  f"{r['json_bytes_per_user']:,.0f} as JSON ({r['json_bytes_per_user'] / r['value_bytes_per_user']:.1f}x)")

@@ -283,9 +283,15 @@ def main(argv=None) -> int:
             lookup = mode not in ON_DEMAND_MODES
             for k in [int(x) for x in args.k.split(",")]:
                 for c in [int(x) for x in args.clients.split(",")]:
+                    cpu0 = process_cpu_s(proc.pid), process_cpu_s(redis_server.process.pid) if redis_server else 0.0
                     cell = run_cell(url, users, c, k, args.lookup_requests if lookup else args.requests,
                                     args.lookup_seconds if lookup else args.seconds)
                     cell["load"] = os.getloadavg()[0]
+                    if cell["ok"]:   # CPU per answer: what the frontend (and Redis) cost, whatever the load
+                        cell["frontend_cpu_us"] = round((process_cpu_s(proc.pid) - cpu0[0]) / cell["ok"] * 1e6)
+                        if mode == "redis":
+                            cell["redis_cpu_us"] = round((process_cpu_s(redis_server.process.pid) - cpu0[1])
+                                                         / cell["ok"] * 1e6)
                     cell["mode"] = mode
                     results["cells"].append(cell)
                     print(json.dumps(cell), flush=True)
@@ -309,6 +315,16 @@ def main(argv=None) -> int:
 
 
 ON_DEMAND_MODES = ("batched", "per_request", "overload")
+
+
+def process_cpu_s(pid: int) -> float:
+    import psutil
+
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    except psutil.NoSuchProcess:
+        return 0.0
 
 
 def export_to(args, redis_url: str, work: Path) -> dict:
@@ -336,12 +352,14 @@ def ratios(results: dict) -> dict:
 
 
 def format_table(results: dict) -> str:
-    lines = ["| mode | C | K | requests | req/s | users/s | p50 ms | p95 ms | p99 ms | errors | Spark jobs | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| mode | C | K | requests | req/s | users/s | p50 ms | p95 ms | p99 ms | errors | Spark jobs | "
+             "frontend CPU us/answer | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in results["cells"]:
+        cpu = str(c.get("frontend_cpu_us", "")) + (f" (+ Redis {c['redis_cpu_us']})" if "redis_cpu_us" in c else "")
         lines.append(f"| {c['mode']} | {c['clients']} | {c['k']} | {c['requests']} | {c['requests_per_s']} | "
                      f"{c['users_per_s']} | {c['p50_s'] * 1000:.1f} | {c['p95_s'] * 1000:.1f} | {c['p99_s'] * 1000:.1f} | "
-                     f"{c['error_rate']:.1%} {c['codes']} | {c['spark_jobs']} | {c.get('load', 0):.1f} |")
+                     f"{c['error_rate']:.1%} {c['codes']} | {c['spark_jobs']} | {cpu} | {c.get('load', 0):.1f} |")
     cold = ", ".join(f"{m}: {s}s" for m, s in results["cold"].items())
     lines.append(f"\ncold first answer (frontend start -> first 200, model load included): {cold}")
     if results.get("ratios"):

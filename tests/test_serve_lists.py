@@ -169,7 +169,10 @@ def test_a_reader_through_an_export_gets_each_user_s_list_from_one_night_never_a
     conf = _serving_root(nights, tmp_path, [EARLIER, RUN_DATE])
     prefix = f"t{uuid.uuid4().hex[:10]}"
     assert _export_cli(spark, monkeypatch, conf, redis_server.url, prefix, EARLIER) == ExitCode.OK
-    front = Frontend(tmp_path, conf, free_port(), (f"serve.store={redis_server.url}", f"export.prefix={prefix}"))
+    # the session's Redis fsyncs every write (to survive the fault tests' kills) while the export writes, on a
+    # shared disk: lookups may wait longer than the default 500 ms, which would count the store as down
+    front = Frontend(tmp_path, conf, free_port(), (f"serve.store={redis_server.url}", f"export.prefix={prefix}",
+                                                   "serve.store_timeout_ms=10000"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RECSYS_PAUSE_AT": "before_switch", "RECSYS_PAUSE_MAX_S": "300",
            "RECSYS_SHUFFLE_PARTITIONS": "4", "PYSPARK_PYTHON": sys.executable}
     exporter = subprocess.Popen([sys.executable, "-m", "recsys.cli", "export", "--date", str(RUN_DATE), "--conf",

@@ -210,7 +210,7 @@ def switch(client, keys: Keyspace, lock: "ExportLock", version: str, expected_cu
                         f"Redis restarted without persistence?); nothing was switched, a retry rewrites it")
 
 
-def remove_version(client, keys: Keyspace, version: str, scan_count: int = 10_000) -> int:
+def remove_version(client, keys: Keyspace, version: str, scan_count: int = 50_000) -> int:
     """Delete every key of ``version``, then its registration; returns how many keys went.
 
     Marked ``removing`` first, so an export killed half-way through leaves a version the next export
@@ -218,15 +218,13 @@ def remove_version(client, keys: Keyspace, version: str, scan_count: int = 10_00
     """
     if client.hget(keys.versions, version) is not None:
         update_version(client, keys, version, state=REMOVING)
-    removed = 0
-    batch: list[bytes] = []
-    for key in client.scan_iter(match=keys.version_pattern(version), count=scan_count):
-        batch.append(key)
-        if len(batch) >= scan_count:
-            removed += client.unlink(*batch)
-            batch.clear()
-    if batch:
-        removed += client.unlink(*batch)
+    removed, cursor = 0, 0
+    while True:   # each SCAN step's keys are unlinked at once: one round trip each, no per-key Python
+        cursor, found = client.scan(cursor, match=keys.version_pattern(version), count=scan_count)
+        if found:
+            removed += client.unlink(*found)
+        if int(cursor) == 0:
+            break
     client.hdel(keys.versions, version)
     return removed
 

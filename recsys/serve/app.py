@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
@@ -413,6 +414,14 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
     async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
         service.metrics.failed(400, "bad_request")
         return _problem(400, "bad_request", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A path or query parameter of the wrong type (``/v1/users/abc/...``, ``top_n=x``): a 400 naming it."""
+        service.metrics.failed(400, "bad_request")
+        problems = [f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'request'}: {err.get('msg')}"
+                    for err in exc.errors()]
+        return _problem(400, "bad_request", "; ".join(problems))
 
     _recommendation_routes(app, service)
     _job_routes(app, service)

@@ -1,10 +1,11 @@
 """Where ``recsys serve`` looks published lists up: Redis (the version its pointer names) or an in-process index.
 
-- :class:`RedisLists` (``serve.store: redis://...``): each lookup is one call of
+- :class:`RedisLists` (``serve.store: redis://...``): lookups are calls of
   :data:`recsys.export.redis_store.LOOKUP_SCRIPT`, which reads the pointer and the users' keys in one
   step, so every answer comes from one version even while an export switches the pointer; values are
-  decoded with :mod:`recsys.export.encoding`. A version's date and model version are read once per
-  version from its record and kept.
+  decoded with :mod:`recsys.export.encoding`. Lookups that arrive while a call is in flight share the
+  next call (one round trip for all of them: at 32 clients the asyncio client's cost per call, not Redis,
+  was the limit). A version's date and model version are read once per version and kept.
 - :class:`EmbeddedLists` (``serve.store: embedded``, the default): the newest published partition under
   ``paths.output`` (:func:`recsys.publish.published.latest_published`), read with pyarrow into sorted
   numpy arrays (user ids, list offsets, item ids, scores); a lookup is a binary search. A newer
@@ -81,14 +82,19 @@ class RedisLists:
         self.keys = Keyspace(prefix)
         self._key_prefix = f"{prefix}:"
         timeout = timeout_ms / 1000
-        self._async = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                              max_connections=64)
+        # a blocking pool: more concurrent lookups than connections wait for one (up to the timeout) instead
+        # of failing as "too many connections"
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=64, timeout=timeout,
+                                                        socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._async = aioredis.Redis(connection_pool=pool)
         self._script = self._async.register_script(LOOKUP_SCRIPT)
         self._sync = redis.Redis.from_url(url, socket_timeout=max(timeout, 2.0), socket_connect_timeout=max(timeout, 2.0))
         self._versions: dict[str, ListVersion] = {}
         self._lock = threading.Lock()
         self.current: ListVersion | None = None
         self.error: str | None = "not checked yet"
+        self._waiting: list[tuple[Sequence[int], Any]] = []   # (users, future) for the next script call
+        self._calling = False
 
     # -- maintenance thread ----------------------------------------------------------------------
 
@@ -120,21 +126,55 @@ class RedisLists:
     # -- requests ---------------------------------------------------------------------------------
 
     async def lookup(self, users: Sequence[int], top_n: int) -> Found:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.append((users, future))
+        if not self._calling:       # a dispatcher task serves whatever is waiting, one script call at a time
+            self._calling = True
+            loop.create_task(self._dispatch())
+        version, values, raw_fallback = await future
+        return self._found(version, users, values, raw_fallback, top_n)
+
+    async def _dispatch(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, []
+                await self._call(batch)
+        finally:
+            self._calling = False
+
+    async def _call(self, batch: list[tuple[Sequence[int], Any]]) -> None:
+        """One script call for every waiting lookup: each gets its users' values, all from one version."""
+        ids = list(dict.fromkeys(u for users, _ in batch for u in users))
+        try:
+            reply = await self._script(keys=[self.keys.pointer], args=[self._key_prefix, *ids])
+            if not reply or reply[0] is None:
+                raise StoreDown(f"Redis at {self.where} serves no version under {self.keys.pointer}; "
+                                f"run `recsys export`")
+            version = await self._version(reply[0].decode())
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, StoreDown) else \
+                f"Redis at {self.where} is unavailable: {first_line(exc, with_type=True)}"
+            self._down(reason)
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(StoreDown(reason))
+            return
+        if self.error is not None:
+            self.error = None
+        values = dict(zip(ids, reply[1:1 + len(ids)]))
+        fallback = reply[1 + len(ids)] if len(reply) > 1 + len(ids) else None
+        for users, future in batch:
+            if not future.done():
+                future.set_result((version, values, fallback))
+
+    def _found(self, version: "ListVersion", users: Sequence[int], values: dict, raw_fallback, top_n: int) -> Found:
         from recsys.export.encoding import decode
 
-        try:
-            reply = await self._script(keys=[self.keys.pointer], args=[self._key_prefix, *users])
-        except Exception as exc:
-            reason = f"Redis at {self.where} is unavailable: {first_line(exc, with_type=True)}"
-            self._down(reason)
-            raise StoreDown(reason) from None
-        if not reply or reply[0] is None:
-            reason = f"Redis at {self.where} serves no version under {self.keys.pointer}; run `recsys export`"
-            self._down(reason)
-            raise StoreDown(reason)
-        version = await self._version(reply[0].decode())
         rows, missing = {}, []
-        for user, value in zip(users, reply[1:1 + len(users)]):
+        for user, value in ((u, values.get(u)) for u in users):
             if value is None:
                 missing.append(user)
                 continue
@@ -142,13 +182,10 @@ class RedisLists:
             rows[user] = {"recommendations": _recs(decoded.item_ids[:top_n].tolist(), decoded.scores[:top_n].tolist()),
                           "source": version.sources[decoded.source]}
         fallback = None
-        raw_fallback = reply[1 + len(users)] if len(reply) > 1 + len(users) else None
         if missing and raw_fallback is not None:
             decoded = decode(raw_fallback)
             fallback = {"recommendations": _recs(decoded.item_ids[:top_n].tolist(), decoded.scores[:top_n].tolist()),
                         "source": version.sources[decoded.source]}
-        if self.error is not None:
-            self.error = None
         return Found(version, rows, missing, fallback)
 
     async def _version(self, name: str) -> ListVersion:
@@ -173,7 +210,7 @@ class RedisLists:
 
     async def close(self) -> None:
         try:
-            await self._async.aclose()
+            await self._async.aclose(close_connection_pool=True)
         finally:
             self._sync.close()
 
