@@ -366,6 +366,7 @@ def _kill_tree(proc) -> None:
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_redis_killed_mid_export_leaves_the_pointer_and_the_old_version_and_a_rerun_removes_the_partial_one(
         spark, published, redis_server, tmp_path, monkeypatch):
     _copy_output(published, tmp_path)
@@ -400,6 +401,7 @@ def test_redis_killed_mid_export_leaves_the_pointer_and_the_old_version_and_a_re
     assert sorted(versions) == ["v1", "v3"]                                           # keep_versions = 2
 
 
+@pytest.mark.slow
 def test_an_exporter_killed_mid_export_leaves_the_pointer_and_the_next_export_takes_over_and_cleans_up(
         spark, published, redis_server, tmp_path, monkeypatch, caplog):
     _copy_output(published, tmp_path)
