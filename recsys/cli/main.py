@@ -178,9 +178,13 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
 
 
 def _config(args: argparse.Namespace):
+    """The configuration, read once; its object-store setting is installed for this process (recsys.storage)."""
+    from recsys import storage
     from recsys.config import load_config
 
-    return load_config(args.conf, args.overrides)
+    cfg = load_config(args.conf, args.overrides)
+    storage.install(storage.ObjectStore.of(cfg.storage.s3))
+    return cfg
 
 
 def _launch():
@@ -239,7 +243,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.info("recsys train: not due: %s", reason)
             args.outcome = f"skipped, not due: {reason}"
             return ExitCode.OK
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch(), storage=cfg.storage)
     try:
         result = run_training(spark, cfg, date, force=args.force, hooks=_hooks())
     finally:
@@ -272,7 +276,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     dates = recommend_dates(args)
     cfg = _config(args)
     hooks = _hooks()
-    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch())
+    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch(),
+                          output=cfg.output, storage=cfg.storage)
     try:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
@@ -314,7 +319,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     check_dataset_root(args.data)
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch())
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch(), storage=cfg.storage)
     try:
         request = EvaluationRequest(args.data, args.protocol, ks=tuple(args.k) if args.k else None,
                                     tie_break_seed=args.tie_seed, split_date=args.split_date,
