@@ -96,6 +96,8 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
     settings = dict(spark_cfg.conf)
     if remote:
         builder = builder.remote(remote)
+        if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
+            settings = merged_settings(store_settings(output, storage), settings)
     elif launched_by_submit:
         settings = merged_settings(store_settings(output, storage, launching=False), settings)
     else:
