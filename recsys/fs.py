@@ -29,7 +29,7 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     if is_local_path(uri):
         return pafs.LocalFileSystem(), str(local_path(uri))
     if scheme(uri) in S3_SCHEMES:
-        return _s3(storage.installed()), pyarrow_uri(uri).split("://", 1)[1].rstrip("/")
+        return _s3(storage.installed()), pyarrow_uri(uri).split("://", 1)[1].split("?", 1)[0].rstrip("/")
     return pafs.FileSystem.from_uri(pyarrow_uri(uri))
 
 

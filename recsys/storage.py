@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, MutableMapping
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
-
-    from recsys.config import S3Config
 
 # Hadoop 3.4's S3A takes AWS SDK v2 credential providers (docs/cluster.md lists the jars).
 S3A_CREDENTIAL_PROVIDERS = {
@@ -45,7 +43,8 @@ class ObjectStore:
     s3_as_s3a: bool = False
 
     @classmethod
-    def of(cls, s3: "S3Config") -> "ObjectStore":
+    def of(cls, s3: Any) -> "ObjectStore":
+        """From ``storage.s3`` (``recsys.config.S3Config``; not imported: the file systems sit below the config)."""
         return cls(s3.endpoint, s3.region, s3.path_style, s3.credentials, s3.s3_as_s3a)
 
     @property
@@ -86,10 +85,7 @@ def s3_filesystem(store: ObjectStore) -> "pafs.S3FileSystem":
         options.update(endpoint_override=parts.netloc, scheme=parts.scheme)
     if store.credentials == "anonymous":
         options["anonymous"] = True
-    elif store.credentials == "env":
-        options.update(access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
-                       secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-                       session_token=os.environ.get("AWS_SESSION_TOKEN"))
+    # "default" and "env": the AWS SDK's default chain, whose first source is AWS_ACCESS_KEY_ID/SECRET/SESSION_TOKEN
     return pafs.S3FileSystem(**options)
 
 
@@ -124,9 +120,3 @@ def installed() -> ObjectStore:
     """The object store :func:`install` set for this process (AWS defaults until then)."""
     return _installed
 
-
-def describe(store: Mapping[str, object] | ObjectStore) -> str:
-    """One line for logs: where ``s3://`` goes, never a credential."""
-    if isinstance(store, ObjectStore):
-        store = {"endpoint": store.endpoint or "AWS", "path_style": store.path_style, "credentials": store.credentials}
-    return ", ".join(f"{k}={v}" for k, v in store.items())

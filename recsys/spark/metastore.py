@@ -112,11 +112,9 @@ def launch_settings(store: Metastore) -> dict[str, str]:
 
 
 def submit_arguments(argv: Sequence[str]) -> list[str]:
-    """``spark-submit`` options for the job whose arguments are ``argv`` (``--conf FILE``, ``--set K=V``).
-
-    Used by ``spark-submit.sh``: ``--driver-class-path`` for the metastore's JDBC driver jars, and the
-    java option that puts derby.log under ``output.metastore.dir`` (the job's session applies the rest).
-    """
+    """What ``spark-submit.sh`` adds for the job whose arguments are ``argv`` (``--conf FILE``, ``--set K=V``):
+    ``JAVA=<driver java options>`` (derby.log under ``output.metastore.dir``) and ``CLASSPATH=<jars>`` (the
+    metastore's JDBC driver, ``--driver-class-path``); the job's session applies the other settings."""
     import argparse
 
     from recsys.config import load_config
@@ -130,10 +128,10 @@ def submit_arguments(argv: Sequence[str]) -> list[str]:
         return []
     store = resolve(cfg.output.metastore)
     launch = launch_settings(store)
-    args = ["--driver-java-options", launch["spark.driver.extraJavaOptions"]]
+    lines = [f"JAVA={launch['spark.driver.extraJavaOptions']}"]
     if store.jars:
-        args += ["--driver-class-path", launch["spark.driver.extraClassPath"]]
-    return args
+        lines.append(f"CLASSPATH={launch['spark.driver.extraClassPath']}")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------
