@@ -178,8 +178,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
-            for directory in filter(None, (result.location, result.output_dir)):
-                manifest_file.mark_unrecorded(directory, result.manifest, recorder.error)
+            manifest_file.mark_unrecorded([d for d in (result.location, result.output_dir) if d], result.manifest,
+                                          recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
