@@ -149,3 +149,8 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 def partitions(output: Path) -> list[str]:
     return sorted(p.name for p in output.glob("dt=*")) if output.exists() else []
+
+
+def runs(output: Path) -> list[str]:
+    """The run directories kept under ``output`` (``dt=D/run=KEY``), sorted."""
+    return sorted(f"{p.parent.name}/{p.name}" for p in output.glob("_runs/dt=*/run=*")) if output.exists() else []
