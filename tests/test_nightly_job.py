@@ -234,3 +234,27 @@ def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
     short_seqs = load_training_data(job["spark"], capped, RUN_DATE)
     assert long_seqs.lengths.max() > 2
     assert short_seqs.lengths.max() == 2
+
+
+def test_recsys_rollback_points_the_table_back_at_the_first_run_and_forward_again(job, spark, monkeypatch, capsys):
+    cfg, first, forced = job["cfg"], job["first"].manifest["job_run"], job["result"].manifest["job_run"]
+    table = jobkit.table_name(job["root"])
+    args = [a for item in [*jobkit.metastore_overrides(job["root"]), f"paths.events={cfg.paths.events}",
+                           f"paths.catalog={cfg.paths.catalog}", f"paths.output={cfg.paths.output}",
+                           f"paths.work={cfg.paths.work}", f"paths.driver_scratch={cfg.paths.driver_scratch}",
+                           f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"] for a in ("--set", item)]
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), "--list", *args]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == [forced, first] and "published now" in listed[0]
+
+    def location() -> str:
+        rows = spark.sql(f"describe formatted {table} partition (dt = '{RUN_DATE}')").collect()
+        return next(r[1] for r in rows if r[0] == "Location")
+
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), *args]) == 0
+    assert location().endswith(f"run={first}")
+    manifest = json.loads((Path(cfg.paths.output) / f"dt={RUN_DATE}" / "_manifest.json").read_text())
+    assert manifest["job_run"] == first                                # the path view follows
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), "--to", forced, *args]) == 0
+    assert location().endswith(f"run={forced}")
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), "--to", "nope", *args]) == 2

@@ -36,7 +36,7 @@ from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
 from recsys.publish import retention
 from recsys.publish.lock import DateLock, Holder
-from recsys.publish.published import published as find_published
+from recsys.publish.published import find_published
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       recover, register_dates)
 from recsys.publish.table import OutputTable, open_table
@@ -147,7 +147,7 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         if reason is not None and not force:
             log.info("recommend %s: skipped: %s; pass --force to recompute it", date, reason)
             return NightlyResult(date, published.get("run_id"), layout.final_dir, published, status=RunStatus.SKIPPED,
-                                 reason=reason, location=found.location)
+                                 reason=reason, location=found.path)
         if published is not None:
             log.info("recommend %s: replacing the published partition (%s)", date,
                      "--force" if reason else _difference(published, model.version, config_digest))
@@ -308,8 +308,8 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     with timer.stage("publish", "publish partition") as c:
         run.lock.verify()
         night = publish(run.layout, manifest, method, hooks, run.table)
-        published_dir = night.location
-        c.update(path=run.layout.final_dir, run_dir=night.location, table=cfg.output.table or "none", method=method)
+        published_dir = night.path
+        c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none", method=method)
     with timer.stage("retention", "remove what output.keep_runs and output.retention_days no longer keep") as c:
         removed = _retain(run)
         c.update(removed=len(removed))

@@ -16,7 +16,7 @@ follow the commit point; a run killed between the steps leaves them behind it, a
 the date brings them in line before anything else (:func:`recsys.publish.publisher.recover`).
 
 Readers that need the night of a date (the guard, the export, the lookups, ``recsys rollback``) ask
-:func:`published` or :func:`latest_published` and read ``Published.location``: the run directory the
+:func:`find_published` or :func:`latest_published` and read ``PublishedPartition.path``: the run directory the
 table or the pointer names, which never changes under them.
 """
 from __future__ import annotations
@@ -26,9 +26,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
-
-import pyarrow.fs as pafs
+from typing import Any, Protocol
 
 from recsys import fs as rfs
 from recsys.data.contracts import SUCCESS_MARKER, partition_name
@@ -136,21 +134,56 @@ def write_pointer(output_root: str, date: dt.date, run: str, how: str, previous:
 
 
 @dataclass(frozen=True)
-class Published:
-    """A date's published night: read ``location`` (Parquet, one row per user)."""
+class PublishedPartition:
+    """A date's published night as its readers need it: read ``path`` (Parquet, one row per user)."""
 
     date: dt.date
-    run: str                  # the run key (the manifest's ``job_run``)
-    location: str             # the directory holding the night's files, spelled like ``paths.output``
+    path: str                 # the directory holding the night's files (the run directory), spelled like paths.output
     manifest: dict[str, Any]
-    source: str               # "table", "pointer", or "path view" (a date published before run directories)
+    source: str = "pointer"   # "table", "pointer", or "path view" (a date published before run directories)
+
+    @property
+    def location(self) -> str:
+        return self.path
 
     @property
     def view(self) -> str:
-        return view_dir(_root_of(self.location, self.date), self.date)
+        """The path view ``dt=D/`` holding the same files for readers of paths."""
+        return view_dir(_root_of(self.path, self.date), self.date)
+
+    @property
+    def run(self) -> str:
+        """The attempt that published it (``job_run``): unique per run, also when MLflow was down."""
+        return run_of(self.path) or str(self.manifest.get("job_run") or self.manifest.get("run_id") or "")
+
+    @property
+    def run_id(self) -> str | None:
+        """Its MLflow run, if it was recorded."""
+        return self.manifest.get("run_id")
+
+    @property
+    def model_version(self) -> str:
+        return str((self.manifest.get("model") or {}).get("version", ""))
+
+    @property
+    def rows(self) -> int | None:
+        rows = (self.manifest.get("counts") or {}).get("rows")
+        return int(rows) if rows is not None else None
+
+    @property
+    def catalog_snapshot(self) -> str:
+        return str(self.manifest.get("catalog_snapshot", ""))
+
+    def files(self) -> list[str]:
+        """Its data files (``part-*``), as URIs spelled like ``paths.output``, sorted: what an executor opens."""
+        from recsys.data.partitions import Partition, with_files
+
+        fs, base = rfs.resolve(self.path)
+        found = with_files(fs, Partition(self.date, self.path, [])).files
+        return [rfs.join(self.path, f[len(base):].lstrip("/")) for f in found]
 
 
-def published(output_root: str, date: dt.date, table: TableView | None = None) -> Published | None:
+def find_published(output_root: str, date: dt.date, table: TableView | None = None) -> PublishedPartition | None:
     """The published night of ``date``, or None when nothing complete is published for it.
 
     With a table, its partition decides (what readers of the table see); without one, the date's
@@ -169,11 +202,15 @@ def published(output_root: str, date: dt.date, table: TableView | None = None) -
     return _complete(date, view_dir(output_root, date), "path view")
 
 
-def latest_published(output_root: str, before: dt.date, table: TableView | None = None) -> Published | None:
-    """The newest date strictly before ``before`` that has a published night (the previous night)."""
+published = find_published
+
+
+def latest_published(output_root: str, before: dt.date | None = None,
+                     table: TableView | None = None) -> PublishedPartition | None:
+    """The newest date (strictly before ``before``, if given: the previous night) with a published night."""
     candidates = table.dates() if table is not None else published_dates(output_root)
-    for date in sorted((d for d in candidates if d < before), reverse=True):
-        found = published(output_root, date, table)
+    for date in sorted((d for d in candidates if before is None or d < before), reverse=True):
+        found = find_published(output_root, date, table)
         if found is not None:
             return found
     return None
@@ -181,7 +218,10 @@ def latest_published(output_root: str, before: dt.date, table: TableView | None 
 
 def published_dates(output_root: str) -> list[dt.date]:
     """Dates with a pointer or a path view under ``output_root``, oldest first (complete or not)."""
-    fs, root = rfs.resolve(output_root)
+    try:
+        fs, root = rfs.resolve(output_root)
+    except OSError:
+        return []
     dates: set[dt.date] = set()
     for base in (root, rfs.join(root, RUNS_DIR)):
         for path in rfs.list_dirs(fs, base):
@@ -205,7 +245,7 @@ def is_complete(location: str) -> bool:
     return rfs.exists(fs, rfs.join(path, SUCCESS_MARKER)) and rfs.exists(fs, manifest_file.path_in(path))
 
 
-def _complete(date: dt.date, location: str, source: str) -> Published | None:
+def _complete(date: dt.date, location: str, source: str) -> PublishedPartition | None:
     fs, path = rfs.resolve(location)
     if not rfs.exists(fs, rfs.join(path, SUCCESS_MARKER)) or not rfs.exists(fs, manifest_file.path_in(path)):
         return None
@@ -214,8 +254,7 @@ def _complete(date: dt.date, location: str, source: str) -> Published | None:
     except ValueError:
         log.warning("the manifest of %s is not valid JSON; treating %s as not published", location, date)
         return None
-    run = run_of(location) or str(data.get("job_run") or "")
-    return Published(date, run, location, data, source)
+    return PublishedPartition(date, location, data, source)
 
 
 def _spelled_like(output_root: str, location: str) -> str:
@@ -230,7 +269,3 @@ def _root_of(location: str, date: dt.date) -> str:
     if marker in location:
         return location.split(marker, 1)[0]
     return location.rstrip("/").rsplit("/", 1)[0]
-
-
-def describe(found: Sequence[Published]) -> str:
-    return ", ".join(f"{p.date}: run {p.run} ({p.source})" for p in found) or "nothing"

@@ -40,7 +40,7 @@ from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish import manifest as manifest_file
 from recsys.publish import swap
-from recsys.publish.published import (Published, is_complete, kept_runs, read_pointer, run_dir, run_of, runs_root,
+from recsys.publish.published import (PublishedPartition, is_complete, kept_runs, read_pointer, run_dir, run_of, runs_root,
                                       view_dir, write_pointer)
 from recsys.uris import is_local_path, local_path, redact_uri
 
@@ -120,7 +120,7 @@ def publish_method(layout: PartitionLayout) -> swap.Method:
 
 
 def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Method | None = None,
-            hooks: Hooks = NO_HOOKS, table: Any = None) -> Published:
+            hooks: Hooks = NO_HOOKS, table: Any = None) -> PublishedPartition:
     """Publish the validated run directory as the date's night; returns what is now published.
 
     ``table``: the output table (:class:`recsys.publish.table.OutputTable`), or None to publish the
@@ -141,7 +141,7 @@ def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Meth
     write_pointer(layout.output_root, layout.date, layout.run_key, "publish", previous)
     hooks.pause("after_pointer")
     refresh_view(layout, layout.run_key, method, hooks)
-    return Published(layout.date, layout.run_key, layout.run_dir, dict(manifest), "table" if table is not None else "pointer")
+    return PublishedPartition(layout.date, layout.run_dir, dict(manifest), "table" if table is not None else "pointer")
 
 
 def refresh_view(layout: PartitionLayout, run: str, method: swap.Method, hooks: Hooks = NO_HOOKS) -> None:
