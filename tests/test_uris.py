@@ -118,7 +118,7 @@ def test_s3_uris_go_to_the_installed_object_store_with_the_spark_settings_from_t
                    "AWS_DEFAULT_REGION": "eu-west-1"}    # boto3 (MLflow's artifacts): same store; an operator's value wins
 
 
-def test_one_storage_setting_reaches_every_session_recsys_starts():
+def test_one_storage_setting_reaches_every_session_recsys_starts(tmp_path):
     from recsys.spark.session import store_settings
 
     cfg = load_config(overrides=["storage.s3.endpoint=http://127.0.0.1:9", "storage.s3.path_style=true",
@@ -126,13 +126,13 @@ def test_one_storage_setting_reaches_every_session_recsys_starts():
     settings = store_settings(cfg.output, cfg.storage)
     assert settings["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9"
     assert "spark.sql.catalogImplementation" not in settings          # no table: no metastore
-    cfg = load_config(overrides=["output.metastore.dir=/tmp/recsys-ms"])
+    cfg = load_config(overrides=[f"output.metastore.dir={tmp_path}"])
     settings = store_settings(cfg.output, cfg.storage)
     assert settings["spark.sql.catalogImplementation"] == "hive"
-    assert settings["spark.sql.warehouse.dir"] == "/tmp/recsys-ms/warehouse"         # never the working directory
+    assert settings["spark.sql.warehouse.dir"] == f"{tmp_path}/warehouse"         # never the working directory
     assert settings["spark.hadoop.javax.jdo.option.ConnectionURL"] == \
-        "jdbc:derby:;databaseName=/tmp/recsys-ms/metastore_db;create=true"
-    assert settings["spark.driver.extraJavaOptions"] == "-Dderby.stream.error.file=/tmp/recsys-ms/derby.log"
+        f"jdbc:derby:;databaseName={tmp_path}/metastore_db;create=true"
+    assert settings["spark.driver.extraJavaOptions"] == f"-Dderby.stream.error.file={tmp_path}/derby.log"
 
 
 @pytest.mark.parametrize("uri", ["relative/work", "file:///tmp/recsys-uri-test/work", "/tmp/recsys-uri-test/work"])

@@ -60,6 +60,8 @@ def store_settings(output: OutputConfig | None = None, storage: StorageConfig | 
         settings.update(object_store.spark_settings(object_store.ObjectStore.of(storage.s3)))
     if output is not None and output.table is not None:
         store = metastore.resolve(output.metastore)
+        if launching:
+            store.dir.mkdir(parents=True, exist_ok=True)   # derby.log and embedded Derby's database go here
         settings.update(metastore.metastore_settings(store))
         if launching:
             settings.update(metastore.launch_settings(store))
