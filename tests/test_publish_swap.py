@@ -193,6 +193,38 @@ def test_a_publish_killed_at_any_step_leaves_the_old_or_the_new_night_and_the_ne
     assert _data(store.snapshot(again.final_dir)) == fresh and _seen(out) == "next-run"
 
 
+def test_a_reader_following_the_pointer_through_a_publish_sees_the_old_or_the_new_night(store):
+    """A reader in a loop (where is the night of D? read its files) while another process publishes."""
+    import threading
+
+    method = _method(store)
+    out, old = _published_with_old(store, method)
+    layout, new = _new_staged(store, out)
+    old_files = _data(store.snapshot(PartitionLayout(out, DATE, "old-run").run_dir))
+    new_files = _data(new)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set() and len(seen) < 5000:
+            found = published_night(out, DATE)
+            files = _data(store.snapshot(found.location))
+            seen.append("old" if files == old_files else "new" if files == new_files else f"mix: {sorted(files)}")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    env = {**store.child_env(), "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    child = subprocess.run([sys.executable, "-c", _CHILD, out, str(DATE), layout.run_key, method], env=env,
+                           capture_output=True, text=True, timeout=300)
+    done.set()
+    reader.join(timeout=60)
+    assert child.returncode == 0, child.stderr
+    assert seen and set(seen) <= {"old", "new"}, seen[:5]
+    assert seen[0] == "old"                                     # it read before the child's commit, and after
+    assert seen == sorted(seen, key=lambda s: s != "old")       # old, then new: never back
+    assert _seen(out) == "new-run" and old == _data(store.snapshot(PartitionLayout(out, DATE, "old-run").run_dir))
+
+
 def test_an_object_store_copy_killed_before_success_is_refreshed_by_the_next_run(tmp_path):
     store = storekit.Store("local", str(tmp_path))
     out, _ = _published_with_old(store, "copy")
