@@ -53,8 +53,8 @@ class Metastore:
 
     @property
     def embedded(self) -> bool:
-        return self.uris is None and (self.url is None or self.url.startswith("jdbc:derby:;") or
-                                      self.url.startswith("jdbc:derby:/"))
+        return self.uris is None and (self.url is None or (self.url.startswith("jdbc:derby:") and
+                                                           not self.url.startswith("jdbc:derby://")))
 
     def describe(self) -> str:
         if self.uris:
