@@ -92,7 +92,8 @@ class OutputTable:
                 f"tables vanish with the session). Sessions recsys starts get one (output.metastore); under spark-submit "
                 f"pass --conf spark.sql.catalogImplementation=hive, start the Connect server with `recsys backend start`, "
                 f"or set output.table: null to publish the paths only")
-        self._sql(f"CREATE DATABASE IF NOT EXISTS `{self.database}`")
+        if not self._database_exists():   # asked first: Hive logs a stack trace for CREATE ... IF NOT EXISTS on one
+            self._sql(f"CREATE DATABASE IF NOT EXISTS `{self.database}`")
         if not self._exists():
             self._sql(f"CREATE EXTERNAL TABLE IF NOT EXISTS {self.quoted} ({OUTPUT_SPARK_DDL}) PARTITIONED BY (dt DATE) "
                       f"STORED AS PARQUET LOCATION {_literal(_hadoop_uri(self.output_root))}")
@@ -104,6 +105,10 @@ class OutputTable:
                 f"table {self.name} is located at {redact_uri(found)!r}, not at paths.output={redact_uri(self.output_root)!r}; "
                 f"a table belongs to one output root: choose another output.table or point paths.output at its location")
         return False
+
+    def _database_exists(self) -> bool:
+        rows = self._sql(f"SHOW DATABASES LIKE '{self.database}'")
+        return any(str(r[0]).lower() == self.database.lower() for r in rows)
 
     def _exists(self) -> bool:
         db, table = self.name.split(".", 1)
