@@ -74,8 +74,10 @@ def test_embedded_derby_held_by_another_process_fails_the_job_in_one_line_before
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
-    errors = [line for line in job.stderr.splitlines() if " ERROR " in line]
+    # Spark's own log (DataNucleus, Derby) says it at length; the job's log says it once, in one line
+    errors = [line for line in job.stderr.splitlines() if " ERROR recsys" in line]
     assert job.returncode == 1, job.stderr[-3000:]
-    assert len(errors) == 1 and "cannot be reached or opened" in errors[0] and "recsys metastore start" in errors[0]
-    assert "Traceback" not in job.stderr
+    assert len(errors) == 1, [line for line in job.stderr.splitlines() if "recsys" in line][-10:]
+    assert "cannot be reached or opened" in errors[0] and "recsys metastore start" in errors[0]
+    assert "this is a bug or an infrastructure failure" not in job.stderr     # handled: no traceback of ours
     assert not (tmp_path / "recommendations" / f"dt={jobkit.RUN_DATE}").exists()     # nothing published
