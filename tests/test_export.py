@@ -31,7 +31,6 @@ from recsys.export import encoding
 from recsys.export import redis_store as store
 
 REPO = Path(__file__).resolve().parent.parent
-PART = f"dt={RUN_DATE}"
 EARLIER = RUN_DATE.replace(day=RUN_DATE.day - 1)
 
 
@@ -177,9 +176,19 @@ def published(spark, tmp_path_factory):
 
 
 def _copy_output(published, root: Path, dates=(EARLIER, RUN_DATE)) -> Path:
+    """The published dates under ``root``: their run directories and pointers, and their path views. The
+    export there opens the output table of ``root``, which registers every date a pointer names."""
     for date in dates:
+        shutil.copytree(published.output / "_runs" / f"dt={date}", root / "recommendations" / "_runs" / f"dt={date}")
         shutil.copytree(published.output / f"dt={date}", root / "recommendations" / f"dt={date}")
     return root / "recommendations"
+
+
+def _run_dir(output: Path, date=RUN_DATE) -> Path:
+    """The run directory the date's pointer names: what the table's partition points at, and readers read."""
+    from recsys.publish.published import read_pointer, run_dir
+
+    return Path(run_dir(str(output), date, read_pointer(str(output), date).run))
 
 
 def _args(root, published, redis_url: str, prefix: str, *extra: str) -> list[str]:
@@ -217,11 +226,12 @@ def test_an_export_writes_every_published_row_then_switches_the_pointer_and_reco
     assert _export(monkeypatch, spark, tmp_path, published, redis_server.url, prefix) == ExitCode.OK
     client, keys = _client(redis_server), store.Keyspace(prefix)
     pointer = store.read_pointer(client, keys)
-    manifest = json.loads((output / PART / "_manifest.json").read_text())
+    manifest = json.loads((_run_dir(output) / "_manifest.json").read_text())
     assert (pointer.version, pointer.date, pointer.model_version, pointer.run) == (
         "v1", RUN_DATE, published.store.version, manifest["job_run"])
+    assert _run_dir(output).name == f"run={manifest['job_run']}"
     assert pointer.sources == ("model", "popularity") and pointer.users == N_USERS
-    rows = _rows(output / PART)
+    rows = _rows(_run_dir(output))
     served = _served(client, keys, "v1", rows)
     for user, row in rows.items():                  # every published row, exactly: ids, float32 scores, source
         ids, scores, source = served[user]
@@ -233,6 +243,7 @@ def test_an_export_writes_every_published_row_then_switches_the_pointer_and_reco
     assert len(_keys_of(client, keys, "v1")) == N_USERS + 2          # the users, the fallback, the files' record
     record = store.read_versions(client, keys)["v1"]
     assert record["state"] == "live" and record["users"] == N_USERS and record["files"] >= 1
+    assert record["partition"] == str(_run_dir(output))           # read from the run directory, not the path view
     assert record["value_bytes"] == sum(4 + 8 * len(r["recommendations"]) for r in rows.values())
     assert record["users_per_s"] > 0 and record["seconds"] > 0
     run = MlflowClient(published.store.tracking_uri).get_run(manifest["run_id"])
@@ -284,12 +295,13 @@ def test_a_date_that_is_not_published_or_failed_validation_is_refused_with_exit_
     client, keys = _client(redis_server), store.Keyspace(prefix)
     assert _export(monkeypatch, spark, tmp_path, published, redis_server.url, prefix, EARLIER) == ExitCode.BAD_INPUT
     assert f"nothing is published for {EARLIER}" in jobkit.errors_logged(caplog)[-1]
-    staged = output / "_staging" / f"dt={EARLIER}" / "run-1"      # written, never published: not a partition
-    shutil.copytree(output / PART, staged)
+    staged = output / "_runs" / f"dt={EARLIER}" / "run=20240507T000000Z-1"   # complete, but neither the table nor
+    shutil.copytree(_run_dir(output), staged)                                # a pointer names it: not published
     assert _export(monkeypatch, spark, tmp_path, published, redis_server.url, prefix, EARLIER) == ExitCode.BAD_INPUT
-    manifest_path = output / PART / "_manifest.json"
+    manifest_path = _run_dir(output) / "_manifest.json"                      # the published run's own manifest
     manifest = json.loads(manifest_path.read_text())
     manifest["validation"]["unavailable_items"] = 3
+    manifest_path.unlink()                                                   # not through a hard link to the view
     manifest_path.write_text(json.dumps(manifest))
     assert _export(monkeypatch, spark, tmp_path, published, redis_server.url, prefix) == ExitCode.BAD_INPUT
     assert "failed validation checks {'unavailable_items': 3}" in jobkit.errors_logged(caplog)[-1]

@@ -58,14 +58,28 @@ def nights(spark, tmp_path_factory):
     return SimpleNamespace(store=store, data=data, output=output, rows=rows, manifests=manifests)
 
 
+def _copy_night(nights, root: Path, date) -> None:
+    """One published night under ``root``: its run directories and pointer, then its path view."""
+    shutil.copytree(nights.output / "_runs" / f"dt={date}", root / "recommendations" / "_runs" / f"dt={date}")
+    shutil.copytree(nights.output / f"dt={date}", root / "recommendations" / f"dt={date}")
+
+
 def _serving_root(nights, root: Path, dates) -> Path:
+    """A config serving ``dates`` of the nights from ``root``, with its own output table in the session's
+    metastore (the export opens it; the frontend follows the pointers)."""
     for date in dates:
-        shutil.copytree(nights.output / f"dt={date}", root / "recommendations" / f"dt={date}")
+        _copy_night(nights, root, date)
+    metastore = {"dir": str(root / "metastore")}
+    if jobkit.METASTORE_URL:
+        from recsys.spark.metastore import DERBY_CLIENT_JAR
+
+        metastore |= {"url": jobkit.METASTORE_URL, "jars": [DERBY_CLIENT_JAR]}
     conf = root / "serve.yaml"
     conf.write_text(yaml.safe_dump({
         "paths": {"events": str(nights.data / "events"), "catalog": str(nights.data / "catalog"),
                   "output": str(root / "recommendations"), "work": str(root / "work"),
                   "driver_scratch": str(root / "driver")},
+        "output": {"table": jobkit.table_name(root), "metastore": metastore},
         "mlflow": {"tracking_uri": nights.store.tracking_uri, "model_name": nights.store.model_name,
                    "artifact_location": str(root / "artifacts")},
         "history": {"window_days": 30},
@@ -114,7 +128,7 @@ def test_lookups_from_the_embedded_index_are_the_published_rows_and_move_to_a_ne
         assert metrics["recsys_serve_served_users_total{served_from=embedded}"] >= N_USERS + 4
         assert metrics["recsys_serve_lookup_seconds_count"] >= N_USERS
 
-        shutil.copytree(nights.output / f"dt={RUN_DATE}", tmp_path / "recommendations" / f"dt={RUN_DATE}")
+        _copy_night(nights, tmp_path, RUN_DATE)
         until(lambda: front.readyz()["store"]["date"] == str(RUN_DATE), 60, "the newer night to be loaded")
         for user, row in nights.rows[RUN_DATE].items():
             assert front.user(user).json()["recommendations"] == row["recommendations"]

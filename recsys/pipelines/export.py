@@ -4,8 +4,9 @@ Also the nightly job's last stage when ``export.after_publish`` is set (:func:`r
 In the order a run meets them:
 
 1. the date's lock (the partition cannot be replaced while it is read; a concurrent ``recommend`` of the
-   date exits 4), then the published partition of D (:func:`recsys.publish.published.find_published`):
-   none, or one whose manifest records failed checks, is refused with exit 2;
+   date exits 4), then the published night of D (:func:`recsys.publish.published.find_published`: the run
+   directory ``output.table``'s partition names, or without a table the date's pointer): none, or one whose
+   manifest records failed checks, is refused with exit 2;
 2. Redis: unreachable -> exit 1, nothing changed; then the export lock (another live export -> exit 4);
    versions left by dead exports (state ``writing`` or ``removing``) are removed first;
 3. the skip and order rules: the pointer already names this partition's run -> nothing to do (exit 0)
@@ -85,11 +86,12 @@ def run_export(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool =
     if not export.redis_url:
         raise ConfigError("export.redis_url is not set: name the Redis to export to (--set export.redis_url="
                           "redis://HOST:PORT/DB or the export section of the --conf file; docs/export.md)")
-    if find_published(cfg.paths.output, date) is None:   # checked again under the lock; no lock for a typo
+    table = _output_table(spark, cfg)
+    if find_published(cfg.paths.output, date, table) is None:   # checked again under the lock; no lock for a typo
         raise InputDataError(_not_published(cfg, date))
     run_key = f"export-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     with DateLock(cfg.paths.output, date, run_key):
-        published = find_published(cfg.paths.output, date)
+        published = find_published(cfg.paths.output, date, table)
         if published is None:
             raise InputDataError(_not_published(cfg, date))
         refusal = published.refusal()
@@ -107,9 +109,20 @@ def run_export(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool =
     return result
 
 
+def _output_table(spark: SparkSession, cfg: Config):
+    """``output.table`` (its partition is the commit point readers of a date follow), or None without one:
+    then the date's pointer names the published run (:func:`recsys.publish.published.find_published`)."""
+    if cfg.output.table is None:
+        return None
+    from recsys.pipelines.nightly import output_table   # here: the nightly job imports this module for its last stage
+
+    return output_table(spark, cfg)
+
+
 def _not_published(cfg: Config, date: dt.date) -> str:
-    return (f"nothing is published for {date} under {redact_uri(cfg.paths.output)!r} (no complete partition with "
-            f"_SUCCESS and _manifest.json); run `recsys recommend --date {date}` first")
+    where = f"table {cfg.output.table}" if cfg.output.table else redact_uri(cfg.paths.output)
+    return (f"nothing is published for {date} in {where!r} (no complete run with _SUCCESS and _manifest.json); "
+            f"run `recsys recommend --date {date}` first")
 
 
 def _export(spark: SparkSession, cfg: Config, client, published: PublishedPartition, run_key: str, *, force: bool,

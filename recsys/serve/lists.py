@@ -6,11 +6,15 @@
   decoded with :mod:`recsys.export.encoding`. Lookups that arrive while a call is in flight share the
   next call (one round trip for all of them: at 32 clients the asyncio client's cost per call, not Redis,
   was the limit). A version's date and model version are read once per version and kept.
-- :class:`EmbeddedLists` (``serve.store: embedded``, the default): the newest published partition under
-  ``paths.output`` (:func:`recsys.publish.published.latest_published`), read with pyarrow into sorted
+- :class:`EmbeddedLists` (``serve.store: embedded``, the default): the newest published night under
+  ``paths.output`` (:func:`recsys.publish.published.latest_published`: the run directory the date's
+  pointer names, which never changes while it is published; the frontend runs no Spark, so it follows the
+  pointer rather than ``output.table``: the pointer is written right after the table's partition, and a run
+  killed between the two is brought in line by the date's next run), read with pyarrow into sorted
   numpy arrays (user ids, list offsets, item ids, scores); a lookup is a binary search. A newer
-  partition is loaded beside the served one and swapped in with one assignment, so a lookup uses one
-  index from start to end. Memory: about 12 bytes per listed item (1M users x top 100: 1.2 GB).
+  night (another date, or a rerun or rollback of the same date: another run) is loaded beside the served
+  one and swapped in with one assignment, so a lookup uses one index from start to end. Memory: about 12
+  bytes per listed item (1M users x top 100: 1.2 GB).
 
 Both answer ``lookup(users, top_n)`` with the rows found, the users missing, and the version's fallback
 list for them; both raise :class:`StoreDown` with the reason when they cannot answer.
