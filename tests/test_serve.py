@@ -10,11 +10,8 @@ test, which must act while a request is still queued, starts a frontend of its o
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,10 +23,10 @@ import yaml
 
 import jobkit
 from jobkit import N_USERS, RUN_DATE, TOP_N, catalog_table, make_store, write_dataset
+from servekit import Frontend, until as _until
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from recsys.config import load_config  # noqa: E402
 from recsys.data.contracts import EVENTS_SCHEMA, write_partition  # noqa: E402
@@ -43,63 +40,6 @@ UNKNOWN_USER = 10 ** 12
 
 def _free_port() -> int:
     return backend.free_port()
-
-
-def _until(condition, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``condition`` until it returns a truthy value or ``timeout`` passes (then fail, naming ``what``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
-class Frontend:
-    def __init__(self, root: Path, conf: Path, port: int):
-        self.root, self.conf, self.port = root, conf, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = root / f"serve-{port}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recsys.cli", "serve", "--conf", str(conf), "--port", str(port)],
-            cwd=root, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env={**os.environ},
-        )
-        self.client = httpx.Client(base_url=self.url, timeout=120)
-
-    def ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the frontend exited ({self.proc.returncode}):\n{self.tail()}")
-        try:
-            return self.client.get("/readyz").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
-
-    def recommend(self, body) -> httpx.Response:
-        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-        return self.client.post("/v1/recommendations", content=content, headers={"content-type": "application/json"})
-
-    def metrics(self) -> dict[str, float]:
-        out = {}
-        for family in text_string_to_metric_families(self.client.get("/metrics").text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-        return out
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 def _output_section(root):
@@ -128,7 +68,8 @@ def stack(tmp_path_factory, metastore_service):
         "output": _output_section(root),
         "serve": {"backend_dir": str(root / "backend"), "as_of": str(RUN_DATE), "max_wait_ms": MAX_WAIT_MS,
                   "max_batch_users": MAX_BATCH, "max_concurrent_jobs": 2, "max_queue_users": MAX_QUEUE,
-                  "max_request_users": 30, "request_timeout_s": 120, "backend_timeout_s": 2, "refresh_s": 2},
+                  "max_request_users": 30, "request_timeout_s": 120, "backend_timeout_s": 2, "refresh_s": 2,
+                  "store": "none"},      # every request on demand; lists first: test_serve_lists.py and below
         "spark": {"master": "local[2]", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4",
                                                  "spark.driver.memory": "1g"}},
     }))
@@ -220,6 +161,51 @@ def test_a_request_for_users_the_nightly_job_scored_returns_the_same_lists(stack
             [r["score"] for r in expected["recommendations"]], rel=1e-5, abs=1e-6)
         assert (row["source"], row["model_version"]) == (expected["source"], expected["model_version"])
     assert response.json()["model_version"] == stack["store"].version
+
+
+def test_with_a_store_listed_users_come_from_it_and_the_backend_answers_the_rest(stack, spark, redis_server):
+    """serve.store=Redis on the same backend: listed users from Redis; unknown users, fresh requests and, while
+    Redis is down, every user on demand (and /readyz stays ready, saying the store is down)."""
+    import uuid
+
+    from recsys.pipelines.export import run_export
+
+    front, cfg, root = stack["front"], stack["cfg"], stack["root"]
+    submitted = front.client.post("/v1/jobs", json={"date": str(RUN_DATE)}).json()   # skipped if published above
+    assert _until(lambda: (s := front.client.get(f"/v1/jobs/{submitted['id']}").json())["state"] in
+                  ("succeeded", "failed") and s, 600, "the nightly job")["exit_code"] == 0
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    exporting = load_config(root / "serve.yaml", [f"export.redis_url={redis_server.url}", f"export.prefix={prefix}"])
+    assert run_export(spark, exporting, RUN_DATE).version == "v1"
+    published = {r["user_id"]: r for r in pq.read_table(Path(cfg.paths.output) / f"dt={RUN_DATE}").to_pylist()}
+    listed = Frontend(root, root / "serve.yaml", _free_port(),
+                      (f"serve.store={redis_server.url}", f"export.prefix={prefix}", "serve.max_wait_ms=20"))
+    try:
+        _until(lambda: listed.ready() and listed.readyz()["on_demand"]["ready"], 300, "the store and the backend")
+        one = listed.user(1).json()
+        assert (one["served_from"], one["version"], one["date"]) == ("redis", "v1", str(RUN_DATE))
+        assert one["recommendations"] == published[1]["recommendations"]
+        unknown = listed.user(UNKNOWN_USER).json()
+        assert unknown["served_from"] == "on_demand" and unknown["source"] == "popularity" and unknown["version"] is None
+        fresh = listed.user(1, fresh="true").json()
+        assert fresh["served_from"] == "on_demand"
+        assert [r["item_id"] for r in fresh["recommendations"]] == [r["item_id"] for r in published[1]["recommendations"]]
+        mixed = listed.recommend({"user_ids": [1, UNKNOWN_USER]}).json()
+        assert mixed["served_from"] == "mixed" and [r["served_from"] for r in mixed["rows"]] == ["redis", "on_demand"]
+        redis_server.kill()
+        try:
+            down = listed.user(1)
+            assert down.status_code == 200 and down.json()["served_from"] == "on_demand"
+            ready = listed.readyz()
+            assert ready["ready"] is True and ready["store"]["up"] is False and "unavailable" in ready["store"]["reason"]
+        finally:
+            redis_server.start()
+        _until(lambda: listed.user(1).json()["served_from"] == "redis", 60, "lookups from Redis again")
+        metrics = listed.metrics()
+        assert metrics["recsys_serve_served_users_total{served_from=on_demand}"] >= 4
+        assert metrics["recsys_serve_store_errors_total"] >= 1
+    finally:
+        listed.stop()
 
 
 def test_todays_events_count_for_users_the_window_does_not_know(stack):

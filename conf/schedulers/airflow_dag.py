@@ -1,4 +1,4 @@
-"""Airflow 3 DAG: each logical date, train (when due) then the nightly job, acting on the job's exit codes.
+"""Airflow 3 DAG: each logical date, train (when due), the nightly job, then the export, acting on the exit codes.
 
 Install Airflow in its own virtualenv (never in the job's .venv) and point its dags folder here,
 or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environment variables):
@@ -7,7 +7,7 @@ or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environ
 - ``recsys_conf``: the job's YAML config, relative to recsys_home or absolute (default conf/production.yaml);
 - ``recsys_spark_master``: the Spark master (default local[*,4]).
 
-Two tasks per date, ``train >> recommend``:
+Three tasks per date, ``train >> recommend >> export``:
 
 - ``train`` runs ``jobs/train.py --date <ds> --if-due``: it trains on the events before the date and
   moves the model alias if the new version is not worse, when ``train.every_nights`` (the job's
@@ -16,6 +16,13 @@ Two tasks per date, ``train >> recommend``:
   code) fails this task with the reason in its log, and one the gate refuses succeeds with the
   decision in its log; either way ``recommend`` runs with the version holding the alias.
 - ``recommend`` runs whatever ``train`` did (``trigger_rule="all_done"``).
+- ``export`` runs ``jobs/export.py --date <ds> --if-configured`` once ``recommend`` succeeded: the date's
+  published lists into Redis as a new version, then one switch of the pointer readers follow (docs/export.md).
+  Without ``export.redis_url`` in the config it exits 0 saying so. The same exit-code rules as ``recommend``:
+  1 (Redis unreachable, nothing switched) and 4 (another export holds the lock) are retried; 2 (not
+  published, failed validation, or a date older than the one Redis serves: readers would move back a night,
+  which only ``recsys export --allow-older`` by hand does) fails at once; 5 (served, figures not recorded in
+  MLflow) succeeds with a warning.
 
 What ``recommend`` does with the job's exit code (docs/operations.md, "Exit codes"):
 
@@ -77,6 +84,18 @@ class NightlyJobOperator(RecsysJobOperator):
         raise AirflowException(f"recsys exited with code {code}: retried")   # 1, 4 and anything else
 
 
+class ExportJobOperator(NightlyJobOperator):
+    """``recsys export``: the nightly job's rules; its exit code 5 means the lists are served, only their
+    figures are missing from MLflow."""
+
+    def on_failure(self, code):
+        if code == PUBLISHED_NOT_RECORDED:
+            self.log.warning("recsys export exited with code 5: the lists are exported and served, but their figures "
+                             "could not be recorded in MLflow (they are in Redis, with the version); not rerun")
+            return None
+        return super().on_failure(code)
+
+
 class TrainJobOperator(RecsysJobOperator):
     """For ``recsys train --if-due``: a failure is reported in one line and not retried
     (AirflowFailException; the task also has ``retries=0``): retrying would delay the night's
@@ -119,4 +138,15 @@ with DAG(
         execution_timeout=pendulum.duration(hours=4),
         max_active_tis_per_dag=1,
     )
-    train >> recommend
+    export = ExportJobOperator(
+        task_id="export",           # after recommend succeeded (exit 0, or 5: published, not recorded)
+        cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
+        bash_command=(
+            "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
+            "jobs/export.py --date {{ ds }} --if-configured "
+            "--conf '{{ var.value.get('recsys_conf', 'conf/production.yaml') }}'"
+        ),
+        execution_timeout=pendulum.duration(hours=2),
+        max_active_tis_per_dag=1,
+    )
+    train >> recommend >> export

@@ -1,4 +1,8 @@
-"""``recsys demo`` (what ``make demo`` runs): data -> train -> recommend, then show what came out.
+"""``recsys demo`` (what ``make demo`` runs): data -> train -> recommend -> export, then show what came out.
+
+It ends by exporting the night to a Redis of its own (the server the project's set-up installs, on loopback,
+its data in ``.recsys/redis/``) and printing one lookup through ``recsys serve``'s URL; both servers are
+stopped before it exits, and it prints the commands that bring them back.
 
 It runs on the embedded default configuration, so afterwards ``recsys recommend --date D`` in the
 same directory reruns the nightly job on the demo's data and model.
@@ -57,11 +61,90 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
         trained = run_training(spark, cfg, date)
         result = run_nightly(spark, cfg, date)
         table_rows = _table_rows(spark, cfg, date)
+        _show(cfg, result, trained, table_rows)
+        redis, cfg = _start_redis(cfg)
+        try:
+            exported = _export(spark, cfg, date)
+            _lookup_through_serve(cfg, result)
+        finally:
+            redis.stop()
     finally:
         if own_session:
             spark.stop()
-    _show(cfg, result, trained, table_rows)
-    return result.exit_code
+    return max(result.exit_code, exported.exit_code)
+
+
+def _start_redis(cfg: Config):
+    """The demo's Redis on loopback (a free port, data in .recsys/redis), and the config that exports to it."""
+    from recsys.export.local_redis import LocalRedis
+
+    server = LocalRedis(local_path(cfg.paths.output).parent / "redis", appendfsync="everysec").start()
+    export = cfg.export.model_copy(update={"redis_url": server.url})
+    return server, cfg.model_copy(update={"export": export})
+
+
+def _export(spark, cfg: Config, date: dt.date):
+    from recsys.pipelines.export import run_export
+
+    result = run_export(spark, cfg, date)
+    print(f"\n== exported to Redis ==\n   {result.summary()}", flush=True)
+    return result
+
+
+def _lookup_through_serve(cfg: Config, result) -> None:
+    """`recsys serve` on the demo's Redis: one GET through its URL, printed, then the frontend stopped."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from recsys.export.local_redis import free_port
+
+    out = local_path(cfg.paths.output).parent
+    conf = out / "demo-serve.yaml"
+    conf.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    port = free_port()
+    log_file = out / "demo-serve.log"
+    user = min(pq.read_table(local_path(result.output_dir), columns=["user_id"]).column("user_id").to_pylist())
+    url = f"http://127.0.0.1:{port}/v1/users/{user}/recommendations?top_n=5"
+    with open(log_file, "w") as log_out:
+        serve = subprocess.Popen([sys.executable, "-m", "recsys.cli", "serve", "--conf", str(conf), "--port", str(port),
+                                  "--set", f"serve.store={cfg.export.redis_url}"],
+                                 stdout=log_out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            answer = _first_answer(serve, url, log_file)
+        finally:
+            serve.terminate()
+            try:
+                serve.wait(30)
+            except subprocess.TimeoutExpired:
+                serve.kill()
+    print(f"\n== one lookup through recsys serve ==\n   GET {url}\n   {json.dumps(answer)}")
+    print("\n== serve the lists yourself ==")
+    print(f"   .venv/bin/redis-server --port {cfg.export.redis_url.rsplit(':', 1)[1].split('/')[0]} --dir {out / 'redis'} "
+          f"--appendonly yes &")
+    print(f"   .venv/bin/recsys serve --set serve.store={cfg.export.redis_url}      # or serve.store=embedded: "
+          f"no Redis needed")
+    print(f"   curl -s 'http://127.0.0.1:8000/v1/users/{user}/recommendations?top_n=5'\n", flush=True)
+
+
+def _first_answer(serve, url: str, log_file: Path, timeout_s: float = 120.0) -> dict:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if serve.poll() is not None:
+            raise RuntimeError(f"recsys serve exited with {serve.returncode}; see {log_file}")
+        try:
+            response = httpx.get(url, timeout=10)
+            if response.status_code == 200:
+                return response.json()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"recsys serve did not answer {url} within {timeout_s:.0f}s; see {log_file}")
 
 
 def _dataset_root(cfg: Config) -> Path:

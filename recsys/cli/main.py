@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
+    p = sub.add_parser("export", help="write a date's published lists into Redis as a new version, then switch "
+                                      "the pointer readers follow (same as jobs/export.py; docs/export.md)")
+    p.add_argument("--date", type=_date, default=None, help="the published date to export (default: today, UTC)")
+    p.add_argument("--force", action="store_true", help="export again a partition the store already serves")
+    p.add_argument("--allow-older", action="store_true",
+                   help="export a date older than the one the store serves (moves readers back)")
+    p.add_argument("--if-configured", action="store_true",
+                   help="exit 0 saying so when export.redis_url is not set (what a schedule runs)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_export)
+
     p = sub.add_parser("rollback", help="point a date back at an earlier published run that is still kept "
                                         "(output.keep_runs): the table, the pointer and the path view")
     p.add_argument("--date", type=_date, required=True, help="the date to roll back")
@@ -168,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     code = run_command(args.func, args)
-    if args.command in ("recommend", "train"):
+    if args.command in ("recommend", "train", "export"):
         from recsys.cli.outcome import final_line
 
         log.log(*final_line(args.command, code, getattr(args, "outcome", None)))
@@ -309,6 +320,27 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         else:
             print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from recsys.pipelines.export import run_export
+    from recsys.spark.session import build_session
+
+    cfg = _config(args)
+    date = args.date or _today()
+    if args.if_configured and not cfg.export.redis_url:
+        args.outcome = "skipped, export.redis_url is not set"
+        log.info("recsys export: nothing to do, export.redis_url is not set")
+        return ExitCode.OK
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-export", launch=_launch(), output=cfg.output,
+                          storage=cfg.storage)
+    try:
+        result = run_export(spark, cfg, date, force=args.force, allow_older=args.allow_older, hooks=_hooks())
+    finally:
+        spark.stop()
+    print(result.summary())
+    args.outcome = result.summary()
+    return int(result.exit_code)
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:

@@ -67,6 +67,7 @@ class NightlyResult:
     status: RunStatus = RunStatus.PUBLISHED   # or SKIPPED: the date was already published the same way
     reason: str | None = None        # why it was skipped
     location: str | None = None      # the published run's directory (what output.table's partition points at)
+    export: Any = None               # the last stage's ExportResult when export.after_publish is set
 
 
 def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, force: bool = False,
@@ -112,6 +113,21 @@ def _summary(results: Sequence[NightlyResult]) -> str:
 
 def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
                 hooks: Hooks = NO_HOOKS) -> NightlyResult:
+    """Publish the date (:func:`publish_nightly`), then, with ``export.after_publish``, export it as the last
+    stage (:func:`recsys.pipelines.export.run_export`; a date older than the one served is skipped, not
+    refused). A failed export raises its error (the partition stays published): a rerun skips the publish
+    and exports again."""
+    result = publish_nightly(spark, cfg, date, force=force, hooks=hooks)
+    if cfg.export.after_publish:
+        from recsys.pipelines.export import run_export
+
+        result.export = run_export(spark, cfg, result.date, older_is_error=False, hooks=hooks)
+        result.exit_code = max(result.exit_code, result.export.exit_code)
+    return result
+
+
+def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
+                    hooks: Hooks = NO_HOOKS) -> NightlyResult:
     """Produce and publish ``recommendations/dt=<date>/`` and its MLflow run, under the date's lock.
 
     A date already published with the same model version and config digest is skipped (no MLflow

@@ -415,6 +415,9 @@ def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float
             "events_read": int(metrics.get("events_read", 0)),
         },
         "validation": report.as_dict()["violations"],
+        "fallback": {"name": results.fallback.fallback.name,    # what users without a row get (recsys export)
+                     "item_ids": [int(i) for i in results.fallback.fallback.item_ids],
+                     "scores": [float(x) for x in results.fallback.fallback.scores]},
         "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
         "timings": {**run.timer.as_metrics(), **run.timer.shares()},
         "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from recsys import fs as rfs
-from recsys.data.contracts import SUCCESS_MARKER, partition_name
+from recsys.data.contracts import SOURCE_MODEL, SUCCESS_MARKER, partition_name
 from recsys.publish import manifest as manifest_file
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,26 @@ class PublishedPartition:
     @property
     def catalog_snapshot(self) -> str:
         return str(self.manifest.get("catalog_snapshot", ""))
+
+    @property
+    def fallback(self) -> dict[str, Any] | None:
+        """``{"name", "item_ids", "scores"}``: the list users the model could not score got (None in manifests
+        written before it was recorded there)."""
+        return self.manifest.get("fallback")
+
+    @property
+    def sources(self) -> list[str]:
+        """The values the rows' ``source`` column can hold: ``model``, then the fallback's name."""
+        fallback = (self.fallback or {}).get("name") or "popularity"
+        return [SOURCE_MODEL, fallback] if fallback != SOURCE_MODEL else [SOURCE_MODEL]
+
+    def refusal(self) -> str | None:
+        """Why this night must not be served (None: it may): its manifest records failed checks."""
+        failed = {k: v for k, v in (self.manifest.get("validation") or {}).items() if v}
+        if failed:
+            return (f"the partition for {self.date} records failed validation checks {failed} in its manifest; "
+                    f"rerun `recsys recommend --date {self.date} --force` once the input is fixed")
+        return None
 
     def files(self) -> list[str]:
         """Its data files (``part-*``), as URIs spelled like ``paths.output``, sorted: what an executor opens."""

@@ -1,14 +1,19 @@
-"""``recsys serve``: the HTTP frontend (FastAPI on uvicorn) in front of the warm Spark Connect backend.
+"""``recsys serve``: the HTTP frontend (FastAPI on uvicorn): published lists from a store, and the warm Spark
+Connect backend for the rest.
 
 Endpoints (the OpenAPI description is at ``/openapi.json``, browsable at ``/docs``):
 
-- ``POST /v1/recommendations`` ``{"user_ids": [...], "top_n": N?, "timeout_ms": T?}``: per user, the
-  row the nightly job would write, computed now (docs/on-demand.md);
+- ``GET /v1/users/{user_id}/recommendations?top_n=N&fresh=false``: one user's list, from the store
+  ``serve.store`` names (Redis, or the embedded index of the newest published partition; docs/export.md);
+- ``POST /v1/recommendations`` ``{"user_ids": [...], "top_n": N?, "timeout_ms": T?, "fresh": false}``: the
+  same for many users. Users the store does not list, every user of a request asking for ``fresh`` lists,
+  and every user while the store is down go to the on-demand backend when it runs: the row the nightly
+  job would write, computed now (docs/on-demand.md). Each row says where it came from (``served_from``);
 - ``POST /v1/jobs`` ``{"date": "YYYY-MM-DD"}`` or ``{"start_date": ..., "end_date": ...}``: the nightly
   job for those dates on the warm backend (``recsys.pipelines.nightly.run_dates``: same lock, skip and publish
   rules as ``recsys recommend``); ``GET /v1/jobs/{id}``: its state;
-- ``GET /metrics`` (Prometheus), ``GET /healthz`` (the process is up), ``GET /readyz`` (the backend
-  answers and the model is warm).
+- ``GET /metrics`` (Prometheus), ``GET /healthz`` (the process is up), ``GET /readyz`` (the store answers,
+  or the backend answers and the model is warm; says which store serves which version).
 
 Nothing a client sends reaches a shell, a file path or a SQL string: ids are validated as 64-bit
 integers and travel to Spark as an Arrow column; dates are parsed into ``datetime.date``.
@@ -27,13 +32,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from recsys.config import Config
 from recsys.data.contracts import date_range
-from recsys.errors import RunStatus
+from recsys.errors import RunStatus, first_line
+from recsys.serve.lists import Found, StoreDown, aclose, make_store
 from recsys.serve.batching import Batcher, BatchSettings, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
@@ -60,6 +67,8 @@ class RecommendationRequest(BaseModel):
     top_n: StrictInt | None = Field(default=None, description="items per user, 1..scoring.top_n (default scoring.top_n)")
     timeout_ms: StrictInt | None = Field(default=None, description="this request's deadline in ms, at most "
                                                              "serve.request_timeout_s (default that)")
+    fresh: StrictBool = Field(default=False, description="compute every user's list now on the on-demand backend "
+                                                         "instead of looking it up in the published lists")
 
 
 class Recommendation(BaseModel):
@@ -73,6 +82,14 @@ class UserRow(BaseModel):
     source: str = Field(description="'model', or the fallback's name (e.g. 'popularity') for users the model "
                                     "cannot score: no history, or none of its items known to the model")
     model_version: str
+    served_from: str = Field(description="'redis' or 'embedded' (the published lists of serve.store), or "
+                                         "'on_demand' (computed now by the backend)")
+    date: str = Field(description="the published date of the list, or the date an on-demand list was computed as of")
+
+
+class UserRecommendation(UserRow):
+    catalog_snapshot: str
+    version: str | None = Field(description="the store's version the list came from (null: computed on demand)")
 
 
 class RecommendationResponse(BaseModel):
@@ -80,7 +97,10 @@ class RecommendationResponse(BaseModel):
     model_version: str
     catalog_snapshot: str
     as_of: str = Field(description="histories hold events before this date from the cached window, plus the "
-                                   "events of the partitions from this date on")
+                                   "events of the partitions from this date on; for published lists, their date")
+    served_from: str = Field(description="the rows' served_from when they share one, else 'mixed'")
+    lists: dict[str, Any] | None = Field(default=None, description="the published lists' store, version, date and "
+                                                                    "model version, when rows came from them")
 
 
 class JobRequest(BaseModel):
@@ -130,11 +150,13 @@ class Service:
     metrics: ServeMetrics = field(default_factory=ServeMetrics)
     backend: OnDemand | None = None
     batcher: Batcher | None = None
+    lists: Any = None                 # recsys.serve.lists.RedisLists | EmbeddedLists; None: serve.store is none
     ready: bool = False
     not_ready_reason: str = "starting"
     jobs: dict[str, JobState] = field(default_factory=dict)
     _maint_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-maintain"))
     _jobs_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-nightly"))
+    _lists_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "recsys-lists"))
     _wake: asyncio.Event | None = None
     _wake_loop: asyncio.AbstractEventLoop | None = None   # mark_down() wakes the maintenance loop from job threads
     _last_batch: float = 0.0
@@ -226,6 +248,86 @@ class Service:
             except asyncio.TimeoutError:
                 pass
 
+    async def lists_forever(self) -> None:
+        """Every ``serve.refresh_s``: the store's pointer (Redis) or the newest published partition (embedded)."""
+        loop = asyncio.get_running_loop()
+        while not self._stop and self.lists is not None:
+            try:
+                await loop.run_in_executor(self._lists_pool, self.lists.refresh)
+            except Exception as exc:   # a refresh must never stop the loop
+                log.warning("list store refresh failed: %s", redact_text(f"{type(exc).__name__}: {exc}")[:500])
+            self.metrics.store_state(self.lists)
+            await asyncio.sleep(max(0.5, self.cfg.serve.refresh_s))
+
+    def on_demand_ready(self) -> bool:
+        return self.ready and self.backend is not None and self.backend.context is not None
+
+    async def answer(self, users: list[int], top_n: int, fresh: bool, timeout_s: float) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) for these users: the store first (unless ``fresh``), on demand for the rest."""
+        found: Found | None = None
+        store_error = None
+        if self.lists is not None and not fresh:
+            try:
+                found = await self.lists.lookup(users, top_n)
+                self.metrics.store_up.set(1)
+            except StoreDown as exc:
+                store_error = str(exc)
+                self.metrics.store_errors.inc()
+                self.metrics.store_up.set(0)
+        todo = users if found is None else found.missing
+        computed: dict[int, dict[str, Any]] = {}
+        context = None
+        if todo and self.on_demand_ready():
+            context, window = self.backend.context, self.backend.window
+            try:
+                computed, _ = await self.batcher.submit(todo, timeout_s)
+            except tuple(_REQUEST_FAILURES) as exc:
+                status, reason, kind = next(v for k, v in _REQUEST_FAILURES.items() if isinstance(exc, k))
+                if found is None or found.fallback is None:
+                    self.metrics.failed(status, reason)
+                    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFull) else None
+                    return status, {"error": kind, "detail": str(exc), "_headers": headers}
+                log.warning("on demand failed for %d user(s) missing from the lists (%s); they get the fallback list",
+                            len(todo), first_line(exc))
+                computed, context = {}, None
+        elif todo and (fresh or found is None):
+            why = f"the on-demand backend is not ready: {self.not_ready_reason}"
+            if store_error is None:
+                self.metrics.failed(503, "backend_unavailable")
+                return 503, {"error": "backend_unavailable", "detail": why}
+            self.metrics.failed(503, "store_unavailable")
+            return 503, {"error": "store_unavailable", "detail": f"the list store is unavailable: {store_error}; {why}"}
+        rows = []
+        for user in users:
+            if found is not None and user in found.rows:
+                row = found.rows[user]
+                rows.append(self._listed(user, row, found))
+            elif user in computed:
+                row = computed[user]
+                rows.append({"user_id": user, "recommendations": row["recommendations"][:top_n], "source": row["source"],
+                             "model_version": row["model_version"], "served_from": "on_demand",
+                             "date": str(window.as_of)})
+            else:   # missing from the lists, and nothing computed for them: the version's fallback list
+                row = found.fallback or {"recommendations": [], "source": "none"}
+                rows.append(self._listed(user, row, found))
+        origins = {r["served_from"] for r in rows}
+        for origin in origins:
+            self.metrics.served_users.labels(origin).inc(sum(1 for r in rows if r["served_from"] == origin))
+        if context is not None and computed:
+            meta = {"model_version": context.model_version, "catalog_snapshot": str(context.catalog_snapshot),
+                    "as_of": str(window.as_of)}
+        else:
+            meta = {"model_version": found.version.model_version, "catalog_snapshot": found.version.catalog_snapshot,
+                    "as_of": found.version.date}
+        return 200, {"rows": rows, **meta, "served_from": origins.pop() if len(origins) == 1 else "mixed",
+                     "lists": found.version.describe() if found is not None else None}
+
+    @staticmethod
+    def _listed(user: int, row: dict[str, Any], found: Found) -> dict[str, Any]:
+        version = found.version
+        return {"user_id": user, "recommendations": row["recommendations"], "source": row["source"],
+                "model_version": version.model_version, "served_from": version.store, "date": version.date}
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> asyncio.Task:
@@ -235,7 +337,11 @@ class Service:
                                                              serve.max_concurrent_jobs, serve.max_queue_users),
                                self.metrics)
         self.batcher.start()
-        return asyncio.get_running_loop().create_task(self.maintain_forever())
+        self.lists = make_store(self.cfg)
+        loop = asyncio.get_running_loop()
+        if self.lists is not None:
+            self._lists_task = loop.create_task(self.lists_forever())
+        return loop.create_task(self.maintain_forever())
 
     async def stop(self, maintenance: asyncio.Task) -> None:
         """After uvicorn has stopped accepting and answered every open request: finish the queue, stop
@@ -245,6 +351,10 @@ class Service:
         if self._wake is not None:
             self._wake.set()
         maintenance.cancel()
+        if getattr(self, "_lists_task", None) is not None:
+            self._lists_task.cancel()
+        await aclose(self.lists)
+        self._lists_pool.shutdown(wait=False)
         self._jobs_pool.shutdown(wait=True)
         if self.backend is not None:
             self.backend.close()
@@ -305,6 +415,14 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
         service.metrics.failed(400, "bad_request")
         return _problem(400, "bad_request", str(exc))
 
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A path or query parameter of the wrong type (``/v1/users/abc/...``, ``top_n=x``): a 400 naming it."""
+        service.metrics.failed(400, "bad_request")
+        problems = [f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'request'}: {err.get('msg')}"
+                    for err in exc.errors()]
+        return _problem(400, "bad_request", "; ".join(problems))
+
     _recommendation_routes(app, service)
     _job_routes(app, service)
     _operation_routes(app, service)
@@ -312,42 +430,52 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
 
 
 def _recommendation_routes(app: FastAPI, service: Service) -> None:
-    """``POST /v1/recommendations``: some users' lists now, through the batcher."""
+    """``GET /v1/users/{user_id}/recommendations`` and ``POST /v1/recommendations``: the store, then on demand."""
     cfg, serve = service.cfg, service.cfg.serve
+    failures = {400: {"model": Problem}, 429: {"model": Problem}, 500: {"model": Problem}, 503: {"model": Problem},
+                504: {"model": Problem}}
+
+    def reply(status: int, body: dict[str, Any], arrived: float, users: int, single: bool = False) -> JSONResponse:
+        if status != 200:
+            headers = body.pop("_headers", None)
+            return _problem(status, body["error"], body["detail"], headers)
+        seconds = time.monotonic() - arrived
+        service.metrics.answered(users, seconds)
+        if body["served_from"] != "on_demand" and body["served_from"] != "mixed":
+            service.metrics.lookup_seconds.observe(seconds)
+        if single:
+            row = body["rows"][0]
+            lists = body["lists"]
+            body = {**row, "catalog_snapshot": lists["catalog_snapshot"] if row["served_from"] != "on_demand" and lists
+                    else body["catalog_snapshot"], "version": lists["version"] if row["served_from"] != "on_demand"
+                    and lists else None}
+        return JSONResponse(body)
+
+    @app.get("/v1/users/{user_id}/recommendations", response_model=UserRecommendation, responses=failures)
+    async def user_recommendations(user_id: int, top_n: int | None = None, fresh: bool = False) -> Any:
+        arrived = time.monotonic()
+        if not -INT64 <= user_id < INT64:
+            service.metrics.failed(400, "bad_request")
+            return _problem(400, "bad_request", f"user_id = {user_id} is not a 64-bit integer")
+        if top_n is not None and not 1 <= top_n <= cfg.scoring.top_n:
+            service.metrics.failed(400, "bad_request")
+            return _problem(400, "bad_request", f"top_n = {top_n} is out of range 1..{cfg.scoring.top_n} (scoring.top_n)")
+        status, body = await service.answer([user_id], top_n or cfg.scoring.top_n, fresh, serve.request_timeout_s)
+        return reply(status, body, arrived, 1, single=True)
 
     @app.post("/v1/recommendations", response_model=RecommendationResponse, openapi_extra=_body(RecommendationRequest),
-              responses={400: {"model": Problem}, 429: {"model": Problem}, 500: {"model": Problem},
-                         503: {"model": Problem}, 504: {"model": Problem}})
+              responses=failures)
     async def recommendations(request: Request) -> Any:
         arrived = time.monotonic()
         body = await _parse(request, RecommendationRequest)
-        top_n_max = cfg.scoring.top_n
-        error = _check(body, serve.max_request_users, top_n_max, serve.request_timeout_s)
+        error = _check(body, serve.max_request_users, cfg.scoring.top_n, serve.request_timeout_s)
         if error:
             service.metrics.failed(400, "bad_request")
             return _problem(400, "bad_request", error)
-        if not service.ready or service.backend is None:
-            service.metrics.failed(503, "backend_unavailable")
-            return _problem(503, "backend_unavailable", f"the backend is not ready: {service.not_ready_reason}")
         users = list(dict.fromkeys(body.user_ids))
         timeout = (body.timeout_ms / 1000) if body.timeout_ms else serve.request_timeout_s
-        context = service.backend.context
-        try:
-            rows, _ = await service.batcher.submit(users, timeout)
-        except tuple(_REQUEST_FAILURES) as exc:
-            status, reason, kind = next(v for k, v in _REQUEST_FAILURES.items() if isinstance(exc, k))
-            service.metrics.failed(status, reason)
-            headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFull) else None
-            return _problem(status, kind, str(exc), headers)
-        n = body.top_n or top_n_max
-        out = []
-        for user in users:
-            row = rows[user]
-            out.append({"user_id": user, "recommendations": row["recommendations"][:n], "source": row["source"],
-                        "model_version": row["model_version"]})
-        service.metrics.answered(len(users), time.monotonic() - arrived)
-        return {"rows": out, "model_version": context.model_version, "catalog_snapshot": str(context.catalog_snapshot),
-                "as_of": str(service.backend.window.as_of)}
+        status, answer = await service.answer(users, body.top_n or cfg.scoring.top_n, body.fresh, timeout)
+        return reply(status, answer, arrived, len(users))
 
 
 def _job_routes(app: FastAPI, service: Service) -> None:
@@ -393,11 +521,23 @@ def _operation_routes(app: FastAPI, service: Service) -> None:
 
     @app.get("/readyz", responses={503: {"model": Problem}})
     async def readyz() -> Any:
-        if service.ready and service.backend is not None and service.backend.context is not None:
+        """Ready when the store answers or the backend does; says which store serves which version."""
+        lists = service.lists.status() if service.lists is not None else None
+        on_demand: dict[str, Any] = {"ready": service.on_demand_ready()}
+        if service.on_demand_ready():
             ctx = service.backend.context
-            return {"ready": True, "model_version": ctx.model_version, "catalog_snapshot": str(ctx.catalog_snapshot),
-                    "window_users": service.backend.window.users}
-        return JSONResponse({"ready": False, "reason": service.not_ready_reason}, status_code=503)
+            on_demand.update(model_version=ctx.model_version, catalog_snapshot=str(ctx.catalog_snapshot),
+                             window_users=service.backend.window.users)
+        else:
+            on_demand["reason"] = service.not_ready_reason
+        body = {"ready": bool(on_demand["ready"] or (lists and lists["up"])), "store": lists, "on_demand": on_demand}
+        if on_demand["ready"]:
+            body.update({k: on_demand[k] for k in ("model_version", "catalog_snapshot", "window_users")})
+        if not body["ready"]:
+            body["reason"] = (service.not_ready_reason if lists is None else
+                              f"the list store: {lists['reason']}; the on-demand backend: {service.not_ready_reason}")
+            return JSONResponse(body, status_code=503)
+        return body
 
 
 class BadRequest(Exception):

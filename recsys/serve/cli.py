@@ -6,6 +6,7 @@ import logging
 import uuid
 
 from recsys.errors import ConfigError, ExitCode
+from recsys.uris import redact_uri
 
 log = logging.getLogger("recsys")
 
@@ -18,7 +19,8 @@ def add_commands(sub, add_config_args) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_backend)
 
-    p = sub.add_parser("serve", help="the HTTP frontend: on-demand recommendations and nightly jobs on the backend")
+    p = sub.add_parser("serve", help="the HTTP frontend: published lists (serve.store), on-demand recommendations "
+                                     "and nightly jobs on the backend")
     p.add_argument("--remote", metavar="sc://HOST:PORT",
                    help="the Spark Connect backend (default: the one `recsys backend start` recorded)")
     p.add_argument("--port", type=int, help="HTTP port (default: serve.port)")
@@ -76,8 +78,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return url
     else:
         if backend.read_state(cfg.serve.backend_dir) is None:
-            raise ConfigError(f"no backend recorded under {cfg.serve.backend_dir}; run `recsys backend start` "
-                              f"or pass --remote sc://HOST:PORT")
+            if cfg.serve.store == "none":
+                raise ConfigError(f"no backend recorded under {cfg.serve.backend_dir} and serve.store is none: run "
+                                  f"`recsys backend start`, pass --remote sc://HOST:PORT, or serve published lists "
+                                  f"(serve.store: embedded or a Redis URL)")
+            log.info("no on-demand backend recorded under %s: answering from the published lists (serve.store=%s); "
+                     "a backend started later is found", cfg.serve.backend_dir, redact_uri(cfg.serve.store))
 
         def url_provider() -> str:   # re-read on every reconnect: a restarted backend may have a new port
             state = backend.read_state(cfg.serve.backend_dir)

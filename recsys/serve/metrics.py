@@ -13,6 +13,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60)
+_LOOKUP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
 _USERS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000)
 
 
@@ -54,6 +55,16 @@ class ServeMetrics:
                                   registry=r)
         self.nightly_jobs = Counter("recsys_serve_nightly_jobs", "Nightly jobs run through /v1/jobs, by state",
                                     ["state"], registry=r)
+        self.store_up = Gauge("recsys_serve_store_up", "1 when the list store (serve.store) answers", registry=r)
+        self.store_info = Gauge("recsys_serve_store_info", "The published lists served: 1 for the store and the "
+                                "version it serves", ["store", "version", "date", "model_version"], registry=r)
+        self.store_errors = Counter("recsys_serve_store_errors", "Lookups the list store could not answer",
+                                    registry=r)
+        self.served_users = Counter("recsys_serve_served_users", "Users answered, by where their list came from "
+                                    "(redis, embedded, on_demand)", ["served_from"], registry=r)
+        self.lookup_seconds = Histogram("recsys_serve_lookup_seconds", "Arrival to answer of requests answered "
+                                        "from the list store alone", buckets=_LOOKUP_BUCKETS, registry=r)
+        self._store_labels: tuple[str, ...] | None = None
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
         Gauge("recsys_serve_requests_per_second", "Requests answered with 200 per second, last minute",
@@ -67,6 +78,17 @@ class ServeMetrics:
         self.request_seconds.observe(seconds)
         with self._lock:
             self._recent.append((time.monotonic(), users))
+
+    def store_state(self, lists) -> None:
+        """The list store's state after a refresh: up or down, and which version it serves."""
+        status = lists.status()
+        self.store_up.set(1 if status["up"] else 0)
+        labels = (status["store"], str(status.get("version", "")), str(status.get("date", "")),
+                  str(status.get("model_version", "")))
+        if labels != self._store_labels:
+            self.store_info.clear()
+            self.store_info.labels(*labels).set(1)
+            self._store_labels = labels
 
     def failed(self, code: int, reason: str) -> None:
         self.requests.labels(str(code)).inc()

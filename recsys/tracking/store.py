@@ -304,6 +304,24 @@ def end_killed_run(cfg: MlflowConfig, *, mlflow_run_id: str | None, job_run: str
     return run.info.run_id
 
 
+def note_on_run(cfg: MlflowConfig, run_id: str, metrics: Mapping[str, float], run_tags: Mapping[str, str]) -> str | None:
+    """Add metrics and tags to an existing (usually finished) run, e.g. the export of the partition it
+    published; returns the error in one line if the store failed (the caller decides what that costs)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, RunTag
+
+    try:
+        point_at(cfg)
+        now = int(dt.datetime.now(dt.timezone.utc).timestamp() * 1000)
+        MlflowClient().log_batch(
+            run_id,
+            metrics=[Metric(metric_name(k), float(v), now, 0) for k, v in metrics.items() if _is_number(v)],
+            tags=[RunTag(k, redact_text(str(v))[:5000]) for k, v in run_tags.items()])
+    except Exception as exc:
+        return first_line(exc, with_type=True)
+    return None
+
+
 class RunRecorder:
     """An MLflow run that degrades instead of failing the job when the tracking store misbehaves.
 

@@ -22,6 +22,8 @@ PROTOCOL = "recsys.protocol"            # evaluate: loo | temporal
 PROMOTED = "recsys.promoted"            # train: whether the alias moved
 GATE = "recsys.gate"                    # train: the gate's decision, in words
 USED_BY_PREFIX = "recsys.used_by."      # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
+EXPORT_VERSION = "recsys.export.version"  # nightly: the key-value store version its lists were exported as
+EXPORT_STORE = "recsys.export.store"      # ... and where (the Redis URL, without credentials)
 
 NOTE = "mlflow.note.content"            # MLflow's run description
 DATASET_CONTEXT = "mlflow.data.context"
