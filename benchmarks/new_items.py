@@ -34,6 +34,7 @@ about 3 minutes for both variants on 2 cores) and any ``--set``; the output stat
 from __future__ import annotations
 
 import argparse
+import hashlib
 import datetime as dt
 import json
 import logging
@@ -203,8 +204,13 @@ def run_variant(spark, base: Sequence[str], work: Path, label: str, refit: bool,
     from recsys.tracking import store as tracking
 
     root = work / label
+    # a table of its own per variant and work directory (a table belongs to one output root: two variants, or a
+    # session whose metastore already holds the default table elsewhere, would be refused), and the embedded
+    # metastore under the work directory rather than the current directory
+    table = f"recsys.new_items_{label}_{hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:10]}"
     cfg = load_config(overrides=[
-        *base, f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
+        *base, f"output.table={table}", f"output.metastore.dir={work / 'metastore'}",
+        f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
         f"paths.driver_scratch={root / 'driver'}", f"mlflow.model_name=new-items-{label}",
         f"train.refit={str(refit).lower()}",
     ])
