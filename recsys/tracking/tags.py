@@ -22,6 +22,9 @@ PROTOCOL = "recsys.protocol"            # evaluate: loo | temporal
 PROMOTED = "recsys.promoted"            # train: whether the alias moved
 GATE = "recsys.gate"                    # train: the gate's decision, in words
 USED_BY_PREFIX = "recsys.used_by."      # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
+GUARD = "recsys.guard"                  # nightly: the guard's verdict, pass | warn | fail | accepted
+GUARD_CROSSED = "recsys.guard_crossed"  # nightly: each threshold crossed, with figure, value and margin
+GUARD_ACCEPTED = "recsys.guard_accepted"  # nightly: "true" when a refused night was published on purpose
 
 NOTE = "mlflow.note.content"            # MLflow's run description
 DATASET_CONTEXT = "mlflow.data.context"
