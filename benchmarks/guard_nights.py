@@ -32,11 +32,12 @@ FIGURES = ("realized_users", "realized_hr_at_10", "realized_pop_hr_at_10", "real
 MOVIELENS_LAST_NIGHT = dt.date(2018, 9, 25)
 
 
-def _run(cmd: list[str], cwd: Path, log: Path) -> tuple[int, float]:
+def _run(cmd: list[str], cwd: Path, log: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
     started = time.perf_counter()
     with log.open("w") as out:
         code = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}).returncode
+                              env={**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable,
+                                   **(env or {})}).returncode
     return code, time.perf_counter() - started
 
 
@@ -52,6 +53,9 @@ def main() -> int:
     parser.add_argument("--movielens", type=Path, default=REPO.parent / "shared" / "data" / "ml-latest-small")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config overrides for training and the nights (default: none)")
+    parser.add_argument("--train-threads", type=int, default=0,
+                        help="OMP_NUM_THREADS of the training process (0: torch's default); on a shared machine 1 "
+                             "avoids oversubscribed threads, which made epochs 40x slower here")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -82,7 +86,8 @@ def main() -> int:
     sets = [x for item in paths for x in ("--set", item)]
     cli = [sys.executable, "-m", "recsys.cli"]
     if not (work / "mlflow.db").exists():
-        code, train_s = _run([*cli, "train", "--date", str(first), *sets], work, work / "train.log")
+        threads = {"OMP_NUM_THREADS": str(args.train_threads)} if args.train_threads else None
+        code, train_s = _run([*cli, "train", "--date", str(first), *sets], work, work / "train.log", threads)
         if code != 0:
             raise SystemExit(f"training failed (exit {code}); see {work / 'train.log'}")
         print(f"trained the default model on the events before {first} in {train_s:.0f} s", flush=True)
