@@ -103,6 +103,7 @@ def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = N
         xs, ys = series(key, at="realized_for")
         ax.plot(xs, ys, style, ms=4, label=label)
     ax.set_ylabel("realized HR@10")
+    ax.set_ylim(bottom=0)
     ax.set_title("Realized hit rate of each night's lists (what users touched until the next night)", fontsize=10)
     ax.legend(fontsize=8, loc="best")
 
@@ -127,7 +128,12 @@ def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = N
     axes[2].set_ylabel("catalog coverage")
     axes[2].set_ylim(bottom=0)
     axes[2].set_title("Share of the candidate items recommended to anyone", fontsize=10)
+    days = [day(n.get("date")) for n in nights if n.get("date")]
+    span = (max(days) - min(days)).days if days else 0
+    axes[2].xaxis.set_major_locator(mdates.DayLocator(interval=max(1, -(-span // 12))))
     axes[2].xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
+    if days:   # one day of margin each side, so a single night is not drawn on an axis of hours
+        axes[2].set_xlim(min(days) - dt.timedelta(days=1), max(days) + dt.timedelta(days=1))
     fig.autofmt_xdate()
     last = nights[-1] if nights else {}
     fig.suptitle(f"Last {len(nights)} nights up to {last.get('date', '?')}: guard {last.get('verdict', '?')}",
