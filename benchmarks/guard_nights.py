@@ -124,7 +124,6 @@ def main() -> int:
         rows.append({"date": str(date), "verdict": guard.get("verdict"),
                      "crossed": [f"{c['level']}: {c['why']}" for c in crossed],
                      "crossed_figures": [f"{c['level']}:{c['figure']}" for c in crossed],
-                     "total_s": (m.get("metrics") or {}).get("total_s"),
                      **{f: (m.get("metrics") or {}).get(f) for f in FIGURES}})
 
     def fmt(v, spec=".3f"):

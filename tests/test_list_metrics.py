@@ -80,3 +80,44 @@ def test_lists_take_and_head_keep_rows_intact():
     head = lists.head(2)
     assert head.offsets.tolist() == [0, 2, 2, 4] and head.ids.tolist() == [1, 2, 4, 5]
     assert lists.positions().tolist() == [0, 1, 2, 0, 1]
+
+
+def _random_lists(rng, rows, lo, hi, n_items, distinct=True):
+    out = []
+    for _ in range(rows):
+        n = int(rng.integers(lo, hi + 1))
+        out.append(rng.choice(n_items, n, replace=False).tolist() if distinct else rng.integers(0, n_items, n).tolist())
+    return Lists.of(out)
+
+
+@pytest.mark.parametrize("table_cells", [lm.TABLE_CELLS, 64])   # the table, and the sort for huge catalogs
+def test_the_matrix_forms_the_tasks_use_equal_the_ragged_definitions(monkeypatch, table_cells):
+    monkeypatch.setattr(lm, "TABLE_CELLS", table_cells)
+    rng = np.random.default_rng(3)
+    n_items, k = 60, 4
+    new, old = _random_lists(rng, 40, 0, 8, n_items), _random_lists(rng, 40, 0, 8, n_items)
+    inter_all, inter_k = lm.overlap_counts(lm.padded(new), lm.padded(old), n_items, k)
+    j_all = np.divide(inter_all, new.lengths + old.lengths - inter_all, out=np.ones(40),
+                      where=new.lengths + old.lengths - inter_all > 0)
+    assert j_all == pytest.approx(lm.jaccard(new, old, n_items))
+    union_k = np.minimum(new.lengths, k) + np.minimum(old.lengths, k) - inter_k
+    assert np.divide(inter_k, union_k, out=np.ones(40), where=union_k > 0) == \
+        pytest.approx(lm.jaccard(new.head(k), old.head(k), n_items))
+
+    touched = _random_lists(rng, 40, 1, 5, n_items)
+    reference = lm.realized(new, touched, (k, 8))
+    fast = lm.hits_in_lists(lm.padded(new, pad=np.iinfo(np.int64).min), touched.rows(), touched.ids, touched.lengths,
+                            (k, 8))
+    for cut in (k, 8):
+        assert (fast[cut].hit == reference[cut].hit).all() and fast[cut].ndcg == pytest.approx(reference[cut].ndcg)
+
+    ranking = rng.choice(n_items, 30, replace=False)
+    seen = _random_lists(rng, 40, 0, 10, n_items)
+    reference = lm.realized(lm.popularity_lists(ranking, seen, 8), touched, (k, 8))
+    fast = lm.popularity_hits(ranking, seen.rows(), seen.ids, touched.rows(), touched.ids, touched.lengths, 40, (k, 8))
+    for cut in (k, 8):
+        assert (fast[cut].hit == reference[cut].hit).all() and fast[cut].ndcg == pytest.approx(reference[cut].ndcg)
+
+    scores = rng.normal(size=500)
+    edges = np.sort(rng.normal(size=9))
+    assert lm.bin_counts_sorted_edges(scores, edges).tolist() == lm.bin_counts(scores, edges).tolist()

@@ -7,9 +7,9 @@ Inside the nightly job (the stages of :mod:`recsys.pipelines.nightly`), in the o
    manifest kept for tonight: P's popularity ranking and P's score deciles.
 2. The histories stage also collects, per user, the distinct items touched since P
    (``touched_items``, same aggregation, no second pass over the window; :func:`touched_since`).
-3. :func:`join_previous`: P's lists (item ids only, read with nested-column pruning) joined onto the
-   histories, both sides hash-partitioned by user into the scoring tasks, so the join adds no shuffle
-   of its own to the histories'. The scoring tasks compare each user's new list with the previous one
+3. :func:`join_previous`: P's lists (item ids only, read with nested-column pruning) brought next to
+   the histories in the one exchange that hash-partitions them by user into the scoring tasks. The
+   scoring tasks compare each user's new list with the previous one
    and the previous one with what the user touched (:mod:`recsys.scoring.compare`).
 4. :func:`guard_stage`: the run's figures from the tasks' totals and the validation's per-item counts
    (:func:`figures`), judged (:mod:`recsys.pipelines.guard`); a ``fail`` raises before publishing.
@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from recsys.config import Config, HistoryConfig
-from recsys.data.contracts import PREVIOUS_COLUMN
+from recsys.data.contracts import HISTORY_COLUMN, PREVIOUS_COLUMN
 from recsys.data.readers import window_start
 from recsys.errors import GuardRefused
 from recsys.model import list_metrics as lm
@@ -122,10 +122,14 @@ def join_previous(histories: DataFrame, previous: PreviousNight | None, tasks: i
                   ) -> tuple[DataFrame, int]:
     """-> (what the scoring stage scores, the partitions it still has to make).
 
-    With a previous partition, its lists are left-joined onto the histories by user, both sides
-    hash-partitioned into the scoring tasks beforehand so the join needs no exchange of its own (the
-    histories were to be shuffled into those tasks anyway); the scoring stage then keeps that split
-    (0). Only the item ids of P's lists are read (Parquet nested-column pruning), never the scores.
+    With a previous partition, each user's list there is brought next to the user's history: the two
+    are unioned and hash-partitioned by user into the scoring tasks in one exchange (the one the
+    histories were to go through anyway), then folded to one row per user of the histories (a sort
+    within each task). A join would not do: Spark plans both sides of a join into
+    ``spark.sql.shuffle.partitions`` partitions whatever they were repartitioned into (measured with
+    Spark 4: 200 tasks where 6 were asked for), which would change the scoring tasks, and it costs an
+    exchange per side. Only the item ids of P's lists are read (Parquet nested-column pruning). The
+    scoring stage then keeps that split (0).
     """
     if previous is None:
         return histories, tasks
@@ -133,8 +137,10 @@ def join_previous(histories: DataFrame, previous: PreviousNight | None, tasks: i
     spark = histories.sparkSession
     lists = spark.read.parquet(previous.path).select(
         "user_id", F.col("recommendations.item_id").alias(PREVIOUS_COLUMN))
-    joined = histories.repartition(n, "user_id").join(lists.repartition(n, "user_id"), "user_id", "left")
-    return joined, 0
+    both = histories.unionByName(lists, allowMissingColumns=True).repartition(n, "user_id")
+    columns = [c for c in histories.columns if c != "user_id"] + [PREVIOUS_COLUMN]
+    folded = both.groupBy("user_id").agg(*[F.first(c, ignorenulls=True).alias(c) for c in columns])
+    return folded.filter(F.col(HISTORY_COLUMN).isNotNull()), 0   # users of P without a history tonight: lost
 
 
 # ------------------------------------------------------------------------------------------------
@@ -232,7 +238,7 @@ def guard_stage(cfg: Config, date: dt.date, *, previous: PreviousNight | None, r
                    rows=int(report_figures["rows"]), fallback_rows=int(report_figures["fallback_rows"]),
                    coverage=float(report_figures["catalog_coverage"]), per_candidate=per_candidate,
                    top_n=cfg.scoring.top_n)
-    verdict = guard_rules.judge(figs, cfg.guard, first_night=previous is None, accepted=accept)
+    verdict = guard_rules.judge(figs, cfg.guard, first_night=previous is None and cfg.guard.compare, accepted=accept)
     if previous is not None and realized_from is None and cfg.guard.compare:
         log.info("recommend %s: the previous partition (%s) is older than the history window, so its realized hit "
                  "rate is not measured", date, previous.date)
