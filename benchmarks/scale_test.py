@@ -60,7 +60,9 @@ def register_random_model(root: Path, tracking_uri: str, items: np.ndarray) -> N
     tracking.set_alias(cfg.mlflow.model_name, cfg.mlflow.alias, version)
 
 
-def sample_tree(pid: int, peaks: dict, stop: threading.Event) -> None:
+def sample_tree(pid: int, peaks: dict, stop: threading.Event, cpu: dict | None = None) -> None:
+    """Peak RSS per kind of process; with ``cpu``, each process's last seen CPU seconds (user + system),
+    by pid: their sum is the run's CPU time, which a loaded shared machine distorts less than wall time."""
     root = psutil.Process(pid)
     while not stop.wait(0.25):
         try:
@@ -71,6 +73,9 @@ def sample_tree(pid: int, peaks: dict, stop: threading.Event) -> None:
             try:
                 name = " ".join(p.cmdline()[:3])
                 rss = p.memory_info().rss / 2**20
+                if cpu is not None:
+                    t = p.cpu_times()
+                    cpu[p.pid] = t.user + t.system
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             kind = "driver_python" if p.pid == pid else ("jvm" if "java" in name else "python_worker")
@@ -115,10 +120,11 @@ def run_night(root: Path, users: int, items: int, top_n: int, driver_memory: str
     for o in overrides:
         cmd += ["--set", o]
     peaks: dict = {}
+    cpu: dict = {}
     stop = threading.Event()
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = threading.Thread(target=sample_tree, args=(proc.pid, peaks, stop), daemon=True)
+    sampler = threading.Thread(target=sample_tree, args=(proc.pid, peaks, stop, cpu), daemon=True)
     sampler.start()
     log = proc.communicate()[0]
     stop.set()
@@ -134,7 +140,8 @@ def run_night(root: Path, users: int, items: int, top_n: int, driver_memory: str
     if breakdown:
         breakdown["start-up and exit"] = round(job_s - breakdown["total"], 2)   # before the timer: JVM, session
     return {
-        "users": users, "items": items, "date": str(date), "job_s": job_s,
+        "users": users, "items": items, "date": str(date), "job_s": job_s, "cpu_s": sum(cpu.values()),
+        "tasks": manifest["metrics"].get("tasks"), "task_s": manifest["metrics"].get("task_s"),
         "rows": manifest["counts"]["rows"], "peak_mb": peaks,
         "worker_peak_mb_reported": manifest["metrics"].get("worker_rss_mb_max"),
         "timings": manifest["timings"], "users_per_s": manifest["metrics"].get("users_per_s"),
@@ -158,7 +165,8 @@ def guard_nights(users: int, items: int, work: Path, top_n: int, driver_memory: 
             r = run_night(root, users, items, top_n, driver_memory, RUN_DATE, extra, accept)
             runs.append(r)
             print(f"night 2 ({r['date']}) {'without' if extra else 'with'} the comparison, run {i + 1}: "
-                  f"{r['job_s']:.1f} s, stages {json.dumps(r['breakdown_s'])}", flush=True)
+                  f"{r['job_s']:.1f} s wall, {r['cpu_s']:.0f} s CPU, {r['tasks']} scoring tasks, stages "
+                  f"{json.dumps(r['breakdown_s'])} (load {os.getloadavg()[0]:.1f})", flush=True)
     return {"users": users, "items": items, "events": events, "generate_s": gen_s, "first": first, "on": on, "off": off}
 
 
@@ -174,9 +182,14 @@ def print_guard_share(g: dict) -> None:
         b = np.median([r["breakdown_s"].get(name, 0.0) for r in off])
         print(f"  {name:20s} {a:8.1f} s  {b:8.1f} s  {a - b:+7.1f} s  {(a - b) / wall_on:+7.2%}")
     compare_s = np.median([r["guard"].get("compare_s", 0.0) for r in on])
+    task_s = np.median([r["task_s"] or 0.0 for r in on])
+    cpu_on, cpu_off = np.median([r["cpu_s"] for r in on]), np.median([r["cpu_s"] for r in off])
     print(f"  job wall             {wall_on:8.1f} s  {wall_off:8.1f} s  {wall_on - wall_off:+7.1f} s  "
           f"{(wall_on - wall_off) / wall_on:+7.2%}   <- the comparison and the hit rate's share of the job's wall time")
-    print(f"  (the scoring tasks' own comparison work: {compare_s:.1f} s of task time, summed over tasks)")
+    print(f"  job CPU (all procs)  {cpu_on:8.1f} s  {cpu_off:8.1f} s  {cpu_on - cpu_off:+7.1f} s  "
+          f"{(cpu_on - cpu_off) / cpu_on:+7.2%}   <- the same as a share of the CPU time (less distorted by load)")
+    print(f"  the scoring tasks' own comparison work: {compare_s:.1f} s of {task_s:.1f} s task time "
+          f"({compare_s / task_s if task_s else float('nan'):.2%})")
     last = on[-1]["guard"]
     print(f"  figures: realized users {last.get('realized_users', 0):,.0f}, HR@10 {last.get('realized_hr_at_10', float('nan')):.4f}"
           f" (popularity {last.get('realized_pop_hr_at_10', float('nan')):.4f}), Jaccard@N mean "
