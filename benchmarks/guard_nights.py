@@ -82,6 +82,7 @@ def main() -> int:
     paths = [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}", f"paths.output={work / 'out'}",
              f"paths.work={work / 'scratch'}", f"paths.driver_scratch={work / 'driver'}",
              f"mlflow.tracking_uri=sqlite:///{work / 'mlflow.db'}", f"mlflow.artifact_location={work / 'artifacts'}",
+             f"output.metastore.dir={work / 'metastore'}",   # the default output.table's embedded metastore
              *args.overrides]
     sets = [x for item in paths for x in ("--set", item)]
     cli = [sys.executable, "-m", "recsys.cli"]

@@ -95,6 +95,7 @@ def prepare(users: int, items: int, work: Path) -> tuple[Path, float, int]:
     if (root / "mlflow.db").exists():
         (root / "mlflow.db").unlink()
     shutil.rmtree(root / "out", ignore_errors=True)
+    shutil.rmtree(root / "metastore", ignore_errors=True)   # its table would point at the removed output
     register_random_model(root, tracking_uri, np.arange(1, items + 1, dtype=np.int64))
     return root, gen_s, summary.events
 
@@ -113,6 +114,7 @@ def run_night(root: Path, users: int, items: int, top_n: int, driver_memory: str
     overrides = [
         f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}", f"paths.output={root / 'out'}",
         f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}", f"mlflow.tracking_uri={tracking_uri}",
+        f"output.metastore.dir={root / 'metastore'}",   # the default output.table's embedded metastore, not the cwd's
         f"mlflow.artifact_location={root / 'artifacts'}", "history.window_days=30", f"scoring.top_n={top_n}",
         f"spark.conf.spark.driver.memory={driver_memory}", "spark.master=local[2,4]", *extra,
     ]

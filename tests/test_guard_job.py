@@ -106,6 +106,18 @@ def test_the_overlap_with_the_previous_night_equals_a_hand_computation(tiny):
     assert m["users_gained"] == len(set(tonight) - set(previous)) and m["users_lost"] == len(set(previous) - set(tonight))
 
 
+def test_the_previous_night_is_the_run_the_output_table_names(tiny):
+    """With ``output.table`` (the tiny fixture's config has one), the night compared with is the run
+    directory the table's partition points at, the one the first night published."""
+    from recsys.publish.published import latest_published, run_of
+
+    first, second = tiny["first"], tiny["second"]
+    assert "/_runs/dt=2024-05-08/run=" in first.location
+    assert second.manifest["quality"]["previous"]["run"] == run_of(first.location)
+    found = latest_published(tiny["cfg"].paths.output, before=dt.date(2024, 5, 9))
+    assert found is not None and found.path == first.location
+
+
 # ------------------------------------------------------------------------------------------------
 # the sample data, three consecutive nights
 
@@ -115,7 +127,8 @@ ITEMS = 400
 
 
 def _overrides(root: Path, data: Path, tracking_uri: str, *extra: str) -> list[str]:
-    return [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}", f"paths.output={root / 'out'}",
+    return [*jobkit.metastore_overrides(root),   # output.table: one per root, in the session's metastore service
+            f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}", f"paths.output={root / 'out'}",
             f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}",
             f"mlflow.tracking_uri={tracking_uri}", f"mlflow.artifact_location={root / 'artifacts'}",
             f"scoring.top_n={TOP_N}", "scoring.partitions=2", *extra]
@@ -192,6 +205,7 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
     m, guard = nights["second"].metrics, _guard_section(nights["second"])
     assert guard["verdict"] == "pass", guard["summary"]
     assert nights["second"].manifest["quality"]["previous"]["date"] == str(D1)
+    assert nights["second"].manifest["quality"]["previous"]["run"] == nights["first"].manifest["job_run"]
     assert nights["second"].manifest["quality"]["realized_for"] == str(D1)
     # the previous night's lists against what users did on D1
     assert 30 <= m["realized_users"] <= m["realized_touched_users"] <= m["rows"]
@@ -247,8 +261,12 @@ def test_a_model_giving_every_user_the_same_list_is_refused_with_exit_3_and_the_
 
     root, data, uri = nights["root"], nights["data"], nights["uri"]
     _register(root, uri, "recsys-same-list", _same_list_model(), np.arange(1, ITEMS + 1))
+    from recsys.publish.published import find_published, read_pointer
+
     out = root / "out"
     before = jobkit.snapshot(out / f"dt={D2}")
+    night = find_published(str(out), D2)
+    assert night is not None and night.run == nights["second"].manifest["job_run"]
     same = ("mlflow.model_name=recsys-same-list",)
     with caplog.at_level(logging.INFO):
         assert _recommend(monkeypatch, spark, root, data, uri, D3, extra=same) == ExitCode.VALIDATION_FAILED
@@ -256,6 +274,8 @@ def test_a_model_giving_every_user_the_same_list_is_refused_with_exit_3_and_the_
         assert _recommend(monkeypatch, spark, root, data, uri, D3, "--force", extra=same) == ExitCode.VALIDATION_FAILED
     assert jobkit.partitions(out) == [f"dt={D1}", f"dt={D2}"]
     assert jobkit.snapshot(out / f"dt={D2}") == before                # the previous night untouched, still published
+    assert read_pointer(str(out), D2).run == night.run and jobkit.snapshot(Path(night.path)) == jobkit.snapshot(out / f"dt={D2}")
+    assert find_published(str(out), D3) is None
     errors = jobkit.errors_logged(caplog)
     assert errors and all("refused the night of 2024-06-11, nothing published" in e for e in errors)
     assert "head_slot_share = " in errors[0] and "is above the fail threshold 0.9 by " in errors[0]
@@ -292,11 +312,13 @@ def test_a_catalog_export_that_re_keyed_its_items_changes_every_list_and_trips_t
     ids = np.where(keep, table.column("item_id").to_numpy(), table.column("item_id").to_numpy() + 1_000_000)
     rekeyed = table.set_column(0, "item_id", pa.array(ids, pa.int64())).cast(CATALOG_SCHEMA)
     write_partition(rekeyed, data / "catalog", D2)
-    shutil.copytree(nights["root"] / "out" / f"dt={D2}", tmp_path / "out" / f"dt={D2}")   # last night, as published
+    for published in (f"dt={D2}", f"_runs/dt={D2}"):                  # last night, as published: view and run
+        shutil.copytree(nights["root"] / "out" / published, tmp_path / "out" / published)
     with caplog.at_level(logging.INFO):
         code = _recommend(monkeypatch, spark, tmp_path, data, nights["uri"], D3)
     assert code == ExitCode.VALIDATION_FAILED
     assert jobkit.partitions(tmp_path / "out") == [f"dt={D2}"]
+    assert [r.split("/")[0] for r in jobkit.runs(tmp_path / "out")] == [f"dt={D2}"]   # no run directory of D3 left
     error = jobkit.errors_logged(caplog)[-1]
     assert "jaccard_at_n_mean = " in error and "is below the fail threshold 0.05 by " in error
 

@@ -3,7 +3,8 @@
 Inside the nightly job (the stages of :mod:`recsys.pipelines.nightly`), in the order data flows:
 
 1. :func:`previous_night`: the latest published partition P before the date D
-   (:func:`recsys.publish.manifest.previous`: the one place that knows how to find it), and what its
+   (:func:`recsys.publish.published.latest_published`: the one place that knows where a date's night is,
+   the run directory that ``output.table`` or the date's pointer names), and what its
    manifest kept for tonight: P's popularity ranking and P's score deciles.
 2. The histories stage also collects, per user, the distinct items touched since P
    (``touched_items``, same aggregation, no second pass over the window; :func:`touched_since`).
@@ -39,7 +40,7 @@ from recsys.data.readers import window_start
 from recsys.errors import GuardRefused
 from recsys.model import list_metrics as lm
 from recsys.pipelines import guard as guard_rules
-from recsys.publish import manifest as manifest_file
+from recsys.publish import published as published_nights
 from recsys.scoring.compare import CompareSpec
 from recsys.scoring.core import counts_per_candidate, popularity_fallback
 from recsys.tracking import tags
@@ -54,7 +55,7 @@ GUARD, GUARD_CROSSED, GUARD_ACCEPTED = tags.GUARD, tags.GUARD_CROSSED, tags.GUAR
 class PreviousNight:
     """The published partition tonight is compared with, and what its manifest kept for tonight."""
 
-    published: manifest_file.Published
+    published: published_nights.PublishedPartition
 
     @property
     def date(self) -> dt.date:
@@ -62,6 +63,7 @@ class PreviousNight:
 
     @property
     def path(self) -> str:
+        """P's run directory (never the path view ``dt=P/``, which a rerun of P relinks under the reader)."""
         return self.published.path
 
     @property
@@ -92,11 +94,13 @@ class PreviousNight:
         return float(value) if isinstance(value, (int, float)) else None
 
 
-def previous_night(cfg: Config, date: dt.date) -> PreviousNight | None:
-    """The partition to compare with (None: the first night, or ``guard.compare`` off)."""
+def previous_night(cfg: Config, date: dt.date, table: published_nights.TableView | None = None
+                   ) -> PreviousNight | None:
+    """The partition to compare with (None: the first night, or ``guard.compare`` off): the latest night
+    published before ``date`` as its readers see it (``table``: ``output.table``'s partitions decide)."""
     if not cfg.guard.compare:
         return None
-    found = manifest_file.previous(cfg.paths.output, date)
+    found = published_nights.latest_published(cfg.paths.output, before=date, table=table)
     return PreviousNight(found) if found is not None else None
 
 
@@ -276,7 +280,8 @@ def manifest_section(stage: GuardStage) -> dict[str, Any]:
     previous = stage.previous
     return {
         "previous": None if previous is None else {
-            "date": str(previous.date), "run_id": previous.manifest.get("run_id"), "rows": previous.rows,
+            "date": str(previous.date), "run": previous.published.run, "run_id": previous.manifest.get("run_id"),
+            "rows": previous.rows,
             "model_version": (previous.manifest.get("model") or {}).get("version")},
         "realized_for": str(stage.realized_from) if stage.realized_from else None,
         "guard": stage.verdict.as_dict(),
@@ -292,11 +297,13 @@ TREND_FIGURES = ("realized_hr_at_10", "realized_pop_hr_at_10", "jaccard_at_n_mea
 
 
 def trend(cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
-          realized_from: dt.date | None) -> list[dict[str, Any]]:
+          realized_from: dt.date | None, table: published_nights.TableView | None = None) -> list[dict[str, Any]]:
     """The last :data:`TREND_NIGHTS` nights up to tonight, oldest first: date, verdict, the trend's figures
-    and the date of the lists their realized hit rate belongs to (from the published manifests)."""
+    and the date of the lists their realized hit rate belongs to (from the published manifests, found as the
+    previous night is: ``output.table`` or the dates' pointers)."""
     rows = []
-    for published in reversed(manifest_file.published_before(cfg.paths.output, date, TREND_NIGHTS - 1)):
+    for published in reversed(published_nights.recent_published(cfg.paths.output, TREND_NIGHTS - 1, before=date,
+                                                                table=table)):
         m = published.manifest
         quality = m.get("quality") or {}
         rows.append({"date": str(published.date), "verdict": (quality.get("guard") or {}).get("verdict"),
@@ -307,7 +314,8 @@ def trend(cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
     return rows
 
 
-def record(recorder: Any, cfg: Config, date: dt.date, stage: GuardStage, coverage: float) -> None:
+def record(recorder: Any, cfg: Config, date: dt.date, stage: GuardStage, coverage: float,
+           table: published_nights.TableView | None = None) -> None:
     """Tags, ``guard_report.json`` and the trend plot of a published night (each call degrades, never raises)."""
     verdict = stage.verdict
     crossed = verdict.crossed("fail") + verdict.crossed("warn")
@@ -315,10 +323,11 @@ def record(recorder: Any, cfg: Config, date: dt.date, stage: GuardStage, coverag
                        **({GUARD_ACCEPTED: "true"} if verdict.accepted else {})})
     recorder.log_dict(verdict.as_dict(), "guard_report.json")
     _log_trend(recorder, cfg, date, {**stage.figures, "catalog_coverage": coverage}, verdict.verdict,
-               stage.realized_from)
+               stage.realized_from, table)
 
 
-def record_refusal(recorder: Any, cfg: Config, date: dt.date, exc: GuardRefused) -> None:
+def record_refusal(recorder: Any, cfg: Config, date: dt.date, exc: GuardRefused,
+                   table: published_nights.TableView | None = None) -> None:
     """A refused night's MLflow run: its figures, the guard's report and tag, and the trend with tonight's
     refused point (the run itself is marked FAILED by the caller)."""
     figs = dict(exc.figures)
@@ -327,17 +336,17 @@ def record_refusal(recorder: Any, cfg: Config, date: dt.date, exc: GuardRefused)
     recorder.set_tags({GUARD: "fail", GUARD_CROSSED: "; ".join(crossed)})
     recorder.log_dict(exc.report, "guard_report.json")
     realized = exc.report.get("realized_for")
-    _log_trend(recorder, cfg, date, figs, "fail", dt.date.fromisoformat(realized) if realized else None)
+    _log_trend(recorder, cfg, date, figs, "fail", dt.date.fromisoformat(realized) if realized else None, table)
 
 
 def _log_trend(recorder: Any, cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
-               realized_from: dt.date | None) -> None:
+               realized_from: dt.date | None, table: published_nights.TableView | None) -> None:
     if recorder.failed or recorder.run_id is None:
         return
     from recsys.tracking import plots
 
     try:
-        rows = trend(cfg, date, tonight, verdict, realized_from)
+        rows = trend(cfg, date, tonight, verdict, realized_from, table)
     except Exception as exc:   # earlier manifests unreadable: the trend is a convenience, never the run's failure
         log.warning("recommend %s: could not read the earlier nights for the trend plot: %s", date, exc)
         return

@@ -74,6 +74,7 @@ class NightlyRun:
     recorder: tracking.RunRecorder
     timer: StageTimer
     hooks: Hooks = NO_HOOKS
+    table: Any = None                     # output.table (recsys.publish.table.OutputTable), None: the paths only
     accept_guard: bool = False            # publish even if the guard refuses the night (--accept-guard), recorded
 
     @property

@@ -11,8 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from recsys import __version__
 from recsys import fs as rfs
@@ -71,59 +70,22 @@ def read(output_root: str, date: dt.date) -> Manifest | None:
         return None
 
 
-@dataclass(frozen=True)
-class Published:
-    """A published partition as the next nights see it: its date, where its rows are, its manifest."""
-
-    date: dt.date
-    path: str          # the directory Spark reads the rows from (spelled like the output root)
-    manifest: Manifest
-
-
-def published_before(output_root: str, date: dt.date, limit: int = 1) -> list[Published]:
-    """The newest ``limit`` published partitions strictly before ``date``, newest first.
-
-    The one place that knows how to find earlier nights (the guard's previous partition, the trend of
-    the last nights): a partition counts when :func:`read` finds it complete. Nothing published yet, or
-    no output root at all (the first night), is an empty list.
-    """
-    from recsys.data.partitions import list_partitions
-    from recsys.errors import InputDataError
-
-    try:
-        _, parts = list_partitions(output_root, "output")
-    except InputDataError:
-        return []
-    found: list[Published] = []
-    for part in reversed([p for p in parts if p.date < date]):
-        manifest = read(output_root, part.date)
-        if manifest is not None:
-            found.append(Published(part.date, part.path, manifest))
-            if len(found) >= limit:
-                break
-    return found
-
-
-def previous(output_root: str, date: dt.date) -> Published | None:
-    """The latest published partition before ``date`` (the night whose lists were live until ``date``), or None."""
-    found = published_before(output_root, date, 1)
-    return found[0] if found else None
-
-
-def mark_unrecorded(partition_dir: str, manifest: Manifest, error: str | None) -> None:
+def mark_unrecorded(partition_dirs: Sequence[str], manifest: Manifest, error: str | None) -> None:
     """Say in the published manifest that its MLflow run was not recorded, if it does not already.
 
     The manifest is written before publishing; a tracking store that fails after that (while the
     run's figures and plots are recorded) would otherwise leave a manifest saying nothing went
     wrong, while the exit code is 5 and the MLflow run stays RUNNING. Rewritten atomically
-    (temporary file and rename on local and HDFS stores).
+    (temporary file and rename on local and HDFS stores), in each of ``partition_dirs``: the run
+    directory and the path view.
     """
     tracking = manifest.setdefault("tracking", {})
     if tracking.get("error") or not error:
         return
     tracking["error"] = error
-    try:
-        fs, path = rfs.resolve(path_in(partition_dir))
-        rfs.write_text_atomic(fs, path, to_text(manifest))
-    except OSError as exc:
-        log.warning("could not note the tracking failure in %s: %s", path_in(partition_dir), exc)
+    for partition_dir in partition_dirs:
+        try:
+            fs, path = rfs.resolve(path_in(partition_dir))
+            rfs.write_text_atomic(fs, path, to_text(manifest))
+        except OSError as exc:
+            log.warning("could not note the tracking failure in %s: %s", path_in(partition_dir), exc)

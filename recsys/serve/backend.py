@@ -27,7 +27,7 @@ from pathlib import Path
 
 from recsys.config import Config
 from recsys.errors import ConfigError, RecsysError
-from recsys.spark.session import session_settings
+from recsys.spark.session import merged_settings, session_settings, store_settings
 
 log = logging.getLogger(__name__)
 
@@ -141,14 +141,18 @@ def start(cfg: Config, *, properties_file: str | None = None, wait_s: float = 30
         "spark.python.worker.reuse": "true",
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(pools),
-        # the job's own settings (scoring.arrow_batch_size included), the user's spark.conf last
-        **session_settings(cfg.spark, cfg.scoring.arrow_batch_size),
+        # the job's own settings (scoring.arrow_batch_size included), the stores' (metastore of output.table,
+        # S3A), the user's spark.conf last
+        **merged_settings(store_settings(cfg.output, cfg.storage), session_settings(cfg.spark, cfg.scoring.arrow_batch_size)),
     }
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     pid_file = _pid_file(backend_dir)
     pid_file.unlink(missing_ok=True)
-    done = subprocess.run(args, env=_env(backend_dir), capture_output=True, text=True, timeout=120)
+    # The server runs in its own directory: what Spark writes relative to its working directory
+    # (spark-warehouse/, derby.log, metastore_db/) belongs with the backend, not wherever
+    # `recsys backend start` was typed (a checkout, whose state is the user's).
+    done = subprocess.run(args, env=_env(backend_dir), cwd=backend_dir, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise BackendError(f"start-connect-server.sh failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     deadline = time.monotonic() + wait_s
