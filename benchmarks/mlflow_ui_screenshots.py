@@ -1,12 +1,14 @@
 """Screenshots of a nightly run and a training run in the MLflow UI, in headless Chromium (not run in CI).
 
-    .venv/bin/python benchmarks/mlflow_ui_screenshots.py --out /tmp/recsys-ui [--workdir DIR] [--epochs 2]
+    .venv/bin/python benchmarks/mlflow_ui_screenshots.py --out /tmp/recsys-ui [--workdir DIR] [--epochs 2] [--nights 7]
 
 Runs ``recsys demo`` (MovieLens sample: import, train, recommend) in ``--workdir`` unless it already
-holds a demo's store, starts ``mlflow ui`` on 127.0.0.1 on a free port over the demo's sqlite store,
-and saves what a user opening the UI would look at: the nightly run (note, parameters, metrics,
-tags, datasets), its plots, the training run and its learning curve, the experiment's run list and
-the registered model version (with the links back to the runs that used it).
+holds a demo's store, then the ``--nights`` nights up to the demo's date again in order (so the last
+one has earlier nights to be compared with and a trend to plot), starts ``mlflow ui`` on 127.0.0.1 on a
+free port over the demo's sqlite store, and saves what a user opening the UI would look at: the nightly
+run (note, parameters, metrics, tags, datasets), its plots (the guard's trend of the last nights among
+them), the guard's report, the training run and its learning curve, the experiment's run list and the
+registered model version (with the links back to the runs that used it).
 
 Needs Debian's Chromium (``apt-get install -y chromium``); the flags below are the ones a headless
 Chromium needs on a machine without network access (no background connections, no sandbox as root).
@@ -14,6 +16,7 @@ Chromium needs on a machine without network access (no background connections, n
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import shutil
 import socket
@@ -36,12 +39,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _demo(workdir: Path, epochs: int) -> None:
-    if (workdir / ".recsys" / "mlflow.db").is_file():
-        return
-    workdir.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "recsys.cli", "demo", "--set", f"train.epochs={epochs}"], cwd=workdir,
-                   check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+DEMO_DATE = dt.date(2018, 9, 25)   # the demo's night: the day after ml-latest-small's last rating
+
+
+def _demo(workdir: Path, epochs: int, nights: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if not (workdir / ".recsys" / "mlflow.db").is_file():
+        workdir.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "recsys.cli", "demo", "--set", f"train.epochs={epochs}"], cwd=workdir,
+                       check=True, env=env)
+    if nights > 1:
+        start = DEMO_DATE - dt.timedelta(days=nights - 1)
+        subprocess.run([sys.executable, "-m", "recsys.cli", "recommend", "--start-date", str(start), "--end-date",
+                        str(DEMO_DATE), "--force"], cwd=workdir, check=True, env=env)
 
 
 def _runs(uri: str) -> dict[str, str]:
@@ -72,12 +82,13 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/recsys-ui-demo"),
                         help="the demo's working directory (reused if it holds a store)")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--nights", type=int, default=7, help="nights up to the demo's date, run again in order")
     args = parser.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         print("no chromium on PATH: apt-get install -y chromium", file=sys.stderr)
         return 2
-    _demo(args.workdir, args.epochs)
+    _demo(args.workdir, args.epochs, args.nights)
     store = args.workdir / ".recsys" / "mlflow.db"
     uri = f"sqlite:///{store}"
     runs = _runs(uri)
@@ -102,6 +113,9 @@ def main() -> int:
         pages = {
             "nightly_run_overview": f"#/experiments/{runs['nightly']}",
             "nightly_run_plots": f"#/experiments/{runs['nightly']}/artifacts/plots/score_distribution.png",
+            "nightly_run_guard_trend": f"#/experiments/{runs['nightly']}/artifacts/plots/guard_trend.png",
+            "nightly_run_guard_report": f"#/experiments/{runs['nightly']}/artifacts/guard_report.json",
+            "nightly_run_metrics": f"#/experiments/{runs['nightly']}/model-metrics",
             "nightly_run_sample": f"#/experiments/{runs['nightly']}/artifacts/recommendations_sample.csv",
             "nightly_runs_list": f"#/experiments/{runs['nightly_experiment']}/runs",
             "training_run_overview": f"#/experiments/{runs['training']}",

@@ -297,6 +297,61 @@ class ExportConfig(_Section):
         return self
 
 
+# The figures the guard may judge (recsys.pipelines.guard): name -> (direction, what it is). "min": the
+# night is worse the lower the figure; "max": the higher. docs/operations.md ("The guard") gives their
+# ranges on real nights; the defaults in default.yaml are chosen from those.
+GUARD_FIGURES: dict[str, tuple[Literal["min", "max"], str]] = {
+    "jaccard_at_n_mean": ("min", "mean Jaccard overlap of each user's top-N list with the previous night's"),
+    "jaccard_at_10_mean": ("min", "the same for the first 10 items"),
+    "first_item_changed_share": ("max", "share of users in both nights whose first item changed"),
+    "catalog_coverage_ratio": ("min", "catalog coverage tonight over the previous night's"),
+    "head_slot_share": ("max", "share of all slots taken by the top_n most recommended items (1: one list for all)"),
+    "top1pct_slot_share": ("max", "share of all slots taken by the 1% most recommended candidates"),
+    "exposure_gini": ("max", "Gini coefficient of exposure over the candidates"),
+    "fallback_share": ("max", "share of users given the popularity fallback"),
+    "users_lost_share": ("max", "share of the previous night's users without a list tonight"),
+    "users_gained_share": ("max", "share of tonight's users without a list the previous night"),
+    "score_psi": ("max", "population stability index of the model's scores against the previous night's deciles"),
+    "realized_hr_ratio_at_n": ("min", "the previous lists' realized HR@N over the popularity baseline's"),
+    "realized_hr_ratio_at_10": ("min", "the same at 10"),
+}
+# figures that compare with the previous night: not judged on the first night
+GUARD_NEEDS_PREVIOUS = frozenset(name for name in GUARD_FIGURES
+                                 if name.startswith(("jaccard", "first_item", "catalog_coverage_ratio", "users_",
+                                                     "score_psi", "realized")))
+
+
+class GuardThreshold(_Section):
+    """A figure's two levels: crossing ``warn`` publishes and tags the run, crossing ``fail`` refuses the
+    night (exit 3). Either may be null (that level is off)."""
+
+    warn: float | None = None
+    fail: float | None = None
+
+
+class GuardConfig(_Section):
+    """The guard between validation and publishing (docs/operations.md, "The guard")."""
+
+    compare: bool = True
+    min_users: int = Field(default=50, ge=1)
+    thresholds: dict[str, GuardThreshold] = Field(default_factory=dict)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known_and_ordered(cls, value: dict[str, GuardThreshold]) -> dict[str, GuardThreshold]:
+        unknown = sorted(set(value) - set(GUARD_FIGURES))
+        if unknown:
+            raise ValueError(f"unknown guard figure(s) {unknown}; choose from {sorted(GUARD_FIGURES)}")
+        for name, t in value.items():
+            if t.warn is None or t.fail is None:
+                continue
+            direction = GUARD_FIGURES[name][0]
+            if (direction == "min" and t.warn < t.fail) or (direction == "max" and t.warn > t.fail):
+                raise ValueError(f"{name}: warn={t.warn} is past fail={t.fail}; a night is worse the "
+                                 f"{'lower' if direction == 'min' else 'higher'} {name} is, so warn must come first")
+        return value
+
+
 class ServeConfig(_Section):
     """``recsys backend`` and ``recsys serve`` (docs/on-demand.md, docs/export.md).
 
@@ -410,6 +465,7 @@ class Config(_Section):
     export: ExportConfig = Field(default_factory=ExportConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -417,13 +473,13 @@ class Config(_Section):
     def digest(self) -> str:
         """A short stable hash of everything that shapes the output; tied to manifests.
 
-        ``progress``, ``serve``, ``export``, ``output`` and ``storage`` are left out: how often the log says how
-        far a run is, how the frontend queues and batches, where the lists are exported, which table points at
-        a night and how the stores are reached change no published row, and a partition published before
-        those sections existed must still be skipped as up to date.
+        ``progress``, ``serve``, ``export``, ``output``, ``storage`` and ``guard`` are left out: how often the
+        log says how far a run is, how the frontend queues and batches, where the lists are exported, which table
+        points at a night, how the stores are reached and where the guard draws its lines change no published
+        row, and a partition published before those sections existed must still be skipped as up to date.
         """
         data = self.to_dict()
-        for section in ("progress", "serve", "export", "output", "storage"):
+        for section in ("progress", "serve", "export", "output", "storage", "guard"):
             data.pop(section, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -534,10 +590,17 @@ def _unknown_key(key: str, context: str) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{context}; see docs/configuration.md")
 
 
+# Sections whose keys are names the user chooses (validated by the section's model), not fixed keys.
+OPEN_SECTIONS = frozenset({"guard.thresholds"})
+
+
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     merged = copy.deepcopy(base)
     for key, value in over.items():
         dotted = f"{prefix}{key}"
+        if key not in merged and prefix[:-1] in OPEN_SECTIONS:
+            merged[key] = copy.deepcopy(value)
+            continue
         if key not in merged:
             raise _unknown_key(dotted, "")
         if isinstance(merged[key], dict) and isinstance(value, Mapping) and dotted != "spark.conf":
@@ -563,13 +626,16 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
+        if isinstance(node, dict) and part not in node and ".".join(parts[:i]) in OPEN_SECTIONS:
+            node[part] = {}
         if not isinstance(node, dict) or part not in node:
             raise _unknown_key(".".join(parts[: i + 1]), f" in --set {key}=...")
         node = node[part]
         if ".".join(parts[: i + 1]) == "spark.conf":  # free-form Spark settings
             node[".".join(parts[i + 1 :])] = value
             return
-    if not isinstance(node, dict) or parts[-1] not in node:
+    opened = ".".join(parts[:-1]) in OPEN_SECTIONS or ".".join(parts[:-2]) in OPEN_SECTIONS
+    if not isinstance(node, dict) or (parts[-1] not in node and not opened):
         raise _unknown_key(key, f" in --set {key}=...")
     node[parts[-1]] = value
 

@@ -96,6 +96,18 @@ class ValidationFailed(RecsysError):
         self.report = report or {}
 
 
+class GuardRefused(ValidationFailed):
+    """The guard refused the night (a figure crossed its ``fail`` threshold): nothing published, exit 3.
+
+    ``report`` is the guard's verdict (every check, with figure, threshold and margin); ``figures`` the
+    night's figures, recorded in the failed MLflow run.
+    """
+
+    def __init__(self, message: str, report: dict | None = None, figures: dict | None = None):
+        super().__init__(message, report)
+        self.figures = figures or {}
+
+
 class LockHeld(RecsysError):
     """Another live run holds the date's lock (or took it over from this one): retry later."""
 

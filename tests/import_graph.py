@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("recsys", "recsys.config", "recsys.errors", "recsys.uris", "recsys.fs", "recsys.storage", "recsys.hooks",
               "recsys.logs", "recsys.manifest", "recsys.sequences")),
     ("core", ("recsys.model", "recsys.scoring.core", "recsys.data.partitions", "recsys.scoring.checks", "recsys.scoring.cache",
+              "recsys.scoring.compare",
               "recsys.scoring.params",
               "recsys.data.contracts", "recsys.export.encoding")),
     ("glue", ("recsys.data", "recsys.scoring", "recsys.spark", "recsys.publish", "recsys.tracking",

@@ -17,7 +17,8 @@ def _dotted_keys(node: dict, prefix: str = "") -> list[str]:
     keys = []
     for key, value in node.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and dotted != "spark.conf":     # spark.conf is free-form
+        # spark.conf is free-form; an open section's entries (guard.thresholds.<figure>) are one row each
+        if isinstance(value, dict) and dotted != "spark.conf" and prefix[:-1] not in config.OPEN_SECTIONS:
             keys += _dotted_keys(value, f"{dotted}.")
         else:
             keys.append(dotted)

@@ -151,7 +151,7 @@ def test_success_marker_and_manifest_tie_the_partition_to_the_mlflow_run(job):
     artifacts = {a.path for a in MlflowClient(job["cfg"].mlflow.tracking_uri).list_artifacts(result.run_id)}
     assert {"config.yaml", "manifest.json", "recommendations_sample.csv", "plots"} <= artifacts
     plots = {a.path for a in MlflowClient(job["cfg"].mlflow.tracking_uri).list_artifacts(result.run_id, "plots")}
-    assert plots == {"plots/score_distribution.png", "plots/popularity_long_tail.png"}
+    assert plots == {"plots/score_distribution.png", "plots/popularity_long_tail.png", "plots/guard_trend.png"}
 
 
 def test_a_rerun_replaces_its_date_and_leaves_other_dates_alone(job):

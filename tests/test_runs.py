@@ -73,7 +73,7 @@ def test_runs_lists_published_and_failed_runs_newest_first_with_their_figures(re
 
     code, out = _runs(monkeypatch, spark, capsys, recorded, "--last", "1")
     lines = out.splitlines()
-    assert code == ExitCode.OK and len(lines) == 2 and lines[0].split()[:4] == ["date", "status", "exit", "model"]
+    assert code == ExitCode.OK and len(lines) == 2 and lines[0].split()[:4] == ["date", "status", "exit", "guard"]
     assert lines[1].split()[:3] == [str(BAD_DATE), "failed", "2"]
 
     code, out = _runs(monkeypatch, spark, capsys, recorded, "--date", str(RUN_DATE), "--json")
@@ -94,7 +94,7 @@ def test_runs_show_prints_the_note_inputs_plots_and_manifest(recorded, spark, mo
     code, out = _runs(monkeypatch, spark, capsys, recorded, "show", result.run_id, "--json")
     shown = json.loads(out)
     assert shown["manifest"]["run_id"] == result.run_id and len(shown["inputs"]) == 2
-    assert all(p.endswith(".png") for p in shown["plots"]) and len(shown["plots"]) == 2
+    assert all(p.endswith(".png") for p in shown["plots"]) and len(shown["plots"]) == 3
 
 
 def test_runs_show_of_an_unknown_date_says_what_to_do(recorded, spark, monkeypatch, capsys, caplog):

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--end-date", type=_date, default=None, help="backfill up to this date (inclusive)")
     p.add_argument("--force", action="store_true",
                    help="recompute dates already published with the same model version and configuration")
+    p.add_argument("--accept-guard", action="store_true",
+                   help="publish this one night (--date) even if the guard refuses it; the run records that it "
+                        "was accepted (docs/operations.md, the guard)")
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
@@ -300,12 +303,15 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from recsys.spark.session import build_session
 
     dates = recommend_dates(args)
+    if args.accept_guard and len(dates) != 1:
+        raise ConfigError("--accept-guard accepts one night on purpose: give it with --date, not with a backfill range")
     cfg = _config(args)
     hooks = _hooks()
     spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch(),
                           output=cfg.output, storage=cfg.storage)
     try:
-        results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
+        results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks,
+                            accept_guard=dates[0] if args.accept_guard else None)
     finally:
         spark.stop()
     from recsys.cli.outcome import recommend_detail

@@ -29,6 +29,8 @@ def recommend_detail(results: Sequence[Any]) -> str:
             tracking_error = (r.manifest.get("tracking") or {}).get("error")
             recorded = f"MLflow run not recorded: {tracking_error}" if tracking_error else f"MLflow run {r.run_id}"
             rows = (r.manifest.get("counts") or {}).get("rows")
-            parts.append(f"published {r.date} ({rows:,} users) to {r.output_dir}, {recorded}" if rows is not None
-                         else f"published {r.date} to {r.output_dir}, {recorded}")
+            guard = ((r.manifest.get("quality") or {}).get("guard") or {})
+            noted = f" ({guard['summary']})" if guard.get("verdict") in ("warn", "accepted") else ""
+            parts.append(f"published {r.date} ({rows:,} users) to {r.output_dir}, {recorded}{noted}" if rows is not None
+                         else f"published {r.date} to {r.output_dir}, {recorded}{noted}")
     return "; ".join(parts) or "no date ran"

@@ -29,6 +29,10 @@ from recsys.publish.manifest import read as read_manifest
 from recsys.tracking import tags
 from recsys.uris import redact_uri
 
+# the trend `recsys runs` shows beside the guard's verdict: the previous night's lists' realized HR@10
+# (model, popularity baseline), the overlap with the previous night and catalog coverage
+TREND_METRICS = ("realized_hr_at_10", "realized_pop_hr_at_10", "jaccard_at_n_mean", "catalog_coverage")
+TREND_NIGHTS = 30
 PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",
                    "task_retries", "fallback_users")
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -98,6 +102,9 @@ def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any
         "note": run_tags.get(tags.NOTE),
         "found_dead_by": run_tags.get(tags.FOUND_DEAD_BY),   # a killed run: the run key that found it dead, and when
         "found_dead_at": run_tags.get(tags.FOUND_DEAD_AT),
+        "guard": run_tags.get(tags.GUARD),                   # the guard's verdict, and what crossed a threshold
+        "guard_crossed": run_tags.get(tags.GUARD_CROSSED),
+        **{name: _round(metrics.get(name)) for name in TREND_METRICS},
     }
 
 
@@ -130,17 +137,35 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
 
+def _round(value: Any) -> float | None:
+    return None if value is None else round(float(value), 4)
+
+
+def _figure(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _hit_rates(r: dict[str, Any]) -> str:
+    if r.get("realized_hr_at_10") is None and r.get("realized_pop_hr_at_10") is None:
+        return ""
+    return f"{_figure(r.get('realized_hr_at_10'))}/{_figure(r.get('realized_pop_hr_at_10'))}"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A fixed-width table, newest first; stage seconds and problems in the last columns."""
     if not rows:
         return "no nightly runs recorded"
-    header = ["date", "status", "exit", "model", "users", "users/s", "wall s", "run", "stages (s)", "problems / error"]
+    header = ["date", "status", "exit", "guard", "HR@10 model/pop", "overlap", "coverage", "model", "users", "users/s",
+              "wall s", "run", "stages (s)", "problems / error"]
     lines = [header]
     for r in rows:
         stages = " ".join(f"{k}={v:g}" for k, v in r["stages_s"].items())
         problems = ", ".join(f"{k}={v:,}" for k, v in r["problems"].items())
         lines.append([
             r["date"] or "?", r["status"], "" if r["exit_code"] is None else str(r["exit_code"]),
+            r.get("guard") or "", _hit_rates(r),
+            "" if r.get("jaccard_at_n_mean") is None else _figure(r["jaccard_at_n_mean"]),
+            "" if r.get("catalog_coverage") is None else _figure(r["catalog_coverage"]),
             r["model_version"] or "", "" if r["users"] is None else f"{r['users']:,}",
             "" if r["users_per_s"] is None else f"{r['users_per_s']:,.0f}",
             "" if r["wall_s"] is None else f"{r['wall_s']:.1f}", r["run_id"][:8], stages,
@@ -174,6 +199,7 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
         run = client.get_run(found[0]["run_id"])
     manifest_published = _published_manifest(cfg, run.data.tags.get(tags.DATE))
     out = summarise(run, manifest_published)
+    out["trend"] = _trend(cfg, out["date"])
     artifacts = _list_artifacts(client, run.info.run_id)
     manifest = None
     if "manifest.json" in artifacts:
@@ -201,6 +227,17 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
         ui=_ui_link(cfg, run),
     )
     return out
+
+
+def _trend(cfg: Config, date: str | None) -> list[dict[str, Any]]:
+    """The published nights up to ``date`` (the newest run of each), oldest first, at most :data:`TREND_NIGHTS`."""
+    if not date:
+        return []
+    newest: dict[str, dict[str, Any]] = {}
+    for row in list_runs(cfg, last=3 * TREND_NIGHTS):
+        if row["date"] and row["date"] <= date and row["status"].startswith(RunStatus.PUBLISHED.value):
+            newest.setdefault(row["date"], row)
+    return [newest[d] for d in sorted(newest)[-TREND_NIGHTS:]]
 
 
 def _list_artifacts(client, run_id: str, path: str | None = None) -> list[str]:
@@ -239,6 +276,14 @@ def format_run(run: dict[str, Any]) -> str:
         lines += ["", run["note"]]
     if run.get("error"):
         lines += ["", f"error: {run['error']}"]
+    if run.get("guard"):
+        lines += ["", f"guard: {run['guard']}" + (f" ({run['guard_crossed']})" if run.get("guard_crossed") else "")]
+    if run.get("trend"):
+        lines += ["", f"last nights (realized HR@10 of the previous night's lists, model/popularity; overlap with "
+                      f"the previous night; catalog coverage):"]
+        lines += [f"  {t['date']}  {(t.get('guard') or '-'):8}  HR@10 {_hit_rates(t) or '-':13}  overlap "
+                  f"{_figure(t.get('jaccard_at_n_mean'))}  coverage {_figure(t.get('catalog_coverage'))}"
+                  for t in run["trend"]]
     lines += ["", f"users {run['users']}, {run['users_per_s']} users/s, {run['wall_s']} s in all"]
     if run["stages_s"]:
         lines.append("stages (s): " + ", ".join(f"{k} {v:g}" for k, v in run["stages_s"].items()))

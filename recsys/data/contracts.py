@@ -60,6 +60,11 @@ OUTPUT_SPARK_DDL = (
 # column, array<bigint> of external item ids, oldest first. Internal, but shared by history building,
 # scoring and validation, so it is defined once here.
 HISTORY_COLUMN = "history"
+# Beside it, when the nightly job compares with the previous published partition (recsys.scoring.compare):
+# the user's list there (item ids, best first; null: the user had none) and the distinct items of the
+# user's events since that partition's date. Internal too.
+PREVIOUS_COLUMN = "previous_items"
+TOUCHED_COLUMN = "touched_items"
 
 SOURCE_MODEL = "model"
 SOURCE_POPULARITY = "popularity"

@@ -15,12 +15,14 @@ the scoring core and in training.
 """
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from recsys.data.contracts import HISTORY_COLUMN
+from recsys.data.contracts import HISTORY_COLUMN, TOUCHED_COLUMN
 from recsys.sequences import Sequences
 
 __all__ = ["ENTRIES_COLUMN", "HISTORY_COLUMN", "build_histories", "drop_null_ids", "entries_to_events",
@@ -42,15 +44,23 @@ def drop_null_ids(events: DataFrame) -> DataFrame:
     return events.filter(F.col("user_id").isNotNull() & F.col("item_id").isNotNull() & F.col("ts").isNotNull())
 
 
-def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int) -> DataFrame:
-    """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items)."""
-    return entries_to_histories(newest_entries(events, max_items=max_items, tie_break_seed=tie_break_seed))
+def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int,
+                    touched_since: dt.datetime | None = None) -> DataFrame:
+    """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items).
+
+    ``touched_since``: also ``touched_items``, the distinct items whose latest event is at or after that
+    time (every one of them, not only the newest ``max_items``), from the same aggregation: what the
+    nightly job measures the previous night's lists against without a second pass over the events.
+    """
+    return entries_to_histories(newest_entries(events, max_items=max_items, tie_break_seed=tie_break_seed,
+                                               touched_since=touched_since))
 
 
 ENTRIES_COLUMN = "_entries"   # array<struct<ts, tie, item_id>>, newest first
 
 
-def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int) -> DataFrame:
+def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
+                   touched_since: dt.datetime | None = None) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
 
     The ranking of a history, kept with its keys (latest time, seeded tie-break hash) so that newer
@@ -64,14 +74,17 @@ def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int) ->
     latest = events.repartition("user_id").groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
     tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
     entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
+    touched = ([F.collect_list(F.when(F.col("ts") >= F.lit(touched_since), F.col("item_id"))).alias(TOUCHED_COLUMN)]
+               if touched_since is not None else [])
     return latest.groupBy("user_id").agg(
-        F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES_COLUMN))
+        F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES_COLUMN), *touched)
 
 
 def entries_to_histories(entries: DataFrame) -> DataFrame:
     """user_id, _entries -> user_id, history (item ids, oldest first)."""
     history = F.transform(F.reverse(ENTRIES_COLUMN), lambda e: e["item_id"])
-    return entries.select("user_id", history.alias(HISTORY_COLUMN))
+    extra = [TOUCHED_COLUMN] if TOUCHED_COLUMN in entries.columns else []
+    return entries.select("user_id", history.alias(HISTORY_COLUMN), *extra)
 
 
 def entries_to_events(entries: DataFrame) -> DataFrame:

@@ -1,10 +1,11 @@
-"""The nightly job: read catalog -> histories -> fallback -> score -> validate -> publish -> record.
+"""The nightly job: read catalog -> histories -> fallback -> score -> validate -> guard -> publish -> record.
 
 ``run_dates`` is what ``jobs/nightly_recommendations.py`` (spark-submit) and ``recsys recommend``
 both call; it runs ``run_nightly`` per date. The stages themselves live in :mod:`recsys.pipelines.nightly_stages`
 (one call each in ``_run``, each returning a small frozen result); this module adds what makes
 them a scheduled job: the date's lock, recovery, the skip check, the MLflow run and the exit code.
-Nothing is visible to readers until validation has passed.
+Nothing is visible to readers until validation has passed and the guard (tonight against the previous
+published night and what users did with it, :mod:`recsys.pipelines.nightly_compare`) has not refused it.
 
 Scheduler semantics, in the order a run meets them: the date's lock (a second run exits with
 LOCK_HELD; a lock left by a killed run is taken over), recovery of whatever a killed run of the
@@ -29,8 +30,9 @@ from recsys import __version__
 from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data.contracts import parse_date
-from recsys.errors import ExitCode, RunStatus, ValidationFailed, first_line
+from recsys.errors import ExitCode, GuardRefused, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
+from recsys.pipelines import nightly_compare as compare
 from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
@@ -71,7 +73,7 @@ class NightlyResult:
 
 
 def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, force: bool = False,
-              hooks: Hooks = NO_HOOKS) -> list[NightlyResult]:
+              hooks: Hooks = NO_HOOKS, accept_guard: dt.date | None = None) -> list[NightlyResult]:
     """Run the job for each date in order, in one Spark session (a backfill, or one date).
 
     One session keeps the Python workers, and so the model cache, warm from date to date. The
@@ -79,11 +81,12 @@ def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, for
     date's): later dates are not attempted, because a backfill that carries on past a failure
     leaves a hole that is easy to miss, and rerunning the same range is cheap since published
     dates are skipped. A date that is published but not recorded in MLflow (exit 5) does not stop it.
+    ``accept_guard``: the one date whose night is published even if the guard refuses it (recorded).
     """
     results: list[NightlyResult] = []
     for i, date in enumerate(dates):
         try:
-            results.append(run_nightly(spark, cfg, date, force=force, hooks=hooks))
+            results.append(run_nightly(spark, cfg, date, force=force, hooks=hooks, accept_guard=date == accept_guard))
         except BaseException:
             if len(dates) > 1:
                 log.warning("backfill %s..%s stopped at %s: %s; not attempted: %s", dates[0], dates[-1], date,
@@ -112,12 +115,12 @@ def _summary(results: Sequence[NightlyResult]) -> str:
 
 
 def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
-                hooks: Hooks = NO_HOOKS) -> NightlyResult:
+                hooks: Hooks = NO_HOOKS, accept_guard: bool = False) -> NightlyResult:
     """Publish the date (:func:`publish_nightly`), then, with ``export.after_publish``, export it as the last
     stage (:func:`recsys.pipelines.export.run_export`; a date older than the one served is skipped, not
     refused). A failed export raises its error (the partition stays published): a rerun skips the publish
     and exports again."""
-    result = publish_nightly(spark, cfg, date, force=force, hooks=hooks)
+    result = publish_nightly(spark, cfg, date, force=force, hooks=hooks, accept_guard=accept_guard)
     if cfg.export.after_publish:
         from recsys.pipelines.export import run_export
 
@@ -127,14 +130,16 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
 
 
 def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
-                    hooks: Hooks = NO_HOOKS) -> NightlyResult:
+                    hooks: Hooks = NO_HOOKS, accept_guard: bool = False) -> NightlyResult:
     """Produce and publish ``recommendations/dt=<date>/`` and its MLflow run, under the date's lock.
 
     A date already published with the same model version and config digest is skipped (no MLflow
     run is created; the log says why) unless ``force``. Raises a RecsysError subclass for expected
     failures (bad input, validation, a held lock) after marking the MLflow run FAILED and removing
     everything staged; the published partition, if any, is untouched. ``hooks``: test and game-day
-    pause points and faults (:mod:`recsys.hooks`), off by default.
+    pause points and faults (:mod:`recsys.hooks`), off by default. ``accept_guard``: publish the night even
+    if the guard refuses it (:mod:`recsys.pipelines.guard`); the run records that it was accepted. A
+    forced run still obeys the guard.
     """
     date = parse_date(date)
     check_output_location(cfg.paths)
@@ -177,7 +182,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
             _note_mlflow_run(lock, cfg, date, recorder.run_id)
         run = stages.NightlyRun(spark=spark, cfg=cfg, date=date, model=model, model_resolution_error=resolution_error,
                                 config_digest=config_digest, layout=layout, lock=lock, recorder=recorder, timer=timer,
-                                hooks=hooks, table=table)
+                                hooks=hooks, table=table, accept_guard=accept_guard)
         try:
             check_executors_can_write(spark, run.work_dir, configured=cfg.paths.work)
             result = _run(run)
@@ -186,7 +191,9 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
             _cleanup(run.work_dir)
             recorder.set_tags({tags.STATUS: RunStatus.FAILED.value, tags.ERROR: redact_text(str(exc))[:4000],
                                **run_record.failure_tags(date, exc)})
-            if isinstance(exc, ValidationFailed):
+            if isinstance(exc, GuardRefused):
+                compare.record_refusal(recorder, cfg, date, exc, table)
+            elif isinstance(exc, ValidationFailed):
                 recorder.log_dict(exc.report, "validation_report.json")
             recorder.end("FAILED")
             raise
@@ -289,8 +296,14 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         c.update(snapshot=str(catalog.snapshot.date), **catalog.figures)
     recorder.log_params({"catalog_snapshot": str(catalog.snapshot.date)})
 
+    with timer.stage("previous", "find the previous published partition") as c:
+        previous = compare.previous_night(cfg, date, run.table)
+        touched_since = compare.touched_since(previous, cfg.history, date)
+        c.update(previous=str(previous.date) if previous else "none")
+
     with timer.stage("histories", "read events and build histories") as c:
-        history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"))
+        history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"),
+                                        touched_since=touched_since)
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:
@@ -300,10 +313,13 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     with timer.stage("score", "score users", expected_users=history.figures["users_in_window"]) as c:
         shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                              scratch=cfg.paths.driver_dir)
-        spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks)
+        spec = compare.with_compare(stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks),
+                                    compare.compare_spec(previous, cfg))
+        cores = default_parallelism(spark)
         tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
-                                     users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark))
-        scored = stages.score(history.histories, spec, tasks, run.layout.staging_dir, hooks)
+                                     users_per_task=cfg.scoring.users_per_task, cores=cores)
+        to_score, tasks = compare.join_previous(history.histories, previous, tasks, cores)
+        scored = stages.score(to_score, spec, tasks, run.layout.staging_dir, hooks)
         w = scored.worker
         c.update(users=w["users"], model_users=w["model_users"], fallback=w["fallback_users"],
                  users_per_s=round(scored.users_per_s), device=w["device"], model_loads=w["model_misses"],
@@ -317,7 +333,14 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         report = stages.validate(scored, history, catalog, date)
         c.update(passed=report.passed, rows=report.figures["rows"], coverage=round(report.figures["catalog_coverage"], 4))
 
-    results = stages.StageResults(catalog, history, fallback, scored, report)
+    with timer.stage("guard", "judge the night against the previous one") as c:
+        guard = compare.guard_stage(cfg, date, previous=previous, realized_from=touched_since,
+                                    compare=scored.worker.get("compare"), report_figures=report.figures,
+                                    item_counts=report.item_counts, candidate_ids=catalog.candidates.item_ids,
+                                    popularity=fallback.popularity, accept=run.accept_guard)
+        c.update(verdict=guard.verdict.verdict)
+
+    results = stages.StageResults(catalog, history, fallback, scored, report, guard)
     metrics = stages.run_metrics(results)
     method = publish_method(run.layout)
     manifest = stages.manifest(run, results, metrics, method)
@@ -333,6 +356,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
     with timer.stage("record", "record the run"):
         stages.record(run, results, published_dir, manifest, metrics)
+        compare.record(recorder, cfg, date, guard, report.figures["catalog_coverage"], run.table)
         run_record.record(recorder, manifest, metrics, run_record.Inputs.of(cfg.paths, cfg.history))
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
     log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,

@@ -75,6 +75,7 @@ class NightlyRun:
     timer: StageTimer
     hooks: Hooks = NO_HOOKS
     table: Any = None                     # output.table (recsys.publish.table.OutputTable), None: the paths only
+    accept_guard: bool = False            # publish even if the guard refuses the night (--accept-guard), recorded
 
     @property
     def work_dir(self) -> str:
@@ -141,10 +142,12 @@ class HistoryStage:
 
 
 def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConfig, date: dt.date, out_dir: str,
-                   users: Iterable[int] | None = None) -> HistoryStage:
+                   users: Iterable[int] | None = None, touched_since: dt.date | None = None) -> HistoryStage:
     """Events of the ``history.window_days`` days before ``date`` -> histories written to ``out_dir``.
 
     ``users``: only these user ids (an on-demand request); None: every user with events in the window.
+    ``touched_since``: the histories also hold each user's items touched from that day on
+    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits.
     Refuses a window without usable events, naming the path and the settings to check.
     """
     obs_events, obs_hist = Observation("events"), Observation("histories")
@@ -152,7 +155,9 @@ def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConf
     if users is not None:
         raw = raw.filter(F.col("user_id").isin([int(u) for u in users]))
     events = hist.drop_null_ids(raw.observe(obs_events, *hist.input_quality_metrics()))
-    histories = hist.build_histories(events, max_items=history.max_items, tie_break_seed=history.tie_break_seed)
+    since = dt.datetime.combine(touched_since, dt.time()) if touched_since is not None else None
+    histories = hist.build_histories(events, max_items=history.max_items, tie_break_seed=history.tie_break_seed,
+                                     touched_since=since)
     with read_errors_as_input_errors("events", paths.events):
         histories.observe(obs_hist, *hist.history_metrics()).write.mode("overwrite").parquet(out_dir)
         observed = {
@@ -345,6 +350,7 @@ class StageResults:
     fallback: FallbackStage
     scored: ScoreStage
     report: ValidationReport
+    guard: Any = None                 # recsys.pipelines.nightly_compare.GuardStage: tonight against the last night
 
 
 def run_metrics(results: StageResults) -> dict[str, float]:
@@ -360,8 +366,9 @@ def run_metrics(results: StageResults) -> dict[str, float]:
         "users_scored": worker["model_users"],
         "fallback_users": worker["fallback_users"],
         "users_per_s": results.scored.users_per_s,
-        **{k: v for k, v in worker.items() if not isinstance(v, (list, dict, str))},
+        **{k: v for k, v in worker.items() if v is not None and not isinstance(v, (list, dict, str))},
         **results.report.figures,
+        **(results.guard.metrics() if results.guard is not None else {}),
     }
 
 
@@ -423,6 +430,7 @@ def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float
         "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
                      "error": run.recorder.error},
         "workers": worker_summary(results.scored),
+        **({"quality": results.guard.manifest_section()} if results.guard is not None else {}),
     })
 
 

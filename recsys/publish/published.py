@@ -228,12 +228,26 @@ published = find_published
 def latest_published(output_root: str, before: dt.date | None = None,
                      table: TableView | None = None) -> PublishedPartition | None:
     """The newest date (strictly before ``before``, if given: the previous night) with a published night."""
+    found = recent_published(output_root, 1, before, table)
+    return found[0] if found else None
+
+
+def recent_published(output_root: str, limit: int, before: dt.date | None = None,
+                     table: TableView | None = None) -> list[PublishedPartition]:
+    """The newest ``limit`` published nights (strictly before ``before``, if given), newest first.
+
+    What the guard's trend reads: the nights the job's readers would see, so a date whose run
+    directory or table partition is incomplete is passed over as :func:`find_published` does.
+    """
     candidates = table.dates() if table is not None else published_dates(output_root)
+    nights: list[PublishedPartition] = []
     for date in sorted((d for d in candidates if before is None or d < before), reverse=True):
+        if len(nights) >= limit:
+            break
         found = find_published(output_root, date, table)
         if found is not None:
-            return found
-    return None
+            nights.append(found)
+    return nights
 
 
 def published_dates(output_root: str) -> list[dt.date]:

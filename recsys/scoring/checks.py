@@ -104,6 +104,8 @@ class CandidateIndex:
             return np.full(len(ids), -1, dtype=np.int64)
         if self._table is not None:
             offset = ids - self._low
+            if len(offset) and offset.min() >= 0 and offset.max() < len(self._table):   # the usual case: one gather
+                return self._table[offset]
             inside = (offset >= 0) & (offset < len(self._table))
             out = np.full(len(ids), -1, dtype=np.int64)
             out[inside] = self._table[offset[inside]]

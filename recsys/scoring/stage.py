@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 
 from recsys.scoring.checks import TASK_CHECKS
+from recsys.scoring.compare import merge as merge_comparisons
 from recsys.scoring.udf import SCORED_DDL, STATS_COLUMN, ScoringSpec, make_partition_scorer
 
 # run totals and per-worker figures; see worker_figures for the keys
@@ -103,5 +104,6 @@ def worker_figures(observation: Observation) -> WorkerFigures:
         gpus=",".join(sorted(set().union(*gpus.values()))),   # GPU addresses Spark assigned to the tasks
         per_worker=workers,
         checks={**checks, "item_ids": item_ids, "item_times": item_times},   # the tasks' validation counts
+        compare=merge_comparisons(row.get("compare") for row in rows),       # None unless the spec asked for it
     )
     return out

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
 from recsys.hooks import NO_HOOKS, Hooks
+from recsys.scoring.compare import CompareSpec
 from recsys.scoring.params import ScoringParams
 from recsys.scoring.shipping import ShippedModel
 
@@ -51,6 +52,7 @@ class ScoringSpec:
     fallback_name: str
     params: ScoringParams          # top N, chunk size, device, dtype, tiling, cache size
     hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
+    compare: CompareSpec | None = None   # compare with the previous night (recsys.scoring.compare); None: no
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -63,6 +65,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
 
         from recsys.scoring import cache
         from recsys.scoring.checks import TaskChecks
+        from recsys.scoring.compare import TaskComparison
         from recsys.scoring.core import ChunkStats, resolve_device
         from recsys.sequences import Sequences
 
@@ -84,6 +87,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
+        comparison = TaskComparison(spec.compare, candidates_sorted) if spec.compare is not None else None
         check_s = 0.0
         for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
@@ -94,6 +98,8 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
                              top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids))
             check_s += time.perf_counter() - started
+            if comparison is not None:
+                comparison.add_chunk(chunk, out)
             n = out.num_rows
             yield pa.RecordBatch.from_arrays(
                 list(out.columns) + [pa.repeat(pa.scalar(spec.model_version, pa.string()), n), pa.nulls(n, pa.string())],
@@ -123,6 +129,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
             "check_s": check_s,
             "checks": checks.finish(),
+            "compare": comparison.finish() if comparison is not None else None,
         }
         yield _stats_batch(json.dumps(payload))
 

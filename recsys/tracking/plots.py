@@ -71,3 +71,72 @@ def learning_curve(curve: list[dict], metric: str):
     ax1.set_title("Learning curve")
     fig.tight_layout()
     return fig
+
+
+VERDICT_COLOURS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red", "accepted": "tab:purple"}
+
+
+def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = None):
+    """The last nights, oldest first (``recsys.pipelines.nightly_compare.trend`` rows): the realized hit rate
+    of each night's lists (model against the popularity baseline, drawn at the date the lists were
+    published), their overlap with the night before, and catalog coverage; each night's point coloured
+    by the guard's verdict, the guard's thresholds drawn where they apply."""
+    import datetime as dt
+
+    import matplotlib.dates as mdates
+
+    plt = _pyplot()
+    thresholds = guard_thresholds or {}
+    fig, axes = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True)
+
+    def day(value):
+        return dt.date.fromisoformat(value) if value else None
+
+    def series(key, at="date"):
+        points = [(day(n.get(at)), n.get(key)) for n in nights]
+        points = [(d, v) for d, v in points if d is not None and isinstance(v, (int, float))]
+        return [p[0] for p in points], [p[1] for p in points]
+
+    ax = axes[0]
+    for key, label, style in (("realized_hr_at_10", "model lists", "o-"),
+                              ("realized_pop_hr_at_10", "popularity baseline, same users", "s--")):
+        xs, ys = series(key, at="realized_for")
+        ax.plot(xs, ys, style, ms=4, label=label)
+    ax.set_ylabel("realized HR@10")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Realized hit rate of each night's lists (what users touched until the next night)", fontsize=10)
+    ax.legend(fontsize=8, loc="best")
+
+    def with_verdicts(ax, key, label, threshold_key=None):
+        xs, ys = series(key)
+        ax.plot(xs, ys, "-", color="tab:blue", lw=1, label=label)
+        verdicts = {day(n["date"]): n.get("verdict") for n in nights}
+        for x, y in zip(xs, ys):
+            ax.plot([x], [y], "o", ms=5, color=VERDICT_COLOURS.get(verdicts.get(x) or "", "tab:gray"))
+        t = thresholds.get(threshold_key or key) or {}
+        for level, colour in (("warn", "tab:orange"), ("fail", "tab:red")):
+            if t.get(level) is not None:
+                ax.axhline(t[level], color=colour, ls=":", lw=1, label=f"guard {level} {t[level]:g}")
+        ax.legend(fontsize=8, loc="best")
+
+    with_verdicts(axes[1], "jaccard_at_n_mean", "mean Jaccard@N with the night before")
+    axes[1].set_ylabel("list overlap")
+    axes[1].set_ylim(-0.02, 1.02)
+    axes[1].set_title("Overlap with the previous night (points: the guard's verdict; "
+                      "green pass, orange warn, red fail, purple accepted)", fontsize=10)
+    with_verdicts(axes[2], "catalog_coverage", "catalog coverage")
+    axes[2].set_ylabel("catalog coverage")
+    axes[2].set_ylim(bottom=0)
+    axes[2].set_title("Share of the candidate items recommended to anyone", fontsize=10)
+    days = [day(n.get("date")) for n in nights if n.get("date")]
+    span = (max(days) - min(days)).days if days else 0
+    axes[2].xaxis.set_major_locator(mdates.DayLocator(interval=max(1, -(-span // 12))))
+    axes[2].xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
+    if days:   # one day of margin each side, so a single night is not drawn on an axis of hours
+        axes[2].set_xlim(min(days) - dt.timedelta(days=1), max(days) + dt.timedelta(days=1))
+    fig.autofmt_xdate()
+    last = nights[-1] if nights else {}
+    fig.suptitle(f"Last {len(nights)} nights up to {last.get('date', '?')}: guard {last.get('verdict', '?')}",
+                 fontsize=12)
+    fig.tight_layout()
+    return fig

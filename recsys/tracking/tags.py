@@ -24,6 +24,9 @@ GATE = "recsys.gate"                    # train: the gate's decision, in words
 USED_BY_PREFIX = "recsys.used_by."      # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
 EXPORT_VERSION = "recsys.export.version"  # nightly: the key-value store version its lists were exported as
 EXPORT_STORE = "recsys.export.store"      # ... and where (the Redis URL, without credentials)
+GUARD = "recsys.guard"                  # nightly: the guard's verdict, pass | warn | fail | accepted
+GUARD_CROSSED = "recsys.guard_crossed"  # nightly: each threshold crossed, with figure, value and margin
+GUARD_ACCEPTED = "recsys.guard_accepted"  # nightly: "true" when a refused night was published on purpose
 
 NOTE = "mlflow.note.content"            # MLflow's run description
 DATASET_CONTEXT = "mlflow.data.context"

@@ -1,0 +1,134 @@
+"""The guard's judgement and the scoring tasks' comparison, without Spark (recsys.pipelines.guard,
+recsys.scoring.compare)."""
+import datetime as dt
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from recsys.config import load_config
+from recsys.data.contracts import HISTORY_COLUMN, PREVIOUS_COLUMN, RECOMMENDATION_TYPE, TOUCHED_COLUMN
+from recsys.errors import ConfigError, ExitCode, GuardRefused
+from recsys.pipelines import guard
+from recsys.scoring.compare import CompareSpec, TaskComparison, merge
+
+DATE = dt.date(2024, 5, 9)
+
+
+def _guard(*overrides):
+    return load_config(overrides=["guard.min_users=10", *overrides]).guard
+
+
+def _figures(**changes):
+    base = {"rows": 1000.0, "overlap_users": 900.0, "previous_rows": 950.0, "realized_users": 300.0,
+            "jaccard_at_n_mean": 0.8, "first_item_changed_share": 0.2, "catalog_coverage_ratio": 1.0,
+            "head_slot_share": 0.2, "fallback_share": 0.01, "users_lost_share": 0.05, "score_psi": 0.02,
+            "realized_hr_ratio_at_n": 1.4}
+    return {**base, **changes}
+
+
+def test_a_normal_night_passes_every_default_threshold():
+    verdict = guard.judge(_figures(), _guard(), first_night=False)
+    assert verdict.verdict == "pass"
+    assert {c.level for c in verdict.checks} == {"pass"}
+    guard.enforce(verdict, DATE)   # does not raise
+
+
+def test_a_fail_names_the_figure_the_threshold_and_the_margin_and_exits_3():
+    verdict = guard.judge(_figures(jaccard_at_n_mean=0.01, head_slot_share=0.97), _guard(), first_night=False)
+    assert verdict.verdict == "fail"
+    fails = {c.figure: c for c in verdict.crossed("fail")}
+    assert set(fails) == {"jaccard_at_n_mean", "head_slot_share"}
+    assert fails["jaccard_at_n_mean"].margin == pytest.approx(0.04)
+    assert fails["head_slot_share"].margin == pytest.approx(0.07)
+    assert "jaccard_at_n_mean = 0.01 is below the fail threshold 0.05 by 0.04" in fails["jaccard_at_n_mean"].why
+    with pytest.raises(GuardRefused) as refused:
+        guard.enforce(verdict, DATE)
+    assert refused.value.exit_code == ExitCode.VALIDATION_FAILED
+    message = str(refused.value)
+    assert "refused the night of 2024-05-09, nothing published" in message
+    assert "head_slot_share = 0.97 is above the fail threshold 0.9 by 0.07" in message and "--accept-guard" in message
+    assert {c["figure"] for c in refused.value.report["checks"] if c["level"] == "fail"} == set(fails)
+
+
+def test_a_warn_publishes_and_an_accepted_fail_is_recorded_as_accepted():
+    warned = guard.judge(_figures(score_psi=0.4), _guard(), first_night=False)
+    assert warned.verdict == "warn" and [c.figure for c in warned.crossed("warn")] == ["score_psi"]
+    guard.enforce(warned, DATE)
+    accepted = guard.judge(_figures(jaccard_at_n_mean=0.0), _guard(), first_night=False, accepted=True)
+    assert accepted.verdict == "accepted" and accepted.accepted
+    guard.enforce(accepted, DATE)
+    assert "accepted on purpose" in accepted.summary()
+    # accepting a night the guard would pass changes nothing
+    assert not guard.judge(_figures(), _guard(), first_night=False, accepted=True).accepted
+
+
+def test_the_first_night_says_so_and_judges_only_tonight_s_own_figures():
+    figures = {"rows": 1000.0, "head_slot_share": 0.2, "fallback_share": 0.0}
+    verdict = guard.judge(figures, _guard(), first_night=True)
+    assert verdict.verdict == "pass" and verdict.first_night
+    assert "first night" in verdict.note
+    by_figure = {c.figure: c.level for c in verdict.checks}
+    assert by_figure["jaccard_at_n_mean"] == "not judged" and by_figure["head_slot_share"] == "pass"
+    # a degenerate model is refused even on the first night: its own concentration gives it away
+    assert guard.judge({**figures, "head_slot_share": 1.0}, _guard(), first_night=True).verdict == "fail"
+
+
+def test_figures_over_too_few_users_or_not_measured_are_reported_not_judged():
+    verdict = guard.judge(_figures(realized_users=3.0, realized_hr_ratio_at_n=0.1, score_psi=math.nan),
+                          _guard(), first_night=False)
+    levels = {c.figure: c for c in verdict.checks}
+    assert levels["realized_hr_ratio_at_n"].level == "not judged" and "fewer than guard.min_users" in \
+        levels["realized_hr_ratio_at_n"].why
+    assert levels["score_psi"].level == "not judged"
+    assert verdict.verdict == "pass" and "not judged: score_psi, realized_hr_ratio_at_n" in verdict.note
+
+
+def test_thresholds_live_in_one_config_section_and_are_checked_when_loaded():
+    cfg = load_config(overrides=["guard.thresholds.exposure_gini={warn: 0.95, fail: 0.999}",
+                                 "guard.thresholds.score_psi.fail=2"])
+    assert cfg.guard.thresholds["exposure_gini"].fail == 0.999 and cfg.guard.thresholds["score_psi"].fail == 2
+    with pytest.raises(ConfigError, match="unknown guard figure"):
+        load_config(overrides=["guard.thresholds.happiness.warn=1"])
+    with pytest.raises(ConfigError, match="warn must come first"):
+        load_config(overrides=["guard.thresholds.jaccard_at_n_mean.warn=0.01"])
+    # where the guard draws its lines changes no published row: not part of the config digest
+    assert load_config(overrides=["guard.min_users=7"]).digest() == load_config().digest()
+
+
+def _list(rows, value_type=pa.int64()):
+    return pa.array(rows, type=pa.list_(value_type))
+
+
+def test_a_task_adds_up_overlap_and_realized_hits_as_worked_out_by_hand():
+    """Three users: u1 kept two of four items and touched one of its previous list; u2 is new tonight; u3's
+    list is unchanged and it touched an item only the popularity baseline showed."""
+    candidates = np.arange(1, 21, dtype=np.int64)
+    chunk = pa.RecordBatch.from_pydict({
+        "user_id": pa.array([1, 2, 3], pa.int64()),
+        HISTORY_COLUMN: _list([[20, 19, 7], [5], [17, 16]]),
+        TOUCHED_COLUMN: _list([[7], [], [16]]),
+        PREVIOUS_COLUMN: _list([[1, 7, 3, 4], None, [9, 10, 11, 12]]),
+    })
+    new = [[(1, 4.0), (2, 3.0), (3, 2.0), (9, 1.0)], [(5, 2.0), (6, 1.0), (8, 0.5), (9, 0.1)],
+           [(9, 4.0), (10, 3.0), (11, 2.0), (12, 1.0)]]
+    recs = pa.array([[{"item_id": i, "score": s} for i, s in row] for row in new], type=RECOMMENDATION_TYPE)
+    out = pa.RecordBatch.from_arrays([pa.array([1, 2, 3], pa.int64()), recs, pa.array(["model"] * 3)],
+                                     names=["user_id", "recommendations", "source"])
+    ranking = np.array([16, 1, 2, 3, 4, 5, 6, 7, 8])   # the popularity ranking the previous night kept
+    task = TaskComparison(CompareSpec(top_n=4, popularity_ranking=ranking, score_edges=np.array([1.5, 2.5])),
+                          candidates)
+    task.add_chunk(chunk, out)
+    t = merge([task.finish()])
+    assert t["both"] == 2 and t["first_changed"] == 0 and t["identical"] == 1
+    assert t["jaccard_n_sum"] == pytest.approx(2 / 6 + 1.0)          # u1: {1, 3} shared of {1, 2, 3, 4, 7, 9}
+    assert t["touched_users"] == 2 and t["realized_users"] == 2
+    # u1 touched 7 at position 1 of its previous list: a hit, NDCG 1/log2(3); u3 touched 16, not in its list
+    assert t["hr_n"] == 1 and t["ndcg_n"] == pytest.approx(1 / math.log2(3))
+    # popularity without the items each user had before (u1: 20, 19; u3: 17): u1 gets 16, 1, 2, 3 (no 7),
+    # u3 gets 16 first: a hit at position 0
+    assert t["pop_hr_n"] == 1 and t["pop_ndcg_n"] == pytest.approx(1.0)
+    # scores of the 12 model slots in the previous night's bins (< 1.5, [1.5, 2.5), >= 2.5)
+    assert t["score_bins"].tolist() == [5, 3, 4] and t["score_count"] == 12
+    assert t["jaccard_n_hist"][33] == 1 and t["jaccard_n_hist"][100] == 1
