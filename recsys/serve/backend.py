@@ -148,7 +148,10 @@ def start(cfg: Config, *, properties_file: str | None = None, wait_s: float = 30
         args += ["--conf", f"{key}={value}"]
     pid_file = _pid_file(backend_dir)
     pid_file.unlink(missing_ok=True)
-    done = subprocess.run(args, env=_env(backend_dir), capture_output=True, text=True, timeout=120)
+    # The server runs in its own directory: what Spark writes relative to its working directory
+    # (spark-warehouse/, derby.log, metastore_db/) belongs with the backend, not wherever
+    # `recsys backend start` was typed (a checkout, whose state is the user's).
+    done = subprocess.run(args, env=_env(backend_dir), cwd=backend_dir, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise BackendError(f"start-connect-server.sh failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
     deadline = time.monotonic() + wait_s
