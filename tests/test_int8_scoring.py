@@ -205,3 +205,21 @@ def test_the_int8_item_matrix_is_built_once_per_model_load(spark, tmp_path, mode
     assert first["int8_build_s"] > 0
     assert (second["model_misses"], second["int8_misses"], second["int8_hits"], second["scorer_misses"]) == (0, 0, 1, 1)
     assert (third["scorer_hits"], third["int8_misses"], third["int8_hits"]) == (1, 0, 0)   # the whole scorer cached
+
+
+@int8_cpu
+def test_a_model_with_no_layer_to_quantize_keeps_its_encoder_and_the_fp32_scores():
+    """GRU4Rec: nothing in its encoder is quantized (the same module, not a copy); only the product runs
+    in int8, so the published scores of the items both cores list are the fp32 core's."""
+    from recsys.model.gru4rec import GRU4Rec, GRU4RecConfig
+
+    torch.manual_seed(0)
+    gru = GRU4Rec(GRU4RecConfig(num_items=NUM_ITEMS, dim=16, layers=1, max_len=8, dropout=0.0)).eval()
+    assert int8_module.quantize_encoder(gru) is gru
+    hists = _histories(seed=10)
+    ids32, vals32, _, _ = _scorer(gru, dtype="float32").topn(to_ids(hists))
+    ids8, vals8, _, _ = _scorer(gru).topn(to_ids(hists))
+    for a, va, b, vb in zip(ids32, vals32, ids8, vals8):
+        _, ia, ib = np.intersect1d(a, b, return_indices=True)
+        np.testing.assert_allclose(vb[ib], va[ia], rtol=1e-5, atol=1e-6)
+    assert np.mean([len(np.intersect1d(a, b)) / 10 for a, b in zip(ids32, ids8)]) >= 0.99

@@ -124,14 +124,17 @@ def quantize_encoder(model: nn.Module, names: tuple[str, ...] = ENCODER_LINEARS)
     parts of their dotted names) replaced by :class:`Int8Linear`; embeddings are shared, not copied.
 
     A query-key-value layer (``attn.qkv``) also gets its query and key-value thirds packed apart, for
-    SASRec's last block. A model with none of these layers (GRU4Rec) comes back as an unchanged copy:
-    its encoder stays fp32 and only the product with the items runs in int8.
+    SASRec's last block. A model with none of these layers (GRU4Rec) comes back as it is: its encoder
+    stays fp32 and only the product with the items runs in int8.
     """
+    chosen = [name for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and ".".join(name.split(".")[-2:]) in names]
+    if not chosen:
+        return model
     memo = {id(m): m for m in model.modules() if isinstance(m, nn.Embedding)}
     quantized = copy.deepcopy(model, memo).eval()
-    for name, module in list(quantized.named_modules()):
-        if not isinstance(module, nn.Linear) or ".".join(name.split(".")[-2:]) not in names:
-            continue
+    for name in chosen:
+        module = quantized.get_submodule(name)
         parent_name, _, attr = name.rpartition(".")
         parent = quantized.get_submodule(parent_name)
         d = module.in_features
