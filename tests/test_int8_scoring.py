@@ -152,9 +152,11 @@ def test_int8_over_item_tiles_gives_the_untiled_lists(model):
 def test_int8_encoder_quantizes_the_chosen_layers_and_shares_the_embeddings(model):
     q = int8_module.quantize_encoder(model)
     kinds = {name: type(m).__name__ for name, m in q.named_modules() if name.endswith(("qkv", "proj", "fc"))}
-    assert kinds == {"blocks.0.attn.qkv": "Int8Linear", "blocks.0.attn.proj": "Linear", "blocks.0.mlp.fc": "Int8Linear",
+    assert kinds == {"blocks.0.attn.qkv": "Int8Linear", "blocks.0.attn.proj": "Linear", "blocks.0.mlp.fc": "Linear",
                      "blocks.0.mlp.proj": "Linear", "blocks.1.attn.qkv": "Int8Linear", "blocks.1.attn.proj": "Linear",
-                     "blocks.1.mlp.fc": "Int8Linear", "blocks.1.mlp.proj": "Linear"}
+                     "blocks.1.mlp.fc": "Linear", "blocks.1.mlp.proj": "Linear"}
+    both = int8_module.quantize_encoder(model, ("attn.qkv", "mlp.fc"))      # the choice is a parameter
+    assert isinstance(both.blocks[1].mlp.fc, int8_module.Int8Linear)
     assert q.item_emb is model.item_emb                                    # not a copy of the table
     assert isinstance(model.blocks[0].attn.qkv, torch.nn.Linear)           # the original is untouched
     seq = torch.as_tensor(pad_left(Sequences.from_lists(_histories(50)), model.max_len))
