@@ -2,6 +2,7 @@
 #   make demo   set up (or reuse) .venv, then data -> train -> recommend on the bundled MovieLens sample
 #   make test   set up (or reuse) .venv, then run the test suite (and print its 25 slowest tests)
 # and, for development:
+#   make system-deps  Debian's Derby jars for the tests' metastore service (run by test and test-fast)
 #   make test-fast  the same set-up, then the tests not marked slow or cluster: no standalone cluster,
 #                   Airflow, Spark Connect backend or MLflow server; about 2 minutes on 2 cores
 #
@@ -21,15 +22,15 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.recsys-installed
 
-.PHONY: demo test test-fast venv check-java check-python clean-demo
+.PHONY: demo test test-fast venv check-java check-python clean-demo system-deps
 
 demo: check-java $(STAMP)
 	$(BIN)/recsys demo
 
-test: check-java $(STAMP)
+test: check-java system-deps $(STAMP)
 	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
-test-fast: check-java $(STAMP)
+test-fast: check-java system-deps $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not cluster" $(PYTEST_ARGS)
 
 venv: $(STAMP)
@@ -40,6 +41,20 @@ $(STAMP): pyproject.toml | check-python
 	$(BIN)/python -m pip install --quiet "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# The tests' metastore service (a Derby network server on loopback, tests/conftest.py) runs from Debian's
+# Derby jars: installed here when missing and this is root with apt-get (CI), else the command is printed.
+DERBY_JARS := /usr/share/java/derby.jar /usr/share/java/derbynet.jar /usr/share/java/derbyclient.jar
+system-deps:
+	@missing=""; for jar in $(DERBY_JARS); do [ -f "$$jar" ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libderby-java libderbyclient-java >/dev/null; \
+	  else \
+	    echo "the tests' metastore service needs Derby's network server and client: sudo apt-get install -y libderby-java libderbyclient-java"; \
+	    exit 1; \
+	  fi; \
+	fi
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null || { \

@@ -18,6 +18,7 @@
 #   archive built before (docs/cluster.md);
 # - a spark:// master that does not answer within 5 s stops the script with one line and exit 1;
 # - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3;
+# - output.table's metastore: its JDBC driver jars (output.metastore.jars) go on the driver's class path;
 # - Spark's own logging: conf/log4j2.properties (Spark at WARN; the job's lines stay at INFO), or
 #   $RECSYS_LOG4J_CONF (empty: Spark's default); java options you pass (--driver-java-options,
 #   --conf spark.driver.extraJavaOptions=...) are kept and come after it, so yours win.
@@ -101,6 +102,19 @@ if [[ -n "$pack" ]]; then
   fi
 fi
 
+# The metastore of output.table: its JDBC driver on the driver's class path and derby.log under
+# output.metastore.dir, from the job's own --conf/--set (the JVM starts before the job reads them).
+# A configuration the job would refuse adds nothing here: the job itself then says what is wrong.
+metastore_classpath=()
+if settings="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.spark.metastore "${@:2}" 2>/dev/null)"; then
+  while IFS= read -r line; do
+    case "$line" in
+      JAVA=*) driver_java_options="$driver_java_options ${line#JAVA=}" ;;
+      CLASSPATH=*) metastore_classpath=(--driver-class-path "${line#CLASSPATH=}") ;;
+    esac
+  done <<< "$settings"
+fi
+
 log4j_conf="${RECSYS_LOG4J_CONF-$here/conf/log4j2.properties}"
 if [[ -n "$log4j_conf" ]]; then
   [[ -f "$log4j_conf" ]] || { echo "spark-submit.sh: RECSYS_LOG4J_CONF=$log4j_conf is not a file" >&2; exit 2; }
@@ -130,6 +144,7 @@ set +e
   --py-files "$workdir/recsys.zip" \
   "${packed[@]+"${packed[@]}"}" \
   ${driver_java_options:+--driver-java-options "$driver_java_options"} \
+  "${metastore_classpath[@]+"${metastore_classpath[@]}"}" \
   "${passthrough[@]+"${passthrough[@]}"}" \
   "$@"
 status=$?

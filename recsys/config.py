@@ -298,6 +298,55 @@ class ServeConfig(_Section):
         return os.path.abspath(validate_path(value))
 
 
+class MetastoreConfig(_Section):
+    """The Hive metastore holding ``output.table`` (docs/configuration.md, "The output table").
+
+    Unset ``url`` and ``uris``: embedded Derby under ``dir`` (one process at a time), or the Derby network
+    server ``recsys metastore start`` runs on it. Sessions recsys starts get these settings; under
+    spark-submit or Spark Connect the session's own catalog is used."""
+
+    dir: str = ".recsys/metastore"        # embedded Derby's database, derby.log, the warehouse directory
+    url: str | None = None                # JDBC URL of the metastore database (Derby network server, Postgres)
+    jars: tuple[str, ...] = ()            # that database's JDBC driver jars, put on the driver's class path
+    uris: str | None = None               # thrift://host:9083: a Hive metastore service (or Glue, docs/cluster.md)
+
+    @field_validator("dir")
+    @classmethod
+    def _dir_is_sane(cls, value: str) -> str:
+        return os.path.abspath(validate_path(value))
+
+
+class OutputConfig(_Section):
+    """How a night is published: its run directory, the table that points at it, what is kept."""
+
+    table: str | None = Field(default="recsys.recommendations", pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+    keep_runs: int = Field(default=2, ge=1, le=1000)
+    retention_days: int | None = Field(default=None, ge=1)
+    metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
+
+
+class S3Config(_Section):
+    """One object-store setting for Spark's S3A (``spark.hadoop.fs.s3a.*``) and the driver's pyarrow
+    file systems alike (:mod:`recsys.storage`)."""
+
+    endpoint: str | None = None           # http(s)://host:port of an S3-compatible store; None: AWS
+    region: str | None = None
+    path_style: bool = False              # bucket in the path, not the host name (MinIO, moto, most on-prem stores)
+    credentials: Literal["default", "env", "anonymous"] = "default"
+    s3_as_s3a: bool = False               # map s3:// to Hadoop's S3A (plain Spark knows no s3:// file system)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_a_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^/\s]+/?", value):
+            raise ValueError(f"endpoint must look like http://host:port or https://host, got {redact_uri(value)!r}")
+        return value.rstrip("/") if value else value
+
+
+class StorageConfig(_Section):
+    s3: S3Config = Field(default_factory=S3Config)
+
+
 class Config(_Section):
     paths: PathsConfig
     mlflow: MlflowConfig
@@ -309,6 +358,8 @@ class Config(_Section):
     spark: SparkConfig
     progress: ProgressConfig = ProgressConfig()
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -316,13 +367,14 @@ class Config(_Section):
     def digest(self) -> str:
         """A short stable hash of everything that shapes the output; tied to manifests.
 
-        ``progress`` and ``serve`` are left out: how often the log says how far a run is, and how the
-        frontend queues and batches, change no published row, and a partition published before those
-        sections existed must still be skipped as up to date.
+        ``progress``, ``serve``, ``output`` and ``storage`` are left out: how often the log says how far a
+        run is, how the frontend queues and batches, which table points at a night and how the stores are
+        reached change no published row, and a partition published before those sections existed must
+        still be skipped as up to date.
         """
         data = self.to_dict()
-        data.pop("progress", None)
-        data.pop("serve", None)
+        for section in ("progress", "serve", "output", "storage"):
+            data.pop(section, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -335,6 +387,9 @@ class Config(_Section):
         data["paths"] = {key: redact_uri(value) for key, value in data["paths"].items()}
         if data["spark"]["remote"]:
             data["spark"]["remote"] = redact_uri(data["spark"]["remote"])
+        for key in ("url", "uris"):
+            if data["output"]["metastore"][key]:
+                data["output"]["metastore"][key] = redact_uri(data["output"]["metastore"][key])
         return data
 
 

@@ -9,18 +9,38 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from functools import lru_cache
 from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from recsys.uris import is_local_path, local_path, pyarrow_uri
+from recsys import storage
+from recsys.uris import is_local_path, local_path, pyarrow_uri, scheme
+
+S3_SCHEMES = frozenset({"s3", "s3a", "s3n"})
 
 
 def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
-    """(file system, path inside it) for a local path or any URI pyarrow reaches (Hadoop's s3a:// as s3://)."""
+    """(file system, path inside it) for a local path or any URI pyarrow reaches (Hadoop's s3a:// as s3://).
+
+    ``s3://`` paths go to the object store this process installed (``storage.s3``, :func:`recsys.storage.install`):
+    the same endpoint, region, path style and credentials as Spark's S3A.
+    """
     if is_local_path(uri):
         return pafs.LocalFileSystem(), str(local_path(uri))
+    if scheme(uri) in S3_SCHEMES:
+        return _s3(storage.installed()), pyarrow_uri(uri).split("://", 1)[1].split("?", 1)[0].rstrip("/")
     return pafs.FileSystem.from_uri(pyarrow_uri(uri))
+
+
+@lru_cache(maxsize=4)
+def _s3(store: storage.ObjectStore) -> pafs.FileSystem:
+    return storage.s3_filesystem(store)
+
+
+def is_object_store(fs: pafs.FileSystem) -> bool:
+    """Stores where one PUT is atomic but there is no rename (S3, GCS, Azure Blob)."""
+    return fs.type_name in ("s3", "gcs", "abfs")
 
 
 def join(base: str, *parts: str) -> str:
@@ -41,8 +61,16 @@ def read_text(fs: pafs.FileSystem, path: str) -> str:
 
 
 def write_text_atomic(fs: pafs.FileSystem, path: str, text: str) -> None:
-    """Write under a temporary name in the same directory, then rename: readers see all or nothing."""
+    """Write under a temporary name in the same directory, then rename: readers see all or nothing.
+
+    On object stores one PUT already is all or nothing (S3 is strongly consistent since 2020), and a
+    "rename" would be a copy and a delete: the object is written once, in place.
+    """
     parent = path.rsplit("/", 1)[0]
+    if is_object_store(fs):
+        with fs.open_output_stream(path) as f:
+            f.write(text.encode())
+        return
     tmp = f"{parent}/.{uuid.uuid4().hex}.tmp"
     fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(tmp) as f:

@@ -14,10 +14,15 @@ at a known point without sleeping and hoping. Points, in the order a run reaches
 - ``writing``: inside a scoring task on the workers, after its first rows went to the Parquet
   writer of the staging directory (other tasks keep writing): a kill in the middle of the write;
 - ``staged``: the staged output is written, not yet validated;
-- ``before_swap``: validated, ``_manifest.json`` written into staging, the partition not yet replaced;
-- ``between_renames``: only with the two-rename publish (no ``renameat2``): the old partition is in
-  ``_trash/``, the new one not yet in place;
-- ``after_swap``: the new partition is in place, the old copy not yet deleted, the lock not released.
+- ``before_swap``: validated, ``_manifest.json`` written into the run directory, nothing switched yet;
+- ``after_table``: only with ``output.table``: the table's partition points at the new run (the commit),
+  the pointer and the path view not yet;
+- ``after_pointer``: the pointer names the new run (the commit without a table), the path view not yet;
+- ``between_renames``: only with the two-rename swap of the path view (no ``renameat2``): the old view
+  is in ``_trash/``, the new one not yet in place;
+- ``after_swap``: the new path view is in place (on object stores: copied, ``_SUCCESS`` not yet
+  written), the old copy not yet deleted, the lock not released;
+- ``retention``: after retention removed its first run directory or dropped its first partition.
 
 Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring tasks:
 
@@ -40,7 +45,8 @@ from recsys.errors import ConfigError
 PAUSE_ENV = "RECSYS_PAUSE_AT"
 PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
-POINTS = ("writing", "staged", "before_swap", "between_renames", "after_swap")
+POINTS = ("writing", "staged", "before_swap", "after_table", "after_pointer", "between_renames", "after_swap",
+          "retention")
 FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_training_process")
 
 

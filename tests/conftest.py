@@ -1,5 +1,8 @@
 """Shared fixtures. Spark tests share ONE local session per test run (starting Spark costs seconds).
 
+Services started once per test session on loopback, free ports, and stopped even when tests fail:
+the metastore (a Derby network server: the shared session, the job subprocesses and any reader all
+use the same catalog; embedded Derby admits one JVM) and an S3 endpoint (moto's server).
 Every session also checks that no test wrote into the checkout's ``.recsys/`` (tests/checkout_guard.py).
 """
 from __future__ import annotations
@@ -28,13 +31,75 @@ def checkout_untouched():
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory):
+def metastore_service(tmp_path_factory):
+    """A Derby network server for the test session's metastore; yields its JDBC URL (jobkit passes it on)."""
+    import jobkit
+    from recsys.spark import metastore
+
+    missing = metastore.missing_jars()
+    if missing:
+        pytest.fail(f"the tests' metastore service needs {', '.join(missing)}: `make system-deps` (apt-get install "
+                    f"libderby-java libderbyclient-java)", pytrace=False)
+    directory = tmp_path_factory.mktemp("metastore")
+    info = metastore.start_server(directory)
+    jobkit.METASTORE_URL = info["url"]
+    try:
+        yield info["url"]
+    finally:
+        metastore.stop_server(directory)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1, its object store installed in this process for the session."""
+    import storekit
+    from recsys import storage
+
+    server = storekit.MotoServer(tmp_path_factory.mktemp("moto"))
+    saved = {k: os.environ.get(k) for k in storekit.S3_CREDENTIALS}
+    os.environ.update(storekit.S3_CREDENTIALS)
+    previous = storage.install(server.object_store, environ={})
+    try:
+        yield server
+    finally:
+        storage.install(previous, environ={})
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        server.stop()
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    """Each test using it runs twice: on the local file system and on the S3 endpoint."""
+    import storekit
+
+    if request.param == "local":
+        return storekit.Store("local", str(tmp_path))
+    server = request.getfixturevalue("s3_server")
+    return storekit.Store("s3", f"s3://{server.bucket()}/t", server.object_store)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory, metastore_service):
+    """Hive-enabled (the default output.table publishes into the catalog), on the session's metastore service."""
     from pyspark.sql import SparkSession
+
+    from recsys.spark import metastore
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    store = metastore.Metastore(warehouse.parent / "session-metastore", metastore_service, (metastore.DERBY_CLIENT_JAR,), None)
+    hive = {**metastore.metastore_settings(store), **metastore.launch_settings(store)}
+    hive["spark.sql.warehouse.dir"] = str(warehouse)
+    builder = SparkSession.builder
+    for key, value in hive.items():
+        builder = builder.config(key, value)
     session = (
-        SparkSession.builder.master("local[2,4]")  # ",4": retry failed tasks, as on a cluster
+        builder
+        .master("local[2,4]")  # ",4": retry failed tasks, as on a cluster
         .appName("recsys-tests")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.shuffle.partitions", "4")

@@ -19,6 +19,7 @@ from recsys.config import Config, load_config
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
 
 RUN_DATE = dt.date(2024, 5, 8)
+METASTORE_URL: str | None = None   # the session's metastore service (conftest.metastore_service sets it)
 CATALOG_DATE = dt.date(2024, 5, 1)
 UTC = dt.timezone.utc
 N_USERS, N_ITEMS, TOP_N = 24, 30, 5
@@ -84,10 +85,28 @@ def copy_dataset(source: Path, target: Path) -> Path:
     return target
 
 
+def table_name(root: Path) -> str:
+    """The output table of a test's output root: one per root, all in the session's one metastore."""
+    import hashlib
+
+    return f"recsys_test.r_{hashlib.sha1(str(root).encode()).hexdigest()[:12]}"
+
+
+def metastore_overrides(root: Path) -> list[str]:
+    """The default output.table, unique to ``root``, in the session's metastore service (when one runs)."""
+    from recsys.spark.metastore import DERBY_CLIENT_JAR
+
+    found = [f"output.table={table_name(root)}", f"output.metastore.dir={root / 'metastore'}"]
+    if METASTORE_URL:
+        found += [f"output.metastore.url={METASTORE_URL}", f"output.metastore.jars=[{DERBY_CLIENT_JAR}]"]
+    return found
+
+
 def overrides(root: Path, store: Store, *extra: str, inputs: Path | None = None) -> list[str]:
-    """Config overrides putting output and work under ``root``, inputs under ``inputs`` (default: ``root``)."""
+    """Config overrides putting output and work under ``root``, inputs under ``inputs`` (default: ``root``),
+    and the output table in the test session's metastore."""
     inputs = inputs or root
-    return [
+    return [*metastore_overrides(root),
         f"paths.events={inputs / 'events'}", f"paths.catalog={inputs / 'catalog'}",
         f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
         f"paths.driver_scratch={root / 'driver'}",
@@ -130,3 +149,8 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 
 def partitions(output: Path) -> list[str]:
     return sorted(p.name for p in output.glob("dt=*")) if output.exists() else []
+
+
+def runs(output: Path) -> list[str]:
+    """The run directories kept under ``output`` (``dt=D/run=KEY``), sorted."""
+    return sorted(f"{p.parent.name}/{p.name}" for p in output.glob("_runs/dt=*/run=*")) if output.exists() else []

@@ -101,7 +101,10 @@ def runs(tmp_path_factory):
             f"mlflow.tracking_uri=sqlite:///{private / 'mlflow.db'}", f"mlflow.artifact_location={private / 'artifacts'}",
             "history.window_days=60", "scoring.top_n=10", "scoring.chunk_size=64", "scoring.device=cpu",
             "train.epochs=1", "train.model.sasrec.dim=16", "train.model.sasrec.layers=1",
-            "train.model.sasrec.heads=1", "train.model.sasrec.max_len=10"]
+            "train.model.sasrec.heads=1", "train.model.sasrec.max_len=10",
+            # each run has its own output root, and a table belongs to one: the cluster runs publish the paths
+            # (the table is tested in test_output_table and test_nightly_job)
+            "output.table=null", f"output.metastore.dir={private / 'metastore'}"]
     # Jobs start only once both executors have registered (all 2 cores): otherwise a fast job (the
     # probe) can run every task on the executor that unpacked its environment first, and the
     # "both executors answered" check fails for a reason that is not the one it tests.

@@ -29,6 +29,10 @@ def test_demo_imports_trains_recommends_and_tells_the_user_where_to_look(spark, 
     assert "mlflow ui --backend-store-uri sqlite:///.recsys/mlflow.db" in out
     assert "recsys recommend --date 2018-09-25" in out
     assert str(partition) in out
+    # published to the table by default, and a reader of the table gets the night
+    assert ("""table recsys.recommendations: spark.sql("select count(*) from recsys.recommendations where """
+            """dt = '2018-09-25'") -> 611""") in out
+    assert spark.sql("select count(*) from recsys.recommendations where dt = '2018-09-25'").first()[0] == 611
     listed = re.findall(r"^ +\d+\. (.*)  \(item \d+, score", out, flags=re.M)
     assert len(listed) == 15 and "?" not in listed                       # 3 users x 5 items, each with its title
     # a second demo reuses the imported data instead of importing again

@@ -60,6 +60,7 @@ def _recommend_fails(monkeypatch, spark, caplog, capsys, case, *extra: str, matc
     assert jobkit.partitions(output) == [f"dt={RUN_DATE}"]
     assert jobkit.snapshot(output / f"dt={RUN_DATE}") == before          # the earlier partition is untouched
     assert not list(output.glob("_staging/*/*")) and not list(output.glob("_locks/*.lock"))
+    assert len(jobkit.runs(output)) == 1                       # the failed run's directory is gone
     return errors[0]
 
 

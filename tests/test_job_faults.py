@@ -115,7 +115,7 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     assert jobkit.partitions(out) == [PART]
     assert jobkit.snapshot(out / PART) == before
     assert spark.read.parquet(str(out)).count() == N_USERS
-    assert list((out / "_staging" / PART).iterdir())           # the killed run's partial output, out of sight
+    assert len(jobkit.runs(out)) == 2                          # the killed run's partial output, out of sight
     lock = json.loads((out / "_locks" / f"{PART}.lock").read_text())   # and its lock, whose process is gone,
     dead = lock["mlflow_run_id"]                               # naming the MLflow run it could not end
     client = MlflowClient(base.store.tracking_uri)
@@ -127,7 +127,7 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     with caplog.at_level("WARNING"):
         result = run_nightly(spark, cfg, RUN_DATE)
     assert "taking over the lock" in caplog.text and "is gone" in caplog.text
-    assert "removed staging directory" in caplog.text
+    assert "never published" in caplog.text                   # its run directory removed
     assert result.exit_code == ExitCode.OK
     # the dead run's MLflow run no longer claims to be running: KILLED, saying who found it dead and when
     killed = client.get_run(dead)
@@ -143,7 +143,8 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     assert jobkit.snapshot(out / PART) != before
     assert json.loads((out / PART / "_manifest.json").read_text())["job_run"] == result.manifest["job_run"]
     assert _users(out / PART) == list(range(1, N_USERS + 1))
-    assert not (out / "_staging" / PART).exists() and not (out / "_locks" / f"{PART}.lock").exists()
+    assert not (out / "_locks" / f"{PART}.lock").exists()
+    assert len(jobkit.runs(out)) == 2 and f"{PART}/run={result.manifest['job_run']}" in jobkit.runs(out)
 
 
 def _closed_port() -> int:
@@ -206,6 +207,7 @@ def test_a_model_remembered_from_another_tracking_store_is_never_published_when_
     out = tmp_path / "recommendations"
     assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before   # nothing published
     assert not list(out.glob("_staging/*/*")) and not list(out.glob("_locks/*.lock"))
+    assert len(jobkit.runs(out)) == 1                          # only the published run's directory
 
 
 def test_an_unreachable_mlflow_without_a_remembered_model_fails_in_one_line(spark, base, tmp_path, monkeypatch,
@@ -243,6 +245,7 @@ def test_output_failing_validation_is_not_published_and_the_mlflow_run_is_failed
     out = tmp_path / "recommendations"
     assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before
     assert not list(out.glob("_staging/*/*")) and not list(out.glob("_locks/*.lock"))
+    assert len(jobkit.runs(out)) == 1                          # only the published run's directory
 
     client = MlflowClient(base.store.tracking_uri)
     experiment = client.get_experiment_by_name("recsys")

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import jobkit
 from recsys.config import load_config
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
 from recsys.errors import ExitCode
@@ -51,6 +52,7 @@ def job(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("job")
     _write_dataset(root)
     cfg = load_config(overrides=[
+        *jobkit.metastore_overrides(root),
         f"paths.events={root / 'events'}", f"paths.catalog={root / 'catalog'}",
         f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}",
         f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'artifacts'}",
@@ -160,6 +162,24 @@ def test_a_rerun_replaces_its_date_and_leaves_other_dates_alone(job):
     other = json.loads((root / "dt=2024-05-09" / "_manifest.json").read_text())
     assert other["run_id"] == job["other"].run_id
     assert not list((root / "_staging").glob("*/*")) if (root / "_staging").exists() else True
+    # both runs of the date are kept (output.keep_runs: 2); the other date has its one run
+    runs = sorted(p.name for p in (root / "_runs" / f"dt={RUN_DATE}").glob("run=*"))
+    assert runs == sorted(f"run={r.manifest['job_run']}" for r in (job["first"], job["result"]))
+
+
+def test_the_night_is_published_to_the_table_and_a_reader_of_the_table_counts_it(job, spark):
+    table = jobkit.table_name(job["root"])
+    rows = spark.sql(f"select count(*) from {table} where dt = '{RUN_DATE}'").first()[0]
+    assert rows == N_USERS + 1 == job["result"].manifest["counts"]["rows"]
+    location = spark.sql(f"describe formatted {table} partition (dt = '{RUN_DATE}')").collect()
+    where = next(r[1] for r in location if r[0] == "Location")
+    assert where.endswith(f"/_runs/dt={RUN_DATE}/run={job['result'].manifest['job_run']}") == True
+    assert where.replace("file:", "") == job["result"].location    # the run directory, never the path view
+    dates = [r[0] for r in spark.sql(f"show partitions {table}").collect()]
+    assert dates == ["dt=2024-05-08", "dt=2024-05-09"]
+    by_table = {r["user_id"]: r["recommendations"] for r in spark.sql(
+        f"select user_id, recommendations from {table} where dt = '{RUN_DATE}'").toArrow().to_pylist()}
+    assert by_table == {r["user_id"]: r["recommendations"] for r in _published(job)}   # the same night as the path
 
 
 def test_training_registered_a_version_and_pointed_the_alias_at_it(job):
@@ -214,3 +234,27 @@ def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
     short_seqs = load_training_data(job["spark"], capped, RUN_DATE)
     assert long_seqs.lengths.max() > 2
     assert short_seqs.lengths.max() == 2
+
+
+def test_recsys_rollback_points_the_table_back_at_the_first_run_and_forward_again(job, spark, monkeypatch, capsys):
+    cfg, first, forced = job["cfg"], job["first"].manifest["job_run"], job["result"].manifest["job_run"]
+    table = jobkit.table_name(job["root"])
+    args = [a for item in [*jobkit.metastore_overrides(job["root"]), f"paths.events={cfg.paths.events}",
+                           f"paths.catalog={cfg.paths.catalog}", f"paths.output={cfg.paths.output}",
+                           f"paths.work={cfg.paths.work}", f"paths.driver_scratch={cfg.paths.driver_scratch}",
+                           f"mlflow.tracking_uri={cfg.mlflow.tracking_uri}"] for a in ("--set", item)]
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), "--list", *args]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == [forced, first] and "published now" in listed[0]
+
+    def location() -> str:
+        rows = spark.sql(f"describe formatted {table} partition (dt = '{RUN_DATE}')").collect()
+        return next(r[1] for r in rows if r[0] == "Location")
+
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), *args]) == 0
+    assert location().endswith(f"run={first}")
+    manifest = json.loads((Path(cfg.paths.output) / f"dt={RUN_DATE}" / "_manifest.json").read_text())
+    assert manifest["job_run"] == first                                # the path view follows
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), "--to", forced, *args]) == 0
+    assert location().endswith(f"run={forced}")
+    assert jobkit.cli(monkeypatch, spark, ["rollback", "--date", str(RUN_DATE), "--to", "nope", *args]) == 2

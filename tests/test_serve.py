@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+import jobkit
 from jobkit import N_USERS, RUN_DATE, TOP_N, catalog_table, make_store, write_dataset
 
 httpx = pytest.importorskip("httpx")
@@ -101,8 +102,18 @@ class Frontend:
                 self.proc.wait(10)
 
 
+def _output_section(root):
+    """The default output.table, on the test session's metastore service: the backend's JVM and the tests'."""
+    from recsys.spark.metastore import DERBY_CLIENT_JAR
+
+    section = {"table": jobkit.table_name(root), "metastore": {"dir": str(root / "metastore")}}
+    if jobkit.METASTORE_URL:
+        section["metastore"].update(url=jobkit.METASTORE_URL, jars=[DERBY_CLIENT_JAR])
+    return section
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory, metastore_service):
     root = tmp_path_factory.mktemp("serve")
     store = make_store(root)
     write_dataset(root)
@@ -114,6 +125,7 @@ def stack(tmp_path_factory):
                    "artifact_location": str(root / "artifacts")},
         "history": {"window_days": 30},
         "scoring": {"top_n": TOP_N, "chunk_size": 4},
+        "output": _output_section(root),
         "serve": {"backend_dir": str(root / "backend"), "as_of": str(RUN_DATE), "max_wait_ms": MAX_WAIT_MS,
                   "max_batch_users": MAX_BATCH, "max_concurrent_jobs": 2, "max_queue_users": MAX_QUEUE,
                   "max_request_users": 30, "request_timeout_s": 120, "backend_timeout_s": 2, "refresh_s": 2},

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import jobkit
+
 pytestmark = [pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
 DATE = "2018-09-25"
@@ -59,7 +61,7 @@ def _submit(root: Path, uri: str, *submit_options: str) -> tuple[int, list[str]]
     sets = [f"paths.events={root / 'data' / 'events'}", f"paths.catalog={root / 'data' / 'catalog'}",
             f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
             f"paths.driver_scratch={root / 'driver'}", f"mlflow.tracking_uri={uri}",
-            f"mlflow.artifact_location={root / 'artifacts'}", "history.max_items=50"]
+            f"mlflow.artifact_location={root / 'artifacts'}", "history.max_items=50", *jobkit.metastore_overrides(root)]
     argv = [str(REPO / "spark-submit.sh"), *submit_options, str(REPO / "jobs" / "nightly_recommendations.py"),
             "--date", DATE]
     for item in sets:

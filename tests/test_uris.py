@@ -71,7 +71,7 @@ def test_the_driver_scratch_must_be_local_whatever_the_work_uri(kind):
     assert cfg.paths.driver_dir == Path("/tmp/recsys-driver")
 
 
-@pytest.mark.parametrize("kind", sorted(REMOTE))
+@pytest.mark.parametrize("kind", sorted(k for k in REMOTE if not k.startswith("s3")))
 def test_pyarrow_is_given_its_own_spelling_of_the_uri(kind, monkeypatch):
     assert pyarrow_uri(REMOTE[kind]) == PYARROW_SPELLING[kind]
     asked = []
@@ -89,6 +89,50 @@ def test_pyarrow_is_given_its_own_spelling_of_the_uri(kind, monkeypatch):
 def test_pyarrow_resolves_object_store_uris_without_a_network_call(uri, path):
     fs, inside = rfs.resolve(uri)
     assert inside == path and not isinstance(fs, pafs.LocalFileSystem)
+
+
+@pytest.mark.parametrize("kind", ["s3", "s3a"])
+def test_s3_uris_go_to_the_installed_object_store_with_the_spark_settings_from_the_same_values(kind):
+    from recsys import storage
+
+    store = storage.ObjectStore(endpoint="http://127.0.0.1:9", region="eu-west-1", path_style=True,
+                                credentials="env", s3_as_s3a=True)
+    previous = storage.install(store, environ={})
+    try:
+        fs, inside = rfs.resolve(REMOTE[kind])
+        assert isinstance(fs, pafs.S3FileSystem) and inside == "bucket/recsys/work"
+        assert fs.region == "eu-west-1"
+    finally:
+        storage.install(previous, environ={})
+    assert storage.spark_settings(store) == {
+        "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9", "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1", "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.aws.credentials.provider":
+            "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A"}
+    env: dict[str, str] = {"MLFLOW_S3_ENDPOINT_URL": "http://operator:1"}
+    storage.install(store, environ=env)
+    storage.install(previous, environ={})
+    assert env == {"MLFLOW_S3_ENDPOINT_URL": "http://operator:1", "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",
+                   "AWS_DEFAULT_REGION": "eu-west-1"}    # boto3 (MLflow's artifacts): same store; an operator's value wins
+
+
+def test_one_storage_setting_reaches_every_session_recsys_starts(tmp_path):
+    from recsys.spark.session import store_settings
+
+    cfg = load_config(overrides=["storage.s3.endpoint=http://127.0.0.1:9", "storage.s3.path_style=true",
+                                 "output.table=null"])
+    settings = store_settings(cfg.output, cfg.storage)
+    assert settings["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9"
+    assert "spark.sql.catalogImplementation" not in settings          # no table: no metastore
+    cfg = load_config(overrides=[f"output.metastore.dir={tmp_path}"])
+    settings = store_settings(cfg.output, cfg.storage)
+    assert settings["spark.sql.catalogImplementation"] == "hive"
+    assert settings["spark.sql.warehouse.dir"] == f"{tmp_path}/warehouse"         # never the working directory
+    assert settings["spark.hadoop.javax.jdo.option.ConnectionURL"] == \
+        f"jdbc:derby:;databaseName={tmp_path}/metastore_db;create=true"
+    assert settings["spark.driver.extraJavaOptions"] == f"-Dderby.stream.error.file={tmp_path}/derby.log"
 
 
 @pytest.mark.parametrize("uri", ["relative/work", "file:///tmp/recsys-uri-test/work", "/tmp/recsys-uri-test/work"])
@@ -120,7 +164,8 @@ def test_the_partition_layout_lives_under_the_output_uri(kind):
     out = {"file": "file:///data/recs"}.get(kind) or REMOTE[kind].replace("work", "recs")
     layout = PartitionLayout(out, dt.date(2024, 5, 1), "run1")
     assert layout.final_dir == out + "/dt=2024-05-01"
-    assert layout.staging_dir == out + "/_staging/dt=2024-05-01/run1"
+    assert layout.staging_dir == layout.run_dir == out + "/_runs/dt=2024-05-01/run=run1"
+    assert layout.view_staging_dir == out + "/_staging/dt=2024-05-01/run1"
     assert layout.trash_dir.startswith(out + "/")
 
 

@@ -49,16 +49,18 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
     print(f"\n== recsys demo: data in {root}, producing recommendations for {date} ==\n", flush=True)
     own_session = spark is None
     if own_session:
-        spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-demo", launch=launch)
+        spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-demo", launch=launch,
+                              output=cfg.output, storage=cfg.storage)
     else:
         apply_runtime_settings(spark, cfg.scoring.arrow_batch_size)
     try:
         trained = run_training(spark, cfg, date)
         result = run_nightly(spark, cfg, date)
+        table_rows = _table_rows(spark, cfg, date)
     finally:
         if own_session:
             spark.stop()
-    _show(cfg, result, trained)
+    _show(cfg, result, trained, table_rows)
     return result.exit_code
 
 
@@ -111,7 +113,15 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
     return run_date
 
 
-def _show(cfg: Config, result, trained) -> None:
+def _table_rows(spark, cfg: Config, date: dt.date) -> tuple[str, int] | None:
+    """The query a reader of the table runs, and its answer (None without output.table)."""
+    if cfg.output.table is None:
+        return None
+    query = f"select count(*) from {cfg.output.table} where dt = '{date}'"
+    return query, int(spark.sql(query).first()[0])
+
+
+def _show(cfg: Config, result, trained, table_rows: tuple[str, int] | None = None) -> None:
     """Print where the output is, a few users' lists with titles, and how to open MLflow."""
     out = local_path(result.output_dir)
     table = pq.read_table(out, columns=["user_id", "recommendations", "source"])
@@ -121,6 +131,9 @@ def _show(cfg: Config, result, trained) -> None:
     print(f"   {counts['rows']:,} users: {counts['model_users']:,} scored by model version "
           f"{result.manifest['model']['version']}, {counts['fallback_users']:,} on the popularity fallback")
     print(f"   training: {trained.summary()}")
+    if table_rows is not None:
+        print(f"   table {cfg.output.table}: spark.sql(\"{table_rows[0]}\") -> {table_rows[1]:,} "
+              f"(metastore: {cfg.output.metastore.dir})")
     rows = table.sort_by("user_id").slice(0, 3).to_pylist()
     for row in rows:
         print(f"\n   user {row['user_id']} ({row['source']}):")

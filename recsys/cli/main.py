@@ -81,6 +81,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
+    p = sub.add_parser("rollback", help="point a date back at an earlier published run that is still kept "
+                                        "(output.keep_runs): the table, the pointer and the path view")
+    p.add_argument("--date", type=_date, required=True, help="the date to roll back")
+    p.add_argument("--to", metavar="RUN", default=None,
+                   help="the run key to point at (default: the newest earlier published run); --list shows them")
+    p.add_argument("--list", action="store_true", help="list the date's kept runs and exit")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("metastore", help="a Derby network server on loopback for output.table's metastore, so that "
+                                         "the job, the backend and readers can share it (embedded Derby admits one)")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    _add_config_args(p)
+    p.set_defaults(func=cmd_metastore)
+
     p = sub.add_parser("runs", help="list nightly runs from the tracking store, or show one (runs show DATE|RUN_ID)")
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list", help="list (default) or show")
     p.add_argument("which", nargs="?", metavar="DATE|RUN_ID", help="show: a run date (its newest run) or a run id")
@@ -179,9 +194,13 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
 
 
 def _config(args: argparse.Namespace):
+    """The configuration, read once; its object-store setting is installed for this process (recsys.storage)."""
+    from recsys import storage
     from recsys.config import load_config
 
-    return load_config(args.conf, args.overrides)
+    cfg = load_config(args.conf, args.overrides)
+    storage.install(storage.ObjectStore.of(cfg.storage.s3))
+    return cfg
 
 
 def _launch():
@@ -240,7 +259,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.info("recsys train: not due: %s", reason)
             args.outcome = f"skipped, not due: {reason}"
             return ExitCode.OK
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch())
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch(), storage=cfg.storage)
     try:
         result = run_training(spark, cfg, date, force=args.force, hooks=_hooks())
     finally:
@@ -273,7 +292,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     dates = recommend_dates(args)
     cfg = _config(args)
     hooks = _hooks()
-    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch())
+    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch(),
+                          output=cfg.output, storage=cfg.storage)
     try:
         results = run_dates(spark, cfg, dates, force=args.force, hooks=hooks)
     finally:
@@ -290,6 +310,60 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         else:
             print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from recsys.pipelines import rollback
+    from recsys.spark.session import build_session
+
+    cfg = _config(args)
+    if args.list:
+        rows = rollback.kept(cfg, args.date)
+        if not rows:
+            print(f"no run directory of {args.date} is kept under {cfg.paths.output}")
+        for r in rows:
+            mark = "published now" if r.current else ("published before" if r.published else "never published")
+            print(f"{r.run}  {mark:16}  model version {r.model_version or '?'}  {r.published_at or ''}".rstrip())
+        return ExitCode.OK
+    spark = None
+    if cfg.output.table is not None:
+        spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-rollback", launch=_launch(),
+                              output=cfg.output, storage=cfg.storage)
+    try:
+        old, new = rollback.rollback(spark, cfg, args.date, args.to)
+    finally:
+        if spark is not None:
+            spark.stop()
+    print(f"{args.date}: now run {new} (was {old})")
+    args.outcome = f"rolled back {args.date} to run {new}"
+    return ExitCode.OK
+
+
+def cmd_metastore(args: argparse.Namespace) -> int:
+    from recsys.spark import metastore
+
+    cfg = _config(args)
+    directory = Path(cfg.output.metastore.dir)
+    running = metastore.running_server(directory)
+    if args.action == "status":
+        print(f"running: {running['url']} (pid {running['pid']})" if running else f"not running (metastore: "
+              f"{metastore.resolve(cfg.output.metastore).describe()})")
+        return ExitCode.OK if running else ExitCode.UNEXPECTED_ERROR
+    if args.action == "stop":
+        print("stopped" if metastore.stop_server(directory) else "not running")
+        return ExitCode.OK
+    if running:
+        print(f"already running: {running['url']} (pid {running['pid']})")
+        return ExitCode.OK
+    try:
+        info = metastore.start_server(directory)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"metastore server on {info['url']} (pid {info['pid']}); every recsys process with output.metastore.dir="
+          f"{directory} uses it. Other Spark sessions: --driver-class-path {metastore.DERBY_CLIENT_JAR} "
+          f"--conf spark.sql.catalogImplementation=hive --conf spark.hadoop.javax.jdo.option.ConnectionURL='{info['url']}' "
+          f"--conf spark.hadoop.javax.jdo.option.ConnectionDriverName=org.apache.derby.jdbc.ClientDriver")
+    return ExitCode.OK
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -315,7 +389,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     check_dataset_root(args.data)
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch())
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch(), storage=cfg.storage)
     try:
         request = EvaluationRequest(args.data, args.protocol, ks=tuple(args.k) if args.k else None,
                                     tie_break_seed=args.tie_seed, split_date=args.split_date,

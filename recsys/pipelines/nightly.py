@@ -34,9 +34,13 @@ from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
+from recsys.publish import retention
 from recsys.publish.lock import DateLock, Holder
+from recsys.publish.published import find_published
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
-                                      recover)
+                                      recover, register_dates)
+from recsys.publish.table import OutputTable, open_table
+from recsys.spark import metastore
 from recsys.scoring.shipping import ship_model
 from recsys.spark.session import default_parallelism, job_description
 from recsys.spark.task_progress import LiveProgress
@@ -56,12 +60,13 @@ STAGE_BREAKDOWN = "seconds by stage:"   # the run's last figures; benchmarks/sca
 class NightlyResult:
     date: dt.date
     run_id: str | None
-    output_dir: str
+    output_dir: str                  # the path view dt=D/
     manifest: dict[str, Any]
     metrics: dict[str, float] = field(default_factory=dict)
     exit_code: ExitCode = ExitCode.OK
     status: RunStatus = RunStatus.PUBLISHED   # or SKIPPED: the date was already published the same way
     reason: str | None = None        # why it was skipped
+    location: str | None = None      # the published run's directory (what output.table's partition points at)
 
 
 def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, force: bool = False,
@@ -124,7 +129,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
                        progress=partial(LiveProgress, spark, interval_s=cfg.progress.interval_s))
 
     with DateLock(cfg.paths.output, date, run_key) as lock:
-        for note in recover(layout):
+        table = output_table(spark, cfg)
+        for note in recover(layout, table, publish_method(layout)):
             log.warning("recommend %s: %s", date, note)
         _remove_stale_work_dirs(cfg, date, run_key)
         with timer.stage("resolve_model", "resolve model") as c:
@@ -135,12 +141,13 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             _end_dead_run(cfg, date, lock.took_over, lock.took_over_reason or "its lock was stale", run_key,
                           resolution_error)
 
-        published = manifest_file.read(cfg.paths.output, date)
+        found = find_published(cfg.paths.output, date, table)
+        published = found.manifest if found else None
         reason = skip_reason(published, model.version, config_digest)
         if reason is not None and not force:
             log.info("recommend %s: skipped: %s; pass --force to recompute it", date, reason)
             return NightlyResult(date, published.get("run_id"), layout.final_dir, published, status=RunStatus.SKIPPED,
-                                 reason=reason)
+                                 reason=reason, location=found.path)
         if published is not None:
             log.info("recommend %s: replacing the published partition (%s)", date,
                      "--force" if reason else _difference(published, model.version, config_digest))
@@ -154,12 +161,12 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
             _note_mlflow_run(lock, cfg, date, recorder.run_id)
         run = stages.NightlyRun(spark=spark, cfg=cfg, date=date, model=model, model_resolution_error=resolution_error,
                                 config_digest=config_digest, layout=layout, lock=lock, recorder=recorder, timer=timer,
-                                hooks=hooks)
+                                hooks=hooks, table=table)
         try:
             check_executors_can_write(spark, run.work_dir, configured=cfg.paths.work)
             result = _run(run)
         except BaseException as exc:
-            discard_staging(layout)
+            discard_staging(layout, table)
             _cleanup(run.work_dir)
             recorder.set_tags({tags.STATUS: RunStatus.FAILED.value, tags.ERROR: redact_text(str(exc))[:4000],
                                **run_record.failure_tags(date, exc)})
@@ -171,10 +178,20 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
-            manifest_file.mark_unrecorded(result.output_dir, result.manifest, recorder.error)
+            manifest_file.mark_unrecorded([d for d in (result.location, result.output_dir) if d], result.manifest,
+                                          recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
+
+
+def output_table(spark: SparkSession, cfg: Config) -> OutputTable | None:
+    """``output.table``, created if missing (then every date a pointer names is registered in it), or None."""
+    table = open_table(spark, cfg.output.table, cfg.paths.output, metastore.resolve(cfg.output.metastore).hint())
+    if table is not None and table.created:
+        for note in register_dates(cfg.paths.output, table):
+            log.info("%s", note)
+    return table
 
 
 def _note_mlflow_run(lock: DateLock, cfg: Config, date: dt.date, mlflow_run_id: str) -> None:
@@ -290,8 +307,12 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     manifest = stages.manifest(run, results, metrics, method)
     with timer.stage("publish", "publish partition") as c:
         run.lock.verify()
-        published_dir = publish(run.layout, manifest, method, hooks)
-        c.update(path=published_dir, method=method)
+        night = publish(run.layout, manifest, method, hooks, run.table)
+        published_dir = night.path
+        c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none", method=method)
+    with timer.stage("retention", "remove what output.keep_runs and output.retention_days no longer keep") as c:
+        removed = _retain(run)
+        c.update(removed=len(removed))
 
     metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
     with timer.stage("record", "record the run"):
@@ -300,7 +321,22 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
     log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
              timer.total, recorder.run_id or "untracked")
-    return NightlyResult(date, recorder.run_id, published_dir, manifest, metrics)
+    return NightlyResult(date, recorder.run_id, run.layout.final_dir, manifest, metrics, location=published_dir)
+
+
+def _retain(run: stages.NightlyRun) -> list[str]:
+    """Retention after a publish; a failure only warns: the night is published, the next one tries again."""
+    out, date = run.cfg.output, run.date
+    try:
+        notes = retention.trim_runs(run.cfg.paths.output, date, out.keep_runs, run.hooks)
+        notes += retention.retire_dates(run.cfg.paths.output, date, out.retention_days, run.table, run.layout.run_key,
+                                        run.hooks)
+    except Exception as exc:   # never worth failing a published night for
+        log.warning("recommend %s: retention stopped: %s; the next run tries again", date, first_line(exc, with_type=True))
+        return []
+    for note in notes:
+        log.info("recommend %s: %s", date, note)
+    return notes
 
 
 def _cleanup(work_dir: str) -> None:

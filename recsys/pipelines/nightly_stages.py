@@ -74,6 +74,7 @@ class NightlyRun:
     recorder: tracking.RunRecorder
     timer: StageTimer
     hooks: Hooks = NO_HOOKS
+    table: Any = None                     # output.table (recsys.publish.table.OutputTable), None: the paths only
 
     @property
     def work_dir(self) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from recsys import __version__
 from recsys import fs as rfs
@@ -70,20 +70,22 @@ def read(output_root: str, date: dt.date) -> Manifest | None:
         return None
 
 
-def mark_unrecorded(partition_dir: str, manifest: Manifest, error: str | None) -> None:
+def mark_unrecorded(partition_dirs: Sequence[str], manifest: Manifest, error: str | None) -> None:
     """Say in the published manifest that its MLflow run was not recorded, if it does not already.
 
     The manifest is written before publishing; a tracking store that fails after that (while the
     run's figures and plots are recorded) would otherwise leave a manifest saying nothing went
     wrong, while the exit code is 5 and the MLflow run stays RUNNING. Rewritten atomically
-    (temporary file and rename on local and HDFS stores).
+    (temporary file and rename on local and HDFS stores), in each of ``partition_dirs``: the run
+    directory and the path view.
     """
     tracking = manifest.setdefault("tracking", {})
     if tracking.get("error") or not error:
         return
     tracking["error"] = error
-    try:
-        fs, path = rfs.resolve(path_in(partition_dir))
-        rfs.write_text_atomic(fs, path, to_text(manifest))
-    except OSError as exc:
-        log.warning("could not note the tracking failure in %s: %s", path_in(partition_dir), exc)
+    for partition_dir in partition_dirs:
+        try:
+            fs, path = rfs.resolve(path_in(partition_dir))
+            rfs.write_text_atomic(fs, path, to_text(manifest))
+        except OSError as exc:
+            log.warning("could not note the tracking failure in %s: %s", path_in(partition_dir), exc)

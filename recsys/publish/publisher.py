@@ -1,26 +1,33 @@
-"""Staged, all-or-nothing publishing of one date's partition, with its manifest, and recovery after a kill.
+"""Publishing one date's night: its run directory, the commit point, the path view; recovery after a kill.
 
-Layout under ``paths.output``::
+Layout under ``paths.output`` (:mod:`recsys.publish.published` has the run directories and pointers)::
 
-    dt=YYYY-MM-DD/                 the published partition: part-*.parquet, _SUCCESS, _manifest.json
-    _staging/dt=YYYY-MM-DD/<run>/  where Spark writes a run's output before validation
-    _trash/dt=YYYY-MM-DD.<run>/    the replaced partition, during a two-rename publish only
-    _locks/                        per-date locks (recsys.publish.lock)
+    _runs/dt=YYYY-MM-DD/run=<key>/      where Spark writes a run's output; kept once published
+    _runs/dt=YYYY-MM-DD/_published.json the date's pointer
+    dt=YYYY-MM-DD/                      the path view: part-*.parquet, _SUCCESS, _manifest.json of the published run
+    _staging/dt=YYYY-MM-DD/<key>/       a copy of a run being swapped into the path view
+    _trash/dt=YYYY-MM-DD.<key>/         the replaced path view, during a two-rename swap only
+    _locks/                             per-date locks (recsys.publish.lock)
 
-Spark and Hive skip directories whose names start with ``_``, so readers of the dataset never
-list staging, trash or locks. The partition directory is complete (data, ``_SUCCESS`` and
-manifest) before it replaces the published one; how it replaces it depends on the store
-(:mod:`recsys.publish.swap`): in one step on a local filesystem, in two renames on HDFS, by copy
-with ``_SUCCESS`` last on object stores.
+Publishing, in this order, each step atomic and each a pause point a test can kill the job at
+(docs/faults.md): the manifest into the run directory (``before_swap``); the table's partition pointed
+at the run directory, one metastore operation (``after_table``): the commit point with a table; the
+pointer rewritten in one atomic write (``after_pointer``): the commit point without one; the path view
+replaced as the store allows (:mod:`recsys.publish.swap`: one ``renameat2`` exchange on a local disk,
+two renames on HDFS, a copy with ``_SUCCESS`` last on object stores; ``between_renames``,
+``after_swap``). A kill between two steps leaves every reader of each pointer the old night or the
+new one; :func:`recover`, run by the next run of the date before anything else, brings the later
+steps in line with the commit point.
 
 Every function here that changes a date's directories must run under that date's lock
-(:class:`recsys.publish.lock.DateLock`): that is what makes "whatever is in ``_staging/dt=D`` belongs
-to a dead run" true in :func:`recover`.
+(:class:`recsys.publish.lock.DateLock`): that is what makes "a run directory that was never published
+belongs to a dead run" true in :func:`recover`.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +40,8 @@ from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish import manifest as manifest_file
 from recsys.publish import swap
+from recsys.publish.published import (PublishedPartition, is_complete, kept_runs, read_pointer, run_dir, run_of, runs_root,
+                                      view_dir, write_pointer)
 from recsys.uris import is_local_path, local_path, redact_uri
 
 log = logging.getLogger(__name__)
@@ -45,19 +54,30 @@ TRASH_DIR = "_trash"
 class PartitionLayout:
     output_root: str
     date: dt.date
-    run_key: str   # unique per attempt, minted by the job before anything is written
+    run_key: str   # unique per attempt, minted by the job before anything is written; starts with its UTC start time
 
     @property
     def final_dir(self) -> str:
-        return rfs.join(self.output_root, partition_name(self.date))
+        """The path view ``dt=D/``."""
+        return view_dir(self.output_root, self.date)
 
     @property
-    def staging_root(self) -> str:
-        """Every run's staging directory for this date lives under here."""
-        return rfs.join(self.output_root, STAGING_DIR, partition_name(self.date))
+    def run_dir(self) -> str:
+        """This run's directory: Spark writes here, and a published run stays here."""
+        return run_dir(self.output_root, self.date, self.run_key)
 
     @property
     def staging_dir(self) -> str:
+        """Where this run's output is written before it is validated: its run directory."""
+        return self.run_dir
+
+    @property
+    def staging_root(self) -> str:
+        """Copies of runs being swapped into the path view live under here."""
+        return rfs.join(self.output_root, STAGING_DIR, partition_name(self.date))
+
+    @property
+    def view_staging_dir(self) -> str:
         return rfs.join(self.staging_root, self.run_key)
 
     @property
@@ -100,35 +120,64 @@ def publish_method(layout: PartitionLayout) -> swap.Method:
 
 
 def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Method | None = None,
-            hooks: Hooks = NO_HOOKS) -> str:
-    """Put the validated staging directory in place as the date's partition; returns its path.
+            hooks: Hooks = NO_HOOKS, table: Any = None) -> PublishedPartition:
+    """Publish the validated run directory as the date's night; returns what is now published.
 
-    The manifest goes into the staging directory first, so the partition appears with it. On
-    return the replaced partition is gone and nothing of this run is left in staging. ``hooks``
-    may hold the publish at a pause point (tests and game days, :mod:`recsys.hooks`).
+    ``table``: the output table (:class:`recsys.publish.table.OutputTable`), or None to publish the
+    pointer and the path view only. On return the pointer and the path view name this run, the path
+    view's old copy is gone, and the run directory stays (it is what the table points at); older runs
+    are left to :mod:`recsys.publish.retention`. ``hooks`` may hold the publish at its pause points.
     """
     method = method or publish_method(layout)
-    fs, staging = rfs.resolve(layout.staging_dir)
+    fs, run = rfs.resolve(layout.run_dir)
+    if not rfs.exists(fs, rfs.join(run, SUCCESS_MARKER)):
+        raise RuntimeError(f"run directory {layout.run_dir} has no {SUCCESS_MARKER}; refusing to publish")
+    rfs.write_text_atomic(fs, manifest_file.path_in(run), manifest_file.to_text(manifest))
+    hooks.pause("before_swap")
+    previous = read_pointer(layout.output_root, layout.date)
+    if table is not None:
+        table.point(layout.date, layout.run_dir)          # the commit point: one metastore operation
+        hooks.pause("after_table")
+    write_pointer(layout.output_root, layout.date, layout.run_key, "publish", previous)
+    hooks.pause("after_pointer")
+    refresh_view(layout, layout.run_key, method, hooks)
+    return PublishedPartition(layout.date, layout.run_dir, dict(manifest), "table" if table is not None else "pointer")
+
+
+def refresh_view(layout: PartitionLayout, run: str, method: swap.Method, hooks: Hooks = NO_HOOKS) -> None:
+    """Make the path view ``dt=D/`` a complete copy of ``run``'s directory, as atomically as the store allows."""
+    fs, source = rfs.resolve(run_dir(layout.output_root, layout.date, run))
     _, final = rfs.resolve(layout.final_dir)
-    if not rfs.exists(fs, rfs.join(staging, SUCCESS_MARKER)):
-        raise RuntimeError(f"staging directory {layout.staging_dir} has no {SUCCESS_MARKER}; refusing to publish")
-    text = manifest_file.to_text(manifest)
     if method == "copy":
-        _publish_by_copy(fs, staging, final, text, hooks)
+        _publish_by_copy(fs, source, final, hooks)
+        return
+    _, staging = rfs.resolve(layout.view_staging_dir)
+    rfs.delete_dir_if_exists(fs, staging)
+    _clone(fs, source, staging)
+    if method == "exchange":
+        _publish_by_exchange(staging, final, hooks)
     else:
-        rfs.write_text_atomic(fs, manifest_file.path_in(staging), text)
-        hooks.pause("before_swap")
-        if method == "exchange":
-            _publish_by_exchange(staging, final, hooks)
-        else:
-            _publish_by_renames(fs, staging, final, rfs.resolve(layout.trash_dir)[1], hooks)
+        _publish_by_renames(fs, staging, final, rfs.resolve(layout.trash_dir)[1], hooks)
     _remove_if_empty(fs, rfs.resolve(layout.staging_root)[1])
-    return layout.final_dir
+
+
+def _clone(fs: pafs.FileSystem, source: str, target: str) -> None:
+    """``target`` holding ``source``'s files: hard links on a local disk (no bytes copied), copies elsewhere."""
+    infos = fs.get_file_info(pafs.FileSelector(source, recursive=True))
+    fs.create_dir(target, recursive=True)
+    for info in sorted(infos, key=lambda i: i.path):
+        dest = rfs.join(target, info.path[len(source):])
+        if info.type == pafs.FileType.Directory:
+            fs.create_dir(dest, recursive=True)
+        elif isinstance(fs, pafs.LocalFileSystem):
+            os.link(info.path, dest)
+        else:
+            fs.copy_file(info.path, dest)
 
 
 def _publish_by_exchange(staging: str, final: str, hooks: Hooks) -> None:
     try:
-        swap.exchange(staging, final)      # staging now holds the old partition
+        swap.exchange(staging, final)      # staging now holds the old path view
     except FileNotFoundError:
         swap.rename_noreplace(staging, final)   # first publish of this date
         return
@@ -146,31 +195,96 @@ def _publish_by_renames(fs: pafs.FileSystem, staging: str, final: str, trash: st
     rfs.delete_dir_if_exists(fs, trash)
 
 
-def _publish_by_copy(fs: pafs.FileSystem, staging: str, final: str, manifest_text: str, hooks: Hooks) -> None:
-    """Object stores: remove the old partition, copy the data, then manifest and ``_SUCCESS`` last."""
+def _publish_by_copy(fs: pafs.FileSystem, source: str, final: str, hooks: Hooks) -> None:
+    """Object stores: remove the old view, copy the data, then the manifest and ``_SUCCESS`` last."""
     rfs.delete_dir_if_exists(fs, final)
     fs.create_dir(final, recursive=True)
-    infos = fs.get_file_info(pafs.FileSelector(staging, recursive=True))
-    for info in infos:
-        if info.type == pafs.FileType.File and not info.base_name.startswith(("_", ".")):
-            fs.copy_file(info.path, rfs.join(final, info.path[len(staging):]))
-    with fs.open_output_stream(manifest_file.path_in(final)) as f:
-        f.write(manifest_text.encode())
+    infos = fs.get_file_info(pafs.FileSelector(source, recursive=True))
+    files = [i for i in infos if i.type == pafs.FileType.File]
+    for info in files:
+        if not info.base_name.startswith(("_", ".")):
+            fs.copy_file(info.path, rfs.join(final, info.path[len(source):]))
+    fs.copy_file(manifest_file.path_in(source), manifest_file.path_in(final))
     hooks.pause("after_swap")
     with fs.open_output_stream(rfs.join(final, SUCCESS_MARKER)) as f:
         f.write(b"")
-    rfs.delete_dir_if_exists(fs, staging)
 
 
-def recover(layout: PartitionLayout) -> list[str]:
-    """Undo what a killed run of this date left behind; returns what was done, for the log.
+def recover(layout: PartitionLayout, table: Any = None, method: swap.Method | None = None) -> list[str]:
+    """Undo or finish what a killed run of this date left behind; returns what was done, for the log.
 
-    Run under the date's lock, before anything else: a partition moved to ``_trash/`` by a run
-    killed between two renames is put back (the date then has its old partition again), other
-    trash is deleted, and every staging directory of the date is removed (the lock guarantees
-    their runs are dead).
+    Run under the date's lock, before anything else. The commit point (the table's partition, or the
+    pointer without a table) says which run is published: the pointer and the path view are brought
+    in line with it; a path view moved to ``_trash/`` by a two-rename swap is put back first; copies
+    under ``_staging/`` and run directories that were never published (their runs are dead: the lock
+    says so) are removed. A date published before run directories existed is adopted: its path view
+    becomes a run directory (hard links on a local disk), the pointer and the table name it.
     """
     fs, final = rfs.resolve(layout.final_dir)
+    notes = _restore_trashed_view(layout, fs, final)
+    _, staging_root = rfs.resolve(layout.staging_root)
+    for info in _list(fs, staging_root):
+        if info.type == pafs.FileType.Directory:
+            fs.delete_dir(info.path)
+            notes.append(f"removed staging directory {info.path}, left by a killed run")
+    _remove_if_empty(fs, staging_root)
+
+    root, date = layout.output_root, layout.date
+    pointer = read_pointer(root, date)
+    current = pointer.run if pointer else None
+    if table is not None:
+        location = table.location(date)
+        in_table = run_of(location) if location else None
+        if in_table and in_table != current:
+            pointer = write_pointer(root, date, in_table, "recovered", pointer)
+            notes.append(f"the table points {partition_name(date)} at run {in_table}, the pointer said "
+                         f"{current or 'nothing'}: a run was killed after its commit; the pointer follows the table")
+            current = in_table
+        elif in_table is None and current:
+            table.point(date, run_dir(root, date, current))
+            notes.append(f"registered run {current} of {partition_name(date)} in the table (the pointer names it; "
+                         f"the table did not)")
+    if current is None:
+        adopted = _adopt_view(layout, fs, final, table)
+        if adopted:
+            notes.append(adopted)
+            pointer = read_pointer(root, date)
+            current = pointer.run if pointer else None
+
+    keep = set(pointer.published_runs()) if pointer else set()
+    for run in kept_runs(root, date):
+        if run not in keep and run != layout.run_key:
+            fs.delete_dir(rfs.resolve(run_dir(root, date, run))[1])
+            notes.append(f"removed run directory run={run} of {partition_name(date)}: never published (a run killed "
+                         f"before its commit, or a failed one)")
+    if current is not None:
+        view = _view_run(fs, final)
+        if view != current:
+            refresh_view(layout, current, method or publish_method(layout))
+            notes.append(f"the path view {layout.final_dir} showed {view or 'nothing complete'}; refreshed from run "
+                         f"{current}, the published one")
+    elif rfs.is_dir(fs, final) and not rfs.exists(fs, rfs.join(final, SUCCESS_MARKER)):
+        notes.append(f"{layout.final_dir} has no {SUCCESS_MARKER} (a copy interrupted on an object store); "
+                     f"this run replaces it")
+    return notes
+
+
+def register_dates(output_root: str, table: Any) -> list[str]:
+    """Register in a (new) table every date whose pointer names a run the table lacks: the table follows the
+    pointers whenever it is created anew (a new metastore, a table added to an existing output)."""
+    from recsys.publish.published import published_dates
+
+    known = set(table.dates())
+    notes = []
+    for date in published_dates(output_root):
+        pointer = read_pointer(output_root, date)
+        if date not in known and pointer is not None and pointer.run and is_complete(run_dir(output_root, date, pointer.run)):
+            table.point(date, run_dir(output_root, date, pointer.run))
+            notes.append(f"registered {partition_name(date)} (run {pointer.run}) in table {table.name}")
+    return notes
+
+
+def _restore_trashed_view(layout: PartitionLayout, fs: pafs.FileSystem, final: str) -> list[str]:
     _, trash_root = rfs.resolve(rfs.join(layout.output_root, TRASH_DIR))
     notes = []
     prefix = f"{partition_name(layout.date)}."
@@ -183,22 +297,84 @@ def recover(layout: PartitionLayout) -> list[str]:
     for info in trashed:
         fs.delete_dir(info.path)
         notes.append(f"removed {info.path}, left by a killed run")
-    _, staging_root = rfs.resolve(layout.staging_root)
-    for info in _list(fs, staging_root):
-        if info.type == pafs.FileType.Directory:
-            fs.delete_dir(info.path)
-            notes.append(f"removed staging directory {info.path}, left by a killed run")
-    _remove_if_empty(fs, staging_root)
-    if rfs.is_dir(fs, final) and not rfs.exists(fs, rfs.join(final, SUCCESS_MARKER)):
-        notes.append(f"{layout.final_dir} has no {SUCCESS_MARKER} (a copy interrupted on an object store); "
-                     f"this run replaces it")
     return notes
 
 
-def discard_staging(layout: PartitionLayout) -> None:
-    fs, staging = rfs.resolve(layout.staging_dir)
+def _view_run(fs: pafs.FileSystem, final: str) -> str | None:
+    """The run a complete path view holds (its manifest's ``job_run``), None if it is not complete."""
+    import json
+
+    if not rfs.exists(fs, rfs.join(final, SUCCESS_MARKER)) or not rfs.exists(fs, manifest_file.path_in(final)):
+        return None
+    try:
+        return str(json.loads(rfs.read_text(fs, manifest_file.path_in(final))).get("job_run") or "") or None
+    except ValueError:
+        return None
+
+
+def _adopt_view(layout: PartitionLayout, fs: pafs.FileSystem, final: str, table: Any) -> str | None:
+    """A complete path view without a pointer (published before run directories): make it a run directory."""
+    run = _view_run(fs, final)
+    if run is None:
+        return None
+    target = run_dir(layout.output_root, layout.date, run)
+    _, path = rfs.resolve(target)
+    if not is_complete(target):
+        rfs.delete_dir_if_exists(fs, path)
+        _clone(fs, final, path)
+    if table is not None:
+        table.point(layout.date, target)
+    write_pointer(layout.output_root, layout.date, run, "adopted", None)
+    return (f"adopted {layout.final_dir} (published before run directories) as run directory run={run}"
+            f"{' and registered it in the table' if table is not None else ''}")
+
+
+def roll_back(layout: PartitionLayout, to: str | None, table: Any = None, method: swap.Method | None = None,
+              hooks: Hooks = NO_HOOKS) -> tuple[str, str]:
+    """Point the date back at an earlier published run that is still kept; returns (from run, to run).
+
+    ``to``: a run key (``recsys rollback --to``); None: the newest earlier one. The same steps as a
+    publish, from the table on: table, pointer, path view. Run under the date's lock, after :func:`recover`.
+    """
+    root, date = layout.output_root, layout.date
+    pointer = read_pointer(root, date)
+    if pointer is None or pointer.run is None:
+        raise ConfigError(f"{partition_name(date)} has no published run under {redact_uri(root)}: nothing to roll back")
+    kept = [r for r in pointer.published_runs()[1:] if is_complete(run_dir(root, date, r))]
+    if to is None:
+        if not kept:
+            raise ConfigError(f"{partition_name(date)}: no earlier published run is kept (output.keep_runs) to roll back "
+                               f"to; the published run is {pointer.run}")
+        to = kept[0]
+    elif to == pointer.run:
+        raise ConfigError(f"{partition_name(date)}: run {to} already is the published one")
+    elif to not in kept:
+        raise ConfigError(f"{partition_name(date)}: run {to} is not a kept earlier run; kept: {', '.join(kept) or 'none'}")
+    target = run_dir(root, date, to)
+    if table is not None:
+        table.point(date, target)
+        hooks.pause("after_table")
+    write_pointer(root, date, to, "rollback", pointer)
+    hooks.pause("after_pointer")
+    refresh_view(layout, to, method or publish_method(layout), hooks)
+    return pointer.run, to
+
+
+def discard_staging(layout: PartitionLayout, table: Any = None) -> None:
+    """Remove this run's directory and copies after it failed, unless the table or the pointer names the run
+    (a failure after the commit point: the run is published, and its directory is what readers read)."""
+    pointer = read_pointer(layout.output_root, layout.date)
+    fs, run = rfs.resolve(layout.run_dir)
+    named = pointer is not None and layout.run_key in pointer.published_runs()
+    if table is not None and not named:
+        location = table.location(layout.date)
+        named = location is not None and run_of(location) == layout.run_key
+    if not named:
+        rfs.delete_dir_if_exists(fs, run)
+    _, staging = rfs.resolve(layout.view_staging_dir)
     rfs.delete_dir_if_exists(fs, staging)
     _remove_if_empty(fs, rfs.resolve(layout.staging_root)[1])
+    _remove_if_empty(fs, rfs.resolve(runs_root(layout.output_root, layout.date))[1])
 
 
 def _list(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from recsys.config import Config
 from recsys.errors import ConfigError, RecsysError
-from recsys.spark.session import session_settings
+from recsys.spark.session import merged_settings, session_settings, store_settings
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,9 @@ def start(cfg: Config, *, properties_file: str | None = None, wait_s: float = 30
         "spark.python.worker.reuse": "true",
         "spark.scheduler.mode": "FAIR",
         "spark.scheduler.allocation.file": str(pools),
-        # the job's own settings (scoring.arrow_batch_size included), the user's spark.conf last
-        **session_settings(cfg.spark, cfg.scoring.arrow_batch_size),
+        # the job's own settings (scoring.arrow_batch_size included), the stores' (metastore of output.table,
+        # S3A), the user's spark.conf last
+        **merged_settings(store_settings(cfg.output, cfg.storage), session_settings(cfg.spark, cfg.scoring.arrow_batch_size)),
     }
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]

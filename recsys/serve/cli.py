@@ -28,9 +28,12 @@ def add_commands(sub, add_config_args) -> None:
 
 
 def _config(args: argparse.Namespace):
+    from recsys import storage
     from recsys.config import load_config
 
-    return load_config(args.conf, args.overrides)
+    cfg = load_config(args.conf, args.overrides)
+    storage.install(storage.ObjectStore.of(cfg.storage.s3))
+    return cfg
 
 
 def cmd_backend(args: argparse.Namespace) -> int:

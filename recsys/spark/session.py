@@ -14,7 +14,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from recsys.config import LaunchSettings, SparkConfig
+from recsys.config import LaunchSettings, OutputConfig, SparkConfig, StorageConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,47 @@ def session_settings(spark_cfg: SparkConfig, arrow_batch_size: int | None = None
     }
 
 
+def store_settings(output: OutputConfig | None = None, storage: StorageConfig | None = None, *,
+                   launching: bool = True) -> dict[str, str]:
+    """The settings that reach the stores: S3A from ``storage.s3`` (:mod:`recsys.storage`) and, when
+    ``output.table`` is set, the Hive metastore (:mod:`recsys.spark.metastore`). ``launching``: the driver's
+    JVM starts with this session (a local session, the backend), so its class path and java options count."""
+    from recsys import storage as object_store
+    from recsys.spark import metastore
+
+    settings: dict[str, str] = {}
+    if storage is not None:
+        settings.update(object_store.spark_settings(object_store.ObjectStore.of(storage.s3)))
+    if output is not None and output.table is not None:
+        store = metastore.resolve(output.metastore)
+        if launching:
+            store.dir.mkdir(parents=True, exist_ok=True)   # derby.log and embedded Derby's database go here
+        settings.update(metastore.metastore_settings(store))
+        if launching:
+            settings.update(metastore.launch_settings(store))
+    return settings
+
+
+def merged_settings(settings: dict[str, str], user: dict[str, str]) -> dict[str, str]:
+    """``user`` wins, except java options and class paths, which are joined (ours first, theirs after)."""
+    merged = {**settings, **user}
+    for key, sep in (("spark.driver.extraJavaOptions", " "), ("spark.driver.extraClassPath", os.pathsep)):
+        if key in settings and key in user:
+            merged[key] = f"{settings[key]}{sep}{user[key]}"
+    return merged
+
+
 def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, app_name: str | None = None,
-                  launch: LaunchSettings | None = None):
+                  launch: LaunchSettings | None = None, output: OutputConfig | None = None,
+                  storage: StorageConfig | None = None):
     """Create or join the session and apply the settings every recsys job relies on.
 
     Under spark-submit or over Spark Connect the session is configured elsewhere: only ``spark.conf``
     and the runtime settings are applied. ``arrow_batch_size``: ``scoring.arrow_batch_size`` for a
     session that scores. ``launch``: the environment's settings (``recsys.config.load_launch_settings``,
-    read by the entry point); None: none (no ``SPARK_REMOTE``, 8 shuffle partitions).
+    read by the entry point); None: none (no ``SPARK_REMOTE``, 8 shuffle partitions). ``output``,
+    ``storage``: the metastore of ``output.table`` and the object-store settings (:func:`store_settings`);
+    a Spark Connect session uses its server's.
     """
     from pyspark.sql import SparkSession
 
@@ -65,10 +98,14 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
     settings = dict(spark_cfg.conf)
     if remote:
         builder = builder.remote(remote)
-    elif not launched_by_submit:
+        if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
+            settings = merged_settings(store_settings(output, storage), settings)
+    elif launched_by_submit:
+        settings = merged_settings(store_settings(output, storage, launching=False), settings)
+    else:
         builder = builder.master(spark_cfg.master)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        settings = session_settings(spark_cfg, arrow_batch_size, launch)
+        settings = merged_settings(store_settings(output, storage), session_settings(spark_cfg, arrow_batch_size, launch))
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -1,0 +1,146 @@
+"""The two stores the publish tests run on: the local file system and a real S3 endpoint (moto's server).
+
+A :class:`Store` hands out fresh output roots and reads them back through the same pyarrow layer the
+job uses (:mod:`recsys.fs`), so a test reads exactly what a reader of that store would.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+from recsys import fs as rfs
+from recsys import storage
+
+REPO = Path(__file__).resolve().parent.parent
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@dataclass
+class Store:
+    name: str                          # "local" or "s3"
+    base: str                          # a directory or s3://bucket/prefix of this test
+    object_store: storage.ObjectStore = field(default_factory=storage.ObjectStore)
+
+    def root(self, name: str = "recommendations") -> str:
+        return rfs.join(self.base, name)
+
+    def write(self, uri: str, data: bytes) -> None:
+        fs, path = rfs.resolve(uri)
+        if self.name == "local":
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+
+    def snapshot(self, uri: str) -> dict[str, bytes]:
+        """Every file under ``uri`` with its bytes."""
+        fs, path = rfs.resolve(uri)
+        if not rfs.is_dir(fs, path):
+            return {}
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        out = {}
+        for info in infos:
+            if info.type == pafs.FileType.File:
+                with fs.open_input_stream(info.path) as f:
+                    out[info.path[len(path):].lstrip("/")] = f.read()
+        return out
+
+    def exists(self, uri: str) -> bool:
+        fs, path = rfs.resolve(uri)
+        return rfs.exists(fs, path)
+
+    def child_env(self) -> dict[str, str]:
+        """What a child process needs to reach this store (the job installs the same from storage.s3)."""
+        return {**os.environ, "PYTHONPATH": str(REPO), **S3_CREDENTIALS,
+                "STOREKIT_OBJECT_STORE": json.dumps(self.object_store.__dict__)}
+
+
+def install_from_env() -> None:
+    """In a child process: install the object store the parent's Store named."""
+    raw = os.environ.get("STOREKIT_OBJECT_STORE")
+    if raw:
+        storage.install(storage.ObjectStore(**json.loads(raw)))
+
+
+class MotoServer:
+    """moto's S3-compatible HTTP server on 127.0.0.1 (a real server process speaking the S3 REST API)."""
+
+    def __init__(self, directory: Path):
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = open(directory / "moto.log", "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto's server exited with {self.proc.returncode}; see {directory / 'moto.log'}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError("moto's server did not listen within 60 s")
+                time.sleep(0.1)
+        self.object_store = storage.ObjectStore(endpoint=self.endpoint, path_style=True, region="us-east-1")
+
+    def bucket(self) -> str:
+        import boto3
+
+        name = f"recsys-{uuid.uuid4().hex[:12]}"
+        boto3.client("s3", endpoint_url=self.endpoint, **_boto_credentials()).create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.log.close()
+
+
+def _boto_credentials() -> dict[str, str]:
+    return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_at(argv: list[str], point: str, env: dict[str, str], timeout_s: float = 120) -> None:
+    """Run a child process held at pause point ``point`` and SIGKILL it as soon as it says it is there."""
+    env = {**env, "RECSYS_PAUSE_AT": point, "RECSYS_PAUSE_MAX_S": str(timeout_s)}
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    reached = False
+    tail: list[str] = []
+    try:
+        for line in proc.stderr:                       # blocks until the child writes, or EOF if it dies
+            if line.startswith(f"recsys-pause: {point}"):
+                os.kill(proc.pid, signal.SIGKILL)
+                reached = True
+                break
+            tail = (tail + [line])[-20:]
+    finally:
+        if proc.poll() is None and not reached:
+            proc.kill()
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    if not reached:
+        raise AssertionError(f"the child never reached {point} (exit {proc.returncode}):\n{''.join(tail)}")
+    assert proc.returncode == -signal.SIGKILL
