@@ -25,11 +25,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from recsys.bench import core_bench, shapes
-from recsys.bench.run import ALS, BARE, BARE_THREADS, JOB
+from recsys.bench.run import ALS, BARE, BARE_THREADS, JOB, JOB_INT8, dtype_refusal
 
 # torch operator name -> category; first match wins, anything unmatched is "other"
 CATEGORIES = (
-    ("matrix products", ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "mkldnn", "aten::_addmm")),
+    ("matrix products", ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "mkldnn", "aten::_addmm",
+                         "quantized::linear_dynamic")),   # int8: the kernel quantizes its input itself
     ("attention", ("scaled_dot_product", "flash_attention")),
     ("top-N selection", ("aten::topk", "aten::gather", "aten::amax", "aten::amin", "aten::nonzero", "aten::ge")),
     ("layer norm, GELU, adds", ("layer_norm", "aten::gelu", "aten::add")),
@@ -71,13 +72,17 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=50)
     ap.add_argument("--top-n", type=int, default=100)
     ap.add_argument("--chunk-size", type=int, default=4096)
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "int8"],
+                    help="scoring dtypes to profile; those this CPU refuses are left out with the reason")
     ap.add_argument("--bench-json", type=Path, help="a `recsys bench --json` file of the same shape, for the ALS row")
     ap.add_argument("--target", type=float, default=10.0, help="the multiple of Spark ALS to budget for")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     shape = shapes.BenchShape(users=args.users, items=args.items, dim=args.dim, history=args.history, top_n=args.top_n)
-    rows = {d: breakdown(d, shape, args.chunk_size) for d in args.dtypes}
+    refused = {d: r for d in args.dtypes if (r := dtype_refusal(d, torch.device("cpu")))}
+    for d, reason in refused.items():
+        print(f"{d} left out: {reason}")
+    rows = {d: breakdown(d, shape, args.chunk_size) for d in args.dtypes if d not in refused}
 
     print(f"one user's scoring time on one thread (us), {shape.items:,} items, d{shape.dim}, history "
           f"{shape.history}, top {shape.top_n}, {shape.users:,} users in chunks of {args.chunk_size:,}")
@@ -101,8 +106,9 @@ def main() -> None:
         scaling = threads / (cores * 1e6 / rows["float32"][1]) if "float32" in rows else 1.0
         budget = cores * 1e6 / need * scaling
         print()
+        int8_job = f", int8 job {ups[JOB_INT8]:,.0f} ({ups[JOB_INT8] / als:.2f}x)" if JOB_INT8 in ups else ""
         print(f"bench {args.bench_json.name}: Spark ALS {als:,.0f} users/s, job {ups[JOB]:,.0f} "
-              f"({ups[JOB] / als:.2f}x), {cores} cores; {cores} threads ran at {scaling:.2f} of {cores} x one thread")
+              f"({ups[JOB] / als:.2f}x){int8_job}, {cores} cores; {cores} threads ran at {scaling:.2f} of {cores} x one thread")
         print(f"{args.target:g}x ALS = {need:,.0f} users/s: at most {budget:.0f} us per user on one thread "
               f"(at that scaling, job overhead not counted)")
         for d in rows:

@@ -93,7 +93,7 @@ class ScoringConfig(_Section):
     top_n: int = Field(ge=1, le=10_000)
     chunk_size: int = Field(ge=1, le=1_000_000)
     device: str = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
     arrow_batch_size: int = Field(ge=1, le=1_000_000)
     partitions: int = Field(ge=0)
     users_per_task: int = Field(ge=1)

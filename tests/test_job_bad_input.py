@@ -233,3 +233,16 @@ def test_a_scoring_dtype_the_workers_cannot_run(monkeypatch, spark, caplog, caps
     error = _recommend_fails(monkeypatch, spark, caplog, capsys, case, "scoring.dtype=float16", "scoring.device=cpu",
                              match=r"the executors refused scoring\.dtype=float16: .*float16 is for CUDA devices")
     assert "PythonException" not in error and "\n" not in error
+
+
+@pytest.mark.slow   # 40-50 s on 2 cores: new Python workers start for the changed environment
+def test_int8_on_workers_whose_cpu_cannot_run_it(monkeypatch, spark, caplog, capsys, case):
+    """int8 where the executors' CPU has no integer dot products: the same exit 2 with their reason. The
+    workers get ``ONEDNN_MAX_CPU_ISA=AVX2`` (oneDNN's own cap, which the capability check honours), so
+    on any CPU their oneDNN really is held below VNNI; Spark starts new Python workers for the changed
+    environment and the session's other workers keep theirs."""
+    monkeypatch.setitem(spark.sparkContext.environment, "ONEDNN_MAX_CPU_ISA", "AVX2")
+    error = _recommend_fails(monkeypatch, spark, caplog, capsys, case, "scoring.dtype=int8", "scoring.device=cpu",
+                             match=r"the executors refused scoring\.dtype=int8: scoring\.dtype=int8 needs a CPU with "
+                                   r"AMX-INT8, AVX-512-VNNI or AVX-VNNI")
+    assert "PythonException" not in error and "\n" not in error

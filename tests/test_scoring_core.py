@@ -371,3 +371,19 @@ def test_bf16_lists_overlap_fp32_and_carry_fp32_scores():
     assert overlap >= 0.95
     assert np.all(np.diff(vals16, axis=1) <= 0)                                   # fp32-rescored, best first
     assert vals16.dtype == np.float32 and len(np.unique(vals16)) > 0.9 * vals16.size   # not bf16-rounded
+
+
+@pytest.mark.skipif(not core_module.cpu_bf16_supported(), reason="this CPU has no native bf16")
+def test_bf16_over_tiles_narrower_than_its_preselection_gives_the_untiled_lists():
+    """1.5 N = 15 candidates from tiles of 7 items: the running merge holds fewer than 15 after two tiles."""
+    model = trained_sasrec()
+    rng = np.random.default_rng(9)
+    hists = [list(rng.choice(np.arange(1, NUM_ITEMS + 1), size=n, replace=False)) for n in rng.integers(1, 20, 100)]
+    available = np.arange(1, NUM_ITEMS + 1)
+    common = dict(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(available, ITEM_IDS[available - 1]),
+                  fallback=Fallback(SOURCE_POPULARITY, ITEM_IDS[:10], np.linspace(1, 0.5, 10).astype(np.float32)),
+                  top_n=10, device=torch.device("cpu"), dtype="bfloat16")
+    whole = Scorer(**common).topn(to_ids(hists))
+    tiled = Scorer(**common, item_tile=7).topn(to_ids(hists))
+    assert np.array_equal(whole[0], tiled[0])
+    np.testing.assert_allclose(whole[1], tiled[1], rtol=1e-6)

@@ -24,22 +24,24 @@ from recsys.scoring.core import Scorer, check_dtype
 from recsys.scoring.params import ScoringParams
 
 
-def bf16_refusal(device: torch.device) -> str:
-    """Why the bf16 row cannot run here ('' when it can)."""
+def dtype_refusal(dtype: str, device: torch.device) -> str:
+    """Why the rows of ``dtype`` cannot run here ('' when they can): the scoring core's own refusal."""
     try:
-        check_dtype("bfloat16", device)
+        check_dtype(dtype, device)
     except ValueError as e:
         return str(e)
     return ""
 
 BARE, BARE_THREADS, JOB, PBU, ALS = "bare_core", "bare_core_threads", "job_stage", "predict_batch_udf", "spark_als"
-REF, BF16 = "reference_core", "bare_core_bf16"
+REF, BF16, INT8, JOB_INT8 = "reference_core", "bare_core_bf16", "bare_core_int8", "job_stage_int8"
 LABELS = {
     REF: "reference core (all positions, full sort), fp32",
     BARE: "bare core, 1 process, N torch threads",
     BARE_THREADS: "bare core, 1 process, N threads x 1 torch thread",
     BF16: "bare core, bfloat16",
+    INT8: "bare core, int8",
     JOB: "job scoring stage (Spark, mapInArrow + cache)",
+    JOB_INT8: "job scoring stage, int8",
     PBU: "predict_batch_udf wrapping the same core",
     ALS: "Spark ALS recommendForAllUsers (rank = dim)",
 }
@@ -121,7 +123,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
     if threads_mode:
         systems[BARE_THREADS] = lambda: core_bench.score_chunks_parallel(scorer, user_ids, chunks, opts.cores)[0]
     if BF16 not in opts.skip and settings.dtype == "float32":
-        refusal = bf16_refusal(device)
+        refusal = dtype_refusal("bfloat16", device)
         if refusal:
             extra["bf16_skipped"] = refusal
         else:
@@ -129,12 +131,26 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = print) -> dict:
             core_bench.score_chunks(bf16, user_ids, chunks[:1])
             systems[BF16] = timed(bf16)
             extra["bf16_overlap"] = core_bench.agreement(scorer, bf16, chunks[0][2], overlap=True)
+    # int8 (where the CPU has VNNI or AMX-INT8): a bare-core row and, with Spark, the job's stage in int8
+    int8_settings = None
+    wants_int8 = INT8 not in opts.skip or (JOB_INT8 not in opts.skip and not opts.core_only)
+    if wants_int8 and settings.dtype == "float32":
+        refusal = dtype_refusal("int8", device)
+        if refusal:
+            extra["int8_skipped"] = refusal
+        else:
+            int8_settings = replace(settings, dtype="int8")
+            int8 = shapes.scorer(shape, net, device, int8_settings)
+            core_bench.score_chunks(int8, user_ids, chunks[:1])
+            if INT8 not in opts.skip:
+                systems[INT8] = timed(int8)
+            extra["int8_overlap"] = core_bench.agreement(scorer, int8, chunks[0][2], overlap=True)
     if device.type == "cuda":
         extra["gpu"] = torch.cuda.get_device_name(device)
     session = None
     tmp = None
     if not opts.core_only:
-        session, tmp, spark_systems, spark_extra = _spark_systems(opts, user_ids, seqs, net)
+        session, tmp, spark_systems, spark_extra = _spark_systems(opts, user_ids, seqs, net, int8_settings)
         systems.update(spark_systems)
         extra.update(spark_extra)
     try:
@@ -163,7 +179,8 @@ def _interleaved(systems: dict[str, Callable[[], float]], repeats: int, log: Cal
     return seconds
 
 
-def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
+def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net, int8_settings: ScoringParams | None = None):
+    """The Spark rows; ``int8_settings``: also the job's stage with these (int8) settings, on the same workers."""
     from recsys.bench import spark_bench
     from recsys.config import SparkConfig
     from recsys.model.io import save_model
@@ -196,15 +213,21 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net):
                        fallback_name=fallback.name, params=opts.scoring)
     figures: dict = {}
 
-    def job() -> float:
-        spark_bench.job_stage(spark, warm_path, spec)
-        seconds, workers = spark_bench.job_stage(spark, hist_path, spec)
-        figures.setdefault("job_worker_figures", []).append(
-            {k: workers[k] for k in ("tasks", "workers", "model_misses", "worker_rss_mb_max", "encode_s", "score_s",
-                                     "to_arrow_s", "task_s")})
-        return seconds
+    def job_with(job_spec: ScoringSpec) -> Callable[[], float]:
+        def job() -> float:
+            spark_bench.job_stage(spark, warm_path, job_spec)
+            seconds, workers = spark_bench.job_stage(spark, hist_path, job_spec)
+            figures.setdefault("job_worker_figures", []).append(
+                {"dtype": job_spec.params.dtype,
+                 **{k: workers[k] for k in ("tasks", "workers", "model_misses", "scorer_misses", "int8_misses",
+                                            "int8_build_s", "worker_rss_mb_max", "encode_s", "score_s", "to_arrow_s",
+                                            "task_s")}})
+            return seconds
+        return job
 
-    systems: dict[str, Callable[[], float]] = {JOB: job}
+    systems: dict[str, Callable[[], float]] = {JOB: job_with(spec)}
+    if int8_settings is not None and JOB_INT8 not in opts.skip:
+        systems[JOB_INT8] = job_with(replace(spec, params=int8_settings))
     if PBU not in opts.skip:
         pbu = spark_bench.PredictBatch(model_dir, shape, opts.scoring.chunk_size)
 
@@ -236,20 +259,30 @@ def _report(opts: BenchOptions, seconds: dict[str, list[float]], extra: dict) ->
     ups = {n: users / s for n, s in median.items()}
     # the limit is the faster way of running the bare core on these cores
     bare = max(ups[n] for n in (BARE, BARE_THREADS) if n in ups)
-    ratios = {f"{n}/bare": ups[n] / bare for n in ups if n not in (BARE, BARE_THREADS, REF, BF16)}
+    ratios = {f"{n}/bare": ups[n] / bare for n in ups if n not in (BARE, BARE_THREADS, REF, BF16, INT8)}
     if REF in ups:
         # like with like: the reference runs in the mode of the BARE_THREADS row where there is one
         same_mode = ups.get(BARE_THREADS, ups[BARE])
         ratios["bare/reference"] = same_mode / ups[REF]
         if BF16 in ups:
             ratios["bf16/reference"] = ups[BF16] / ups[REF]
+        if INT8 in ups:
+            ratios["int8/reference"] = ups[INT8] / ups[REF]
     if BF16 in ups:
         ratios["bf16/bare"] = ups[BF16] / ups.get(BARE_THREADS, ups[BARE])
+    if INT8 in ups:
+        ratios["int8/bare"] = ups[INT8] / ups.get(BARE_THREADS, ups[BARE])
+        if JOB_INT8 in ups:   # the int8 job against its own bare core, as the fp32 job against the fp32 one
+            ratios["job_int8/bare_int8"] = ups[JOB_INT8] / ups[INT8]
     overhead_us = {n: (1 / ups[n] - 1 / bare) * 1e6 for n in ups if n in (JOB, PBU)}
     if JOB in ups and PBU in ups and overhead_us[PBU] > 0:
         ratios["job_overhead/pbu_overhead"] = overhead_us[JOB] / overhead_us[PBU]
     if JOB in ups and ALS in ups:
         ratios["job/als"] = ups[JOB] / ups[ALS]
+    if JOB_INT8 in ups and ALS in ups:
+        ratios["job_int8/als"] = ups[JOB_INT8] / ups[ALS]
+    if JOB_INT8 in ups and INT8 in ups:
+        overhead_us[JOB_INT8] = (1 / ups[JOB_INT8] - 1 / ups[INT8]) * 1e6
     return {
         "shape": opts.shape.as_dict(),
         "cores": opts.cores, "repeats": opts.repeats, "chunk_size": opts.scoring.chunk_size,
@@ -286,14 +319,28 @@ def format_table(result: dict) -> str:
                      f"{result.get('bf16_overlap', float('nan')):.4f}")
     if result.get("bf16_skipped"):
         lines.append(f"bf16 row skipped: {result['bf16_skipped']}")
+    if "int8/reference" in r or "int8/bare" in r:
+        head = f"int8 core / reference core: {r['int8/reference']:.2f}x; " if "int8/reference" in r else ""
+        lines.append(f"{head}int8 core / fp32 core: {r['int8/bare']:.2f}x (same mode); top-N overlap with fp32: "
+                     f"{result.get('int8_overlap', float('nan')):.4f}")
+    elif "int8_overlap" in result:
+        lines.append(f"int8 top-N overlap with fp32: {result['int8_overlap']:.4f}")
+    if result.get("int8_skipped"):
+        lines.append(f"int8 rows skipped: {result['int8_skipped']}")
     if JOB in o:
         lines.append(f"job overhead over the bare core:          {o[JOB]:8.1f} us/user")
+    if JOB_INT8 in o:
+        lines.append(f"int8 job overhead over the int8 core:     {o[JOB_INT8]:8.1f} us/user")
+    if "job_int8/bare_int8" in r:
+        lines.append(f"int8 job / int8 bare core: {r['job_int8/bare_int8']:.2f}")
     if PBU in o:
         lines.append(f"predict_batch_udf overhead over the core: {o[PBU]:8.1f} us/user")
     if "job_overhead/pbu_overhead" in r:
         lines.append(f"job overhead / predict_batch_udf overhead: {r['job_overhead/pbu_overhead']:.2f}")
     if "job/als" in r:
         lines.append(f"job / Spark ALS: {r['job/als']:.2f}x")
+    if "job_int8/als" in r:
+        lines.append(f"int8 job / Spark ALS: {r['job_int8/als']:.2f}x")
     mem = [f"{k} {result[k]:,.0f} MB" for k in ("driver_python_peak_mb", "jvm_peak_mb", "python_worker_peak_mb")
            if k in result and result[k] == result[k]]
     if mem:

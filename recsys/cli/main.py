@@ -159,12 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=4096)
     p.add_argument("--arrow-batch-size", type=int, default=10_000)
     p.add_argument("--device", default="cpu", help="cpu or cuda (the Spark systems always run on the CPU here)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "int8"])
     p.add_argument("--item-tile", type=int, default=0)
     p.add_argument("--max-tile-mb", type=float, default=ScoringParams.max_tile_mb,
                    help="largest chunk x item-tile score matrix in MiB (0: no limit); default: the job's")
     p.add_argument("--core-only", action="store_true", help="only the bare core: no Spark, MLflow or config needed")
-    p.add_argument("--skip", default="", help="comma-separated systems to leave out: reference_core,bare_core_bf16,predict_batch_udf,spark_als")
+    p.add_argument("--skip", default="", help="comma-separated systems to leave out: reference_core,bare_core_bf16,"
+                   "bare_core_int8,job_stage_int8,predict_batch_udf,spark_als")
     p.add_argument("--work-dir", type=Path, help="where temporary data goes (default: the system temp dir)")
     p.add_argument("--json", type=Path, help="also write the figures as JSON")
     p.set_defaults(func=cmd_bench)

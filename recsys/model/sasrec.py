@@ -55,6 +55,16 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> t
     return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
+def _output_features(layer: nn.Module, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Output features ``lo:hi`` of a linear layer at ``x``, computed for those features only: a slice
+    of an ``nn.Linear``'s weight, or the part an int8 layer prepared for them
+    (:meth:`recsys.model.int8.Int8Linear.rows`, the scoring core's ``scoring.dtype=int8``)."""
+    if isinstance(layer, nn.Linear):
+        bias = None if layer.bias is None else layer.bias[lo:hi]
+        return F.linear(x, layer.weight[lo:hi], bias)
+    return layer.rows(lo, hi)(x)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: SASRecConfig):
         super().__init__()
@@ -88,9 +98,8 @@ class CausalSelfAttention(nn.Module):
         bf16, 65,536 rows, torch 2.11 on an H200); the memory-efficient and math kernels take it.
         """
         B, L, D = x.shape
-        w, b = self.qkv.weight, self.qkv.bias                            # [3D, D], [3D]
-        q = F.linear(x[:, -1:], w[:D], b[:D])                            # [B, 1, D]
-        k, v = F.linear(x, w[D:], b[D:]).split(D, dim=2)                 # 2 x [B, L, D]
+        q = _output_features(self.qkv, x[:, -1:], 0, D)                  # [B, 1, D]
+        k, v = _output_features(self.qkv, x, D, 3 * D).split(D, dim=2)   # 2 x [B, L, D]
         backends = (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
                     if x.device.type == "cuda" else contextlib.nullcontext())
         with backends:

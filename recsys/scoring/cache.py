@@ -94,9 +94,12 @@ class BoundedCache(Generic[V]):
 
 # The worker-global caches. Models (weights on a device) and scorers (a model prepared for one
 # candidate set) are cached separately: a backfill over dates with different catalog snapshots
-# reloads no weights, only re-gathers the candidate rows.
+# reloads no weights, only re-gathers the candidate rows. INT8 holds, under the model's own key, what
+# scoring.dtype=int8 derives from a model (its int8 encoder layers and item matrix,
+# recsys.model.int8.Int8Model): quantized once per model load, whatever the candidate sets.
 MODELS: BoundedCache = BoundedCache(maxsize=2)
 SCORERS: BoundedCache = BoundedCache(maxsize=2)
+INT8: BoundedCache = BoundedCache(maxsize=2)
 
 
 def worker_identity() -> dict:

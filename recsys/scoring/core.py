@@ -20,6 +20,13 @@ candidates run in bf16, and those candidates are rescored in fp32, so the publis
 differs from fp32's only where bf16 rounding (of the encoder, which runs under bf16 autocast, and of
 the product) moved a true top-N item below ``1.5 N`` or reordered near-ties.
 
+``dtype="int8"`` does the same with 8-bit integer products on CPUs that have integer dot-product
+instructions (AMX-INT8, AVX-512-VNNI or AVX-VNNI, see :func:`cpu_int8_refusal`): the encoder's large
+linear layers are dynamically quantized, the product with the candidates runs against the item matrix
+quantized per item once per model load (:mod:`recsys.model.int8`), and the ``1.5 N`` candidates it
+preselects are rescored in fp32 against the fp32 item rows, so the published scores are fp32 dot
+products of the user vector and the items.
+
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
 """
@@ -34,11 +41,14 @@ import pyarrow as pa
 import torch
 
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
+from recsys.model import int8 as int8_kernels
 from recsys.model.base import SequenceRecommender
-from recsys.model.precision import cpu_bf16_supported
+from recsys.model.precision import cpu_bf16_supported, cpu_int8_refusal
 from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# scoring.dtype values: the float ones, and int8 (quantized products, the item rows kept in fp32 for rescoring)
+DTYPES = (*_DTYPES, "int8")
 
 # CPU row blocks: one block's [rows, items] score matrix is kept near this size, so it is still in
 # cache when it is masked and its top N selected (measured on 2 cores at 4,096 x 20,000, d64:
@@ -63,6 +73,9 @@ CPU_MIN_GROUPS_PER_ITEM = 2
 # path therefore does too, as CUDA always did.
 BF16_PRESELECT = 1.5
 ENCODE_BF16_ON_CPU = True
+# int8: which parts run in int8 (benchmarks/int8_parts.py measures each alone and both; docs/performance.md)
+INT8_ENCODER = True
+INT8_PRODUCT = True
 
 
 class UnsupportedDtype(ValueError):
@@ -75,8 +88,18 @@ class UnsupportedDtype(ValueError):
 
 def check_dtype(dtype: str, device: torch.device) -> None:
     """Refuse a scoring dtype the device cannot run natively, naming what to use instead."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"scoring.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"scoring.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype == "int8":
+        if device.type != "cpu":
+            raise UnsupportedDtype(f"scoring.dtype=int8 is for CPUs (AMX-INT8 or AVX-512-VNNI/AVX-VNNI); on {device} "
+                                   "use bfloat16 or float16")
+        refusal = cpu_int8_refusal()
+        if refusal:
+            raise UnsupportedDtype(f"scoring.dtype=int8 needs a CPU with AMX-INT8, AVX-512-VNNI or AVX-VNNI and "
+                                   f"torch's oneDNN int8 kernels, but {refusal}. Use scoring.dtype=float32 on these "
+                                   "workers (or bfloat16 where the CPU has AVX-512-BF16 or AMX-BF16)")
+        return
     if device.type != "cpu" or dtype == "float32":
         return
     if dtype == "float16":
@@ -381,7 +404,11 @@ class Scorer:
     dtype: str = "float32"
     item_tile: int = 0
     max_tile_mb: float = 0.0     # with item_tile 0: largest [chunk, tile] score matrix, in MiB (0: no limit)
+    # dtype int8: the model's int8 parts, built once per model load (the worker caches them with the
+    # model, recsys.scoring.cache.INT8); None: built here
+    int8: int8_kernels.Int8Model | None = field(default=None, repr=False)
     _cand_emb: torch.Tensor = field(init=False, repr=False)
+    _int8_tiles: list | None = field(init=False, repr=False)
     _cand_emb32: torch.Tensor = field(init=False, repr=False)
     _cand_of_item: torch.Tensor = field(init=False, repr=False)
     _cand_ids: torch.Tensor = field(init=False, repr=False)
@@ -403,12 +430,20 @@ class Scorer:
         with torch.inference_mode():
             emb = self.model.item_embeddings().detach()
             cand_emb = emb.index_select(0, idx.to(emb.device)).to(dev, torch.float32)   # [C, D]
-            self._cand_emb32 = cand_emb.contiguous()                                    # rescoring (bf16/fp16)
-            self._cand_emb = cand_emb.to(_DTYPES[self.dtype]).contiguous()
+            self._cand_emb32 = cand_emb.contiguous()                                    # rescoring (bf16/fp16/int8)
+            self._cand_emb = cand_emb.to(_DTYPES.get(self.dtype, torch.float32)).contiguous()
         lookup = torch.full((num_items + 1,), -1, dtype=torch.long)
         lookup[idx] = torch.arange(len(idx), dtype=torch.long)
         self._cand_of_item = lookup.to(dev)                                  # [num_items + 1] -> column or -1
         self._cand_ids = torch.as_tensor(self.candidates.item_ids, dtype=torch.long).to(dev)   # [C]
+        self._int8_tiles = None
+        if self.dtype == "int8":
+            if self.int8 is None:
+                self.int8 = int8_kernels.quantize_for_scoring(self.model)
+            if INT8_PRODUCT:   # packed per item tile, once per candidate set: the quantized rows come from self.int8
+                tile = self.tile_size(self.row_block(1 << 62), 4)
+                self._int8_tiles = [(lo, min(lo + tile, len(idx)), self.int8.pack_items(idx[lo:lo + tile]))
+                                    for lo in range(0, len(idx), tile)]
         order = np.argsort(self.vocab.item_ids, kind="stable")
         self._vocab_sorted = torch.as_tensor(self.vocab.item_ids[order]).to(dev)              # [V] sorted ids
         self._vocab_order = torch.as_tensor(order + 1, dtype=torch.long).to(dev)              # -> model index
@@ -543,28 +578,40 @@ class Scorer:
             vals[lo:hi], out_cols[lo:hi] = self._select_block(user[lo:hi], r, c, k)
         return vals, out_cols
 
+    def _tiles(self, rows: int) -> list:
+        """(first column, end column, packed int8 items or None) of each item tile a row block is scored over."""
+        if self._int8_tiles is not None:
+            return self._int8_tiles
+        num_c = self.num_candidates
+        tile = self.tile_size(rows, self._cand_emb.element_size())
+        return [(start, min(start + tile, num_c), None) for start in range(0, num_c, tile)]
+
     def _select_block(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
-        """One row block: product, masking and exact top-k, over item tiles when the catalog is tiled."""
-        low_precision = self._cand_emb.dtype != torch.float32
+        """One row block: product, masking and exact top-k, over item tiles when the catalog is tiled.
+
+        bf16/fp16 and int8 products preselect ``BF16_PRESELECT * k`` candidates, rescored in fp32 below."""
+        low_precision = self._cand_emb.dtype != torch.float32 or self._int8_tiles is not None
         want = min(self.num_candidates, int(BF16_PRESELECT * k)) if low_precision else k
         u = user.to(self._cand_emb.dtype)
         num_c = self.num_candidates
-        tile = self.tile_size(len(user), self._cand_emb.element_size())
         neg_inf = torch.tensor(float("-inf"), dtype=u.dtype, device=u.device)
         best_val: torch.Tensor | None = None
         best_col: torch.Tensor | None = None
-        for start in range(0, num_c, tile):
-            stop = min(start + tile, num_c)
-            scores = u @ self._cand_emb[start:stop].T                                # [b, T]
+        for start, stop, packed in self._tiles(len(user)):
+            if packed is not None:
+                scores = int8_kernels.linear(u, packed)                              # [b, T] fp32, int8 product
+            else:
+                scores = u @ self._cand_emb[start:stop].T                            # [b, T]
             if len(cols):
-                in_tile = (cols >= start) & (cols < stop) if tile < num_c else slice(None)
+                in_tile = (cols >= start) & (cols < stop) if stop - start < num_c else slice(None)
                 scores.index_put_((rows[in_tile], cols[in_tile] - start), neg_inf)
             v, c = exact_topk(scores, min(want, stop - start), exact=not low_precision)  # [b, kt] x 2
             c = c + start
             if best_val is None:
                 best_val, best_col = v, c
             else:                                                                    # running merge, same order
-                best_val, best_col = _keyed_topk(torch.cat([best_val, v], 1), torch.cat([best_col, c], 1), want)
+                merged_val, merged_col = torch.cat([best_val, v], 1), torch.cat([best_col, c], 1)
+                best_val, best_col = _keyed_topk(merged_val, merged_col, min(want, merged_val.shape[1]))
         assert best_val is not None and best_col is not None
         if not low_precision:
             return best_val, best_col
@@ -575,6 +622,8 @@ class Scorer:
         return _keyed_topk(exact, best_col, k)
 
     def _encode(self, seq: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None and INT8_ENCODER:
+            return self.int8.encoder.encode(seq)
         return self.model.encode(seq)
 
     def _sync(self) -> None:
@@ -582,7 +631,7 @@ class Scorer:
             torch.cuda.synchronize(self.device)
 
     def _autocast(self):
-        if self.dtype != "float32" and (self.device.type == "cuda" or ENCODE_BF16_ON_CPU):
+        if self.dtype in ("bfloat16", "float16") and (self.device.type == "cuda" or ENCODE_BF16_ON_CPU):
             return torch.autocast(self.device.type, dtype=_DTYPES[self.dtype])
         return contextlib.nullcontext()
 

@@ -18,7 +18,7 @@ class ScoringParams:
     top_n: int
     chunk_size: int = 4096           # users scored together on the device
     device: str = "auto"             # auto | cpu | cuda | cuda:N (resolved on each worker)
-    dtype: str = "float32"           # float32 | bfloat16 | float16
+    dtype: str = "float32"           # float32 | bfloat16 | float16 | int8
     item_tile: int = 0               # items per tile; 0: as many as max_tile_mb allows
     max_tile_mb: float = 1024.0      # largest [chunk, tile] score matrix in MiB; 0: no limit
     cache_size: int = 2              # models (and scorers) kept per Python worker

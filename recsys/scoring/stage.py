@@ -23,7 +23,8 @@ WorkerFigures = dict[str, Any]
 
 _SUMMED = ("users", "model_users", "fallback_users", "nonfinite_users", "short_lists", "chunks", "history_items",
            "unknown_items", "encode_s", "score_s", "to_arrow_s", "model_hits", "model_misses", "model_load_s",
-           "scorer_hits", "scorer_misses", "scorer_load_s", "task_s", "check_s")
+           "scorer_hits", "scorer_misses", "scorer_load_s", "int8_hits", "int8_misses", "int8_build_s", "task_s",
+           "check_s")
 
 
 def scoring_tasks(users: int, *, partitions: int, users_per_task: int, cores: int | None) -> int:

@@ -82,7 +82,8 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
 
         cache.MODELS.resize(params.cache_size)
         cache.SCORERS.resize(params.cache_size)
-        models_before, scorers_before = cache.MODELS.snapshot(), cache.SCORERS.snapshot()
+        cache.INT8.resize(params.cache_size)
+        models_before, scorers_before, int8_before = cache.MODELS.snapshot(), cache.SCORERS.snapshot(), cache.INT8.snapshot()
         scorer = _get_scorer(spec, device)
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
@@ -108,6 +109,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         models_delta = cache.MODELS.snapshot().minus(models_before)
         loaded_weights = models_delta.misses > 0
         scorers_delta = cache.SCORERS.snapshot().minus(scorers_before)
+        int8_delta = cache.INT8.snapshot().minus(int8_before)
         payload = {
             **cache.worker_identity(),
             "partition": ctx.partitionId() if ctx else -1,
@@ -124,6 +126,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             "scorer_hits": scorers_delta.hits,
             "scorer_misses": scorers_delta.misses,
             "scorer_load_s": scorers_delta.load_seconds,
+            # scoring.dtype=int8: the model's int8 parts, quantized once per model load (int8_misses)
+            "int8_hits": int8_delta.hits,
+            "int8_misses": int8_delta.misses,
+            "int8_build_s": int8_delta.load_seconds,
             "task_s": time.perf_counter() - task_start,
             "peak_rss_mb": _peak_rss_mb(),
             **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
@@ -138,9 +144,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
 
 def _get_scorer(spec: ScoringSpec, device):
     """Scorer from the worker cache; on a miss, the model itself may still be cached."""
+    from recsys.model.int8 import quantize_for_scoring
     from recsys.model.io import load_model
     from recsys.scoring import cache
-    from recsys.scoring.core import Candidates, Fallback, Scorer
+    from recsys.scoring.core import Candidates, Fallback, Scorer, check_dtype
     from recsys.scoring.shipping import fetch_model
     from recsys.sequences import Vocabulary
 
@@ -152,12 +159,17 @@ def _get_scorer(spec: ScoringSpec, device):
 
     def prepare():
         (model, vocab), _ = cache.MODELS.get_or_load(model_key, load)
+        int8 = None
+        if spec.params.dtype == "int8":
+            check_dtype("int8", device)       # refuse before quantizing anything
+            int8, _ = cache.INT8.get_or_load(model_key, lambda: quantize_for_scoring(model))
         return Scorer(
             model=model,
             vocab=vocab,
             candidates=Candidates(spec.candidates_index, spec.candidates_item_ids),
             fallback=Fallback(spec.fallback_name, spec.fallback_item_ids, spec.fallback_scores),
             device=device,
+            int8=int8,
             **spec.params.scorer_settings(),
         )
 
