@@ -293,7 +293,7 @@ def manifest_section(stage: GuardStage) -> dict[str, Any]:
 # record
 
 
-TREND_FIGURES = ("realized_hr_at_10", "realized_pop_hr_at_10", "jaccard_at_n_mean", "catalog_coverage")
+TREND_FIGURES = ("realized_hr_at_10", "realized_pop_hr_at_10", "realized_users", "jaccard_at_n_mean", "catalog_coverage")
 
 
 def trend(cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
@@ -351,7 +351,8 @@ def _log_trend(recorder: Any, cfg: Config, date: dt.date, tonight: Mapping[str, 
         log.warning("recommend %s: could not read the earlier nights for the trend plot: %s", date, exc)
         return
     recorder.log_dict({"nights": rows}, "guard_trend.json")
-    fig = plots.night_trend(rows, guard_thresholds={name: t.model_dump() for name, t in cfg.guard.thresholds.items()})
+    fig = plots.night_trend(rows, guard_thresholds={name: t.model_dump() for name, t in cfg.guard.thresholds.items()},
+                            min_users=cfg.guard.min_users)
     recorder.log_figure(fig, "plots/guard_trend.png")
     import matplotlib.pyplot as plt
 

@@ -76,11 +76,13 @@ def learning_curve(curve: list[dict], metric: str):
 VERDICT_COLOURS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red", "accepted": "tab:purple"}
 
 
-def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = None):
+def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = None, min_users: int = 0):
     """The last nights, oldest first (``recsys.pipelines.nightly_compare.trend`` rows): the realized hit rate
     of each night's lists (model against the popularity baseline, drawn at the date the lists were
     published), their overlap with the night before, and catalog coverage; each night's point coloured
-    by the guard's verdict, the guard's thresholds drawn where they apply."""
+    by the guard's verdict, the guard's thresholds drawn where they apply. A hit rate measured over fewer
+    than ``min_users`` users (``guard.min_users``: reported, not judged) is drawn hollow, so that a quiet
+    night's 0 or 1 from a handful of users is not read as a trend."""
     import datetime as dt
 
     import matplotlib.dates as mdates
@@ -98,10 +100,18 @@ def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = N
         return [p[0] for p in points], [p[1] for p in points]
 
     ax = axes[0]
+    few = {day(n.get("realized_for")) for n in nights
+           if isinstance(n.get("realized_users"), (int, float)) and n["realized_users"] < min_users}
     for key, label, style in (("realized_hr_at_10", "model lists", "o-"),
                               ("realized_pop_hr_at_10", "popularity baseline, same users", "s--")):
         xs, ys = series(key, at="realized_for")
-        ax.plot(xs, ys, style, ms=4, label=label)
+        line, = ax.plot(xs, ys, style[1:], label=label)
+        for x, y in zip(xs, ys):
+            ax.plot([x], [y], style[0], ms=5, color=line.get_color(),
+                    markerfacecolor="white" if x in few else line.get_color())
+    if few:
+        ax.plot([], [], "o", ms=5, color="tab:gray", markerfacecolor="white",
+                label=f"hollow: fewer than {min_users} users (not judged)")
     ax.set_ylabel("realized HR@10")
     ax.set_ylim(bottom=0)
     ax.set_title("Realized hit rate of each night's lists (what users touched until the next night)", fontsize=10)
