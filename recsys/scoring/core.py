@@ -617,7 +617,9 @@ class Scorer:
             return best_val, best_col
         # rescore the preselected candidates in fp32; masked (-inf) slots stay masked
         rows32 = self._cand_emb32.index_select(0, best_col.reshape(-1)).view(*best_col.shape, -1)  # [b, want, D]
-        exact = torch.bmm(rows32, user[:, :, None]).squeeze(2)                   # [b, want]
+        # a broadcast multiply and sum, not bmm: a batch of [want, D] x [D] products is a thousand tiny
+        # matrix-vector calls to the BLAS (on one thread, 209 users x 150 x 64: 1.7 ms against 0.4 ms)
+        exact = (rows32 * user[:, None, :]).sum(2)                              # [b, want]
         exact = torch.where(torch.isneginf(best_val), torch.full_like(exact, float("-inf")), exact)
         return _keyed_topk(exact, best_col, k)
 
