@@ -91,6 +91,31 @@ def tree_cpu_s(*extra_pids: int) -> float:
     return total
 
 
+def cpu_by_process(redis_pid: int) -> dict[str, float]:
+    """CPU seconds so far by kind of process: ``driver`` (this Python process), ``jvm`` (Spark's java),
+    ``python_workers`` (the Python daemon and its workers, the export's tasks; reaped workers included) and
+    ``redis``: where the export's CPU goes, to tell Spark's cost from the encoding's and the store's."""
+    import psutil
+
+    def cpu(proc, children=True) -> float:
+        t = proc.cpu_times()
+        return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
+
+    me = psutil.Process()
+    out = {"driver": cpu(me, children=False), "jvm": 0.0, "python_workers": 0.0, "redis": 0.0}
+    for proc in me.children(recursive=True):
+        try:
+            kind = "jvm" if "java" in proc.name() else "python_workers"
+            out[kind] += cpu(proc, children=kind == "python_workers" and "java" in proc.parent().name())
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        out["redis"] = cpu(psutil.Process(redis_pid), children=False)
+    except psutil.NoSuchProcess:
+        pass
+    return out
+
+
 def json_bytes_per_user(root: Path, sample: int = 20_000) -> float:
     """What a hand-written exporter storing JSON would store: ``json.dumps`` of each row's list and source."""
     from recsys.data.contracts import partition_name
@@ -139,6 +164,8 @@ def main(argv=None) -> int:
                                      f"paths.driver_scratch={work / 'driver'}", f"paths.events={work / 'events'}",
                                      f"paths.catalog={work / 'catalog'}", f"spark.master=local[{args.cores}]",
                                      f"export.redis_url={server.url}", "export.keep_versions=1",
+                                     # the synthetic partition is a path-layout one (dt=DATE/, _SUCCESS): no table
+                                     "output.table=null",
                                      f"mlflow.tracking_uri=sqlite:///{work / 'mlflow.db'}", *args.overrides])
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         spark = build_session(cfg.spark, app_name="recsys-export-bench")
@@ -146,13 +173,15 @@ def main(argv=None) -> int:
         before = int(client.info("memory")["used_memory"])
         for i in range(args.repeats):
             cpu0 = tree_cpu_s(server.process.pid)
+            by0 = cpu_by_process(server.process.pid)
             t0 = time.perf_counter()
             result = run_export(spark, cfg, DATE, force=i > 0)
             wall = time.perf_counter() - t0
             cpu = tree_cpu_s(server.process.pid) - cpu0
+            by = {k: round(v - by0.get(k, 0.0), 1) for k, v in cpu_by_process(server.process.pid).items()}
             memory = int(client.info("memory")["used_memory"])
             run = {**result.figures, "version": result.version, "wall_s": round(wall, 2), "cpu_s": round(cpu, 1),
-                   "users_per_s_of_cpu": round(result.figures["users"] / (cpu / args.cores)),
+                   "users_per_s_of_cpu": round(result.figures["users"] / (cpu / args.cores)), "cpu_s_by_process": by,
                    "used_memory": memory, "keys": int(client.dbsize()), "removed": list(result.removed),
                    "load": os.getloadavg()}
             if i == 0:
@@ -183,6 +212,10 @@ def format_table(r: dict) -> str:
         lines.append(f"| {i} | {run['version']} | {run['users_per_s']:,.0f} | {run['users_per_s_of_cpu']:,.0f} | "
                      f"{run['cpu_s']:.1f} | {run['seconds']:.1f} | {run['wall_s']:.1f} | "
                      f"{', '.join(run['removed']) or '-'} | {run['load'][0]:.1f} |")
+    for i, run in enumerate(r["runs"], 1):
+        if run.get("cpu_s_by_process"):
+            lines.append(f"run {i} CPU s by process (removal included): "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in run["cpu_s_by_process"].items()))
     lines.append(f"\nRedis memory per user: {r['memory_per_user']:,.0f} bytes (used_memory after the first export "
                  f"less before); value: {r['value_bytes_per_user']:,.0f} bytes (this format) against "
                  f"{r['json_bytes_per_user']:,.0f} as JSON ({r['json_bytes_per_user'] / r['value_bytes_per_user']:.1f}x)")
