@@ -57,23 +57,26 @@ def test_the_skip_decision_compares_model_version_and_config_digest():
     assert skip_reason(None, "3", "abc") is None             # nothing published
 
 
-def test_force_on_the_command_line_reaches_the_job(monkeypatch):
+def test_force_and_accept_guard_on_the_command_line_reach_the_job(monkeypatch):
     import recsys.pipelines.nightly
     import recsys.spark.session
     from recsys.cli import main as cli
 
     seen = {}
 
-    def fake_run_dates(spark, cfg, dates, *, force=False, hooks=None):
-        seen.update(dates=dates, force=force)
+    def fake_run_dates(spark, cfg, dates, *, force=False, hooks=None, accept_guard=None):
+        seen.update(dates=dates, force=force, accept_guard=accept_guard)
         return [NightlyResult(d, None, "out", {}, status="skipped", reason="r") for d in dates]
 
     monkeypatch.setattr(recsys.pipelines.nightly, "run_dates", fake_run_dates)
     monkeypatch.setattr(recsys.spark.session, "build_session", lambda *a, **k: SimpleNamespace(stop=lambda: None))
     assert cli.main(["recommend", "--date", "2024-05-08", "--force"]) == 0
-    assert seen == {"dates": [dt.date(2024, 5, 8)], "force": True}
+    assert seen == {"dates": [dt.date(2024, 5, 8)], "force": True, "accept_guard": None}
     assert cli.main(["recommend", "--start-date", "2024-05-30", "--end-date", "2024-06-02"]) == 0
-    assert seen == {"dates": [dt.date(2024, 5, 30) + dt.timedelta(days=i) for i in range(4)], "force": False}
+    assert seen == {"dates": [dt.date(2024, 5, 30) + dt.timedelta(days=i) for i in range(4)], "force": False,
+                    "accept_guard": None}
+    assert cli.main(["recommend", "--date", "2024-05-08", "--accept-guard"]) == 0     # the one date it accepts
+    assert seen == {"dates": [dt.date(2024, 5, 8)], "force": False, "accept_guard": dt.date(2024, 5, 8)}
 
 
 def test_a_second_run_while_the_first_holds_the_date_exits_4_and_leaves_its_lock(spark, base, tmp_path,
