@@ -105,13 +105,35 @@ def run_fit(job: FitJob, on_epoch: Callable[[dict], None] | None = None) -> FitO
     """
     rank, world, local_rank = torchrun_place()
     journal = _Journal(job.log_dir, rank)
+    previous = _raise_on_sigterm() if world > 1 else None
     try:
         output = _run_fit(job, on_epoch, world, rank, local_rank, journal)
     except BaseException as exc:
         journal.write(f"FAILED {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}")
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     journal.write("DONE")
     return output
+
+
+class Terminated(Exception):
+    """SIGTERM in a training process: torchrun's agent stops the others when one process fails."""
+
+
+def _raise_on_sigterm():
+    """SIGTERM raises :class:`Terminated`, so a process stopped by the launcher says so in its journal
+    (``FAILED Terminated``) instead of reading as killed: when one process dies, the agent may stop the
+    others before their own collective call notices (seen on a loaded machine). Returns the previous
+    handler, or None where no handler can be installed (not the main thread)."""
+    def terminated(signum, frame):
+        raise Terminated("stopped by the launcher (SIGTERM): another training process failed, or the job was stopped")
+
+    try:
+        return signal.signal(signal.SIGTERM, terminated)
+    except ValueError:
+        return None
 
 
 def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, journal: "_Journal") -> FitOutput:
