@@ -356,14 +356,7 @@ def hits_in_lists(lists: np.ndarray, touched_rows: np.ndarray, touched_ids: np.n
     found = eq.any(axis=1)
     where = eq.argmax(axis=1)
     rows, pos = touched_rows[found], where[found]
-    out = {}
-    for k in ks:
-        in_k = pos < k
-        hits = np.bincount(rows[in_k], minlength=n_rows)
-        dcg = np.bincount(rows[in_k], weights=1.0 / np.log2(pos[in_k] + 2.0), minlength=n_rows)
-        ideal = _ideal_dcg(n_touched, k)
-        out[k] = Realized(hits > 0, np.divide(dcg, ideal, out=np.zeros(n_rows), where=ideal > 0))
-    return out
+    return _realized_at(rows, pos, n_touched, n_rows, ks)
 
 
 def popularity_hits(ranking: np.ndarray, seen_rows: np.ndarray, seen_ids: np.ndarray, touched_rows: np.ndarray,
@@ -373,9 +366,8 @@ def popularity_hits(ranking: np.ndarray, seen_rows: np.ndarray, seen_ids: np.nda
     without building the lists: each touched item's place among the ranking's items its user had not seen."""
     ranking = np.asarray(ranking, np.int64)
     m = len(ranking)
-    empty = {k: Realized(np.zeros(n_rows, dtype=bool), np.zeros(n_rows)) for k in ks}
     if m == 0 or n_rows == 0:
-        return empty
+        return {k: Realized(np.zeros(n_rows, dtype=bool), np.zeros(n_rows)) for k in ks}
     order = np.argsort(ranking, kind="stable")
     sorted_ids = ranking[order]
 
@@ -394,6 +386,13 @@ def popularity_hits(ranking: np.ndarray, seen_rows: np.ndarray, seen_ids: np.nda
     seen = (before < len(seen_keys)) & (seen_keys[np.minimum(before, max(len(seen_keys) - 1, 0))] == keys) \
         if len(seen_keys) else np.zeros(len(keys), dtype=bool)
     rows, pos = rows[~seen], (rank - (before - row_start))[~seen]                  # place among the unseen
+    return _realized_at(rows, pos, n_touched, n_rows, ks)
+
+
+def _realized_at(rows: np.ndarray, pos: np.ndarray, n_touched: np.ndarray, n_rows: int,
+                 ks: tuple[int, ...]) -> dict[int, Realized]:
+    """Hits given as (row, 0-based place in that row's list) -> :class:`Realized` at each k: the one
+    reduction both the published lists and the popularity baseline end in."""
     out = {}
     for k in ks:
         in_k = pos < k
