@@ -174,13 +174,16 @@ class Service:
         self._last_batch = time.monotonic()
         return result
 
-    def mark_down(self, reason: str) -> None:
+    def mark_down(self, reason: str, wake: bool = True) -> None:
+        """The backend is gone: not ready, and (from a request's or a job's thread) the maintenance loop woken to
+        reconnect now. The loop itself passes ``wake=False``: waking itself would retry at once, forever, while
+        no backend runs (a busy loop that took CPU from every lookup in store-only serving)."""
         if self.ready:
             log.warning("backend unavailable: %s", reason)
         self.ready = False
         self.not_ready_reason = reason
         self.metrics.ready.set(0)
-        if self._wake is not None:
+        if wake and self._wake is not None:
             self._wake_loop.call_soon_threadsafe(self._wake.set)
 
     # -- maintenance: connect, refresh, keep warm, reconnect --------------------------------------
@@ -238,7 +241,7 @@ class Service:
                     self.metrics.errors.labels("refresh_failed").inc()
                     log.warning("refresh failed, still serving the previous model and catalog: %s", reason[:500])
                 else:
-                    self.mark_down(reason[:500])
+                    self.mark_down(reason[:500], wake=False)
                     if self.batcher is not None:
                         self.batcher.fail_queued(BackendUnavailable(reason))
             interval = max(0.5, self.cfg.serve.refresh_s) if self.ready else 1.0
