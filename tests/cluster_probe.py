@@ -2,8 +2,10 @@
 
     ./spark-submit.sh --pack --master spark://... tests/cluster_probe.py PATH [PATH ...]
 
-Runs one task per partition (more partitions than cores, so every executor gets some) and prints one
-JSON line per task: its process, its interpreter, where ``recsys`` was imported from, and for every
+Runs one barrier stage of as many tasks as the cluster has cores (one per executor here): Spark launches
+a barrier stage's tasks all at once, each on a slot of its own, so every executor's Python worker answers
+whatever order the executors unpacked their environments in (with plain tasks, the executor that was
+ready first could run them all). Prints one JSON line per task: its process, its interpreter, where ``recsys`` was imported from, and for every
 PATH whether the worker could read it. The test asserts the driver's files are out of reach.
 """
 import json
@@ -41,7 +43,8 @@ def main(paths: list[str]) -> int:
                                                   "python": sys.executable, "prefix": sys.prefix,
                                                   "recsys": recsys.__file__, "readable": readable})}])
 
-    rows = spark.range(0, 8, 1, 8).mapInPandas(probe, "probe string").collect()
+    tasks = int(spark.conf.get("spark.cores.max", "2"))
+    rows = spark.range(0, tasks, 1, tasks).mapInPandas(probe, "probe string", barrier=True).collect()
     for row in rows:
         print("PROBE " + row.probe)
     spark.stop()

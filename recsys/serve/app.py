@@ -41,6 +41,7 @@ from recsys.config import Config
 from recsys.data.contracts import date_range
 from recsys.errors import RunStatus, first_line
 from recsys.serve.lists import Found, StoreDown, aclose, make_store
+from recsys.serve.lookup_route import LookupRoute
 from recsys.serve.batching import Batcher, BatchSettings, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
@@ -325,6 +326,25 @@ class Service:
         return 200, {"rows": rows, **meta, "served_from": origins.pop() if len(origins) == 1 else "mixed",
                      "lists": found.version.describe() if found is not None else None}
 
+    def reply(self, status: int, body: dict[str, Any], arrived: float, users: int,
+              single: bool = False) -> tuple[int, dict[str, str] | None, dict[str, Any]]:
+        """:meth:`answer`'s (status, body) -> (status, extra headers, JSON content), the answer counted in the
+        metrics; ``single``: the one-user body of ``GET /v1/users/{id}/recommendations``. Shared by the FastAPI
+        routes and the lookup route (:mod:`recsys.serve.lookup_route`), so both answer byte for byte alike."""
+        if status != 200:
+            return status, body.pop("_headers", None), {"error": body["error"], "detail": body["detail"]}
+        seconds = time.monotonic() - arrived
+        self.metrics.answered(users, seconds)
+        if body["served_from"] != "on_demand" and body["served_from"] != "mixed":
+            self.metrics.lookup_seconds.observe(seconds)
+        if single:
+            row = body["rows"][0]
+            lists = body["lists"]
+            listed = row["served_from"] != "on_demand" and lists
+            body = {**row, "catalog_snapshot": lists["catalog_snapshot"] if listed else body["catalog_snapshot"],
+                    "version": lists["version"] if listed else None}
+        return 200, None, body
+
     @staticmethod
     def _listed(user: int, row: dict[str, Any], found: Found) -> dict[str, Any]:
         version = found.version
@@ -396,8 +416,10 @@ class Service:
         self.metrics.nightly_jobs.labels(job.state).inc()
 
 
-def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) -> FastAPI:
-    """The HTTP frontend: one :class:`Service` started and stopped with the app, and its routes."""
+def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) -> LookupRoute:
+    """The HTTP frontend: one :class:`Service` started and stopped with the app, and its routes; one-user
+    lookups answered in front of FastAPI (:class:`recsys.serve.lookup_route.LookupRoute`, whose ``api`` is
+    the FastAPI app)."""
     service = Service(cfg, url_provider, hooks)
 
     @asynccontextmanager
@@ -429,7 +451,7 @@ def create_app(cfg: Config, url_provider: Callable[[], str], hooks: Any = None) 
     _recommendation_routes(app, service)
     _job_routes(app, service)
     _operation_routes(app, service)
-    return app
+    return LookupRoute(app, service)
 
 
 def _recommendation_routes(app: FastAPI, service: Service) -> None:
@@ -439,20 +461,8 @@ def _recommendation_routes(app: FastAPI, service: Service) -> None:
                 504: {"model": Problem}}
 
     def reply(status: int, body: dict[str, Any], arrived: float, users: int, single: bool = False) -> JSONResponse:
-        if status != 200:
-            headers = body.pop("_headers", None)
-            return _problem(status, body["error"], body["detail"], headers)
-        seconds = time.monotonic() - arrived
-        service.metrics.answered(users, seconds)
-        if body["served_from"] != "on_demand" and body["served_from"] != "mixed":
-            service.metrics.lookup_seconds.observe(seconds)
-        if single:
-            row = body["rows"][0]
-            lists = body["lists"]
-            body = {**row, "catalog_snapshot": lists["catalog_snapshot"] if row["served_from"] != "on_demand" and lists
-                    else body["catalog_snapshot"], "version": lists["version"] if row["served_from"] != "on_demand"
-                    and lists else None}
-        return JSONResponse(body)
+        code, headers, content = service.reply(status, body, arrived, users, single)
+        return JSONResponse(content, status_code=code, headers=headers)
 
     @app.get("/v1/users/{user_id}/recommendations", response_model=UserRecommendation, responses=failures)
     async def user_recommendations(user_id: int, top_n: int | None = None, fresh: bool = False) -> Any:
