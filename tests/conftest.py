@@ -71,6 +71,20 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
+@pytest.fixture()
+def s3_installed(s3_server):
+    """The session's S3 server, its object store installed in this process for this test (and the previous one
+    back after it): an in-process ``recsys`` command installs the object store of its own configuration
+    (recsys.cli.main), so what the session installed cannot be relied on by a later test."""
+    from recsys import storage
+
+    previous = storage.install(s3_server.object_store, environ={})
+    try:
+        yield s3_server
+    finally:
+        storage.install(previous, environ={})
+
+
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
     """Each test using it runs twice: on the local file system and on the S3 endpoint."""
@@ -78,7 +92,7 @@ def store(request, tmp_path):
 
     if request.param == "local":
         return storekit.Store("local", str(tmp_path))
-    server = request.getfixturevalue("s3_server")
+    server = request.getfixturevalue("s3_installed")
     return storekit.Store("s3", f"s3://{server.bucket()}/t", server.object_store)
 
 

@@ -25,8 +25,8 @@ DATE = dt.date(2024, 5, 8)
 
 
 @pytest.fixture()
-def s3(s3_server) -> storekit.Store:
-    return storekit.Store("s3", f"s3://{s3_server.bucket()}/t", s3_server.object_store)
+def s3(s3_installed) -> storekit.Store:
+    return storekit.Store("s3", f"s3://{s3_installed.bucket()}/t", s3_installed.object_store)
 
 
 def test_the_date_lock_on_s3_is_taken_held_annotated_and_released(s3):
