@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   set up (or reuse) .venv, then data -> train -> recommend on the bundled MovieLens sample
-#   make test   set up (or reuse) .venv, then run the test suite (and print its 25 slowest tests)
+#   make test   set up (or reuse) .venv, then run the test suite in two worker processes (TEST_WORKERS=2)
+#               and print its 25 slowest tests
 # and, for development:
 #   make system-deps  Debian's Derby jars for the tests' metastore service (run by test and test-fast)
 #   make test-fast  the same set-up, then the tests not marked slow or cluster: no standalone cluster,
@@ -18,6 +19,10 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
+# test processes (pytest-xdist): the suite mostly waits on JVMs, subprocesses and services, so two workers on
+# two cores take about half the time of one; TEST_WORKERS=1 runs it in one process, in the same order
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder,-p no:xdist)
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.recsys-installed
@@ -28,10 +33,10 @@ demo: check-java $(STAMP)
 	$(BIN)/recsys demo
 
 test: check-java system-deps $(STAMP)
-	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 test-fast: check-java system-deps $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not cluster" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow and not cluster" $(PYTEST_ARGS)
 
 venv: $(STAMP)
 
