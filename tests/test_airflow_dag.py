@@ -206,6 +206,7 @@ def test_a_night_whose_training_fails_still_publishes_with_the_alias_holder(airf
     conf = tmp_path / "no-training.yaml"
     tree = yaml.safe_load((root / "recsys.yaml").read_text())
     tree["train"]["min_item_count"] = 1_000_000
+    del tree["export"]["redis_url"]           # and no Redis: the export task has nothing to do, and says so
     conf.write_text(yaml.safe_dump(tree))
     code, log = _dags_test(airflow, FAILED_TRAINING_DATE, recsys_conf=str(conf))
     assert code == 0, log[-6000:]                           # the night (the DAG run) succeeded
@@ -213,6 +214,8 @@ def test_a_night_whose_training_fails_still_publishes_with_the_alias_holder(airf
     assert "recsys train exited with code 2" in log and "runs with the version that holds the model alias" in log
     assert _task_instances(airflow, FAILED_TRAINING_DATE, TRAIN_TASK) == [("failed", 1)]        # not retried
     assert _task_instances(airflow, FAILED_TRAINING_DATE) == [("success", 1)]
+    assert "recsys export: nothing to do, export.redis_url is not set" in log
+    assert _task_instances(airflow, FAILED_TRAINING_DATE, EXPORT_TASK) == [("success", 1)]
     manifest = json.loads((data / "recommendations" / f"dt={FAILED_TRAINING_DATE}" / "_manifest.json").read_text())
     assert manifest["model"]["version"] == holder == _alias_holder(airflow)
 
