@@ -1,4 +1,5 @@
-"""Shared fixtures. Spark tests share ONE local session per test run (starting Spark costs seconds).
+"""Shared fixtures. Spark tests share ONE local session per test process (starting Spark costs seconds;
+`make test` runs two pytest-xdist workers, each a session of its own with its own services).
 
 Services started once per test session on loopback, free ports, and stopped even when tests fail:
 the metastore (a Derby network server: the shared session, the job subprocesses and any reader all
