@@ -40,9 +40,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from recsys.config import Config
 from recsys.data.contracts import date_range
 from recsys.errors import RunStatus, first_line
+from recsys.serve.batching import Batcher, BatchSettings, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.lists import Found, StoreDown, aclose, make_store
 from recsys.serve.lookup_route import LookupRoute
-from recsys.serve.batching import Batcher, BatchSettings, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
 from recsys.uris import redact_text
