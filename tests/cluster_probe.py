@@ -6,7 +6,8 @@ Runs one barrier stage of as many tasks as the cluster has cores (one per execut
 a barrier stage's tasks all at once, each on a slot of its own, so every executor's Python worker answers
 whatever order the executors unpacked their environments in (with plain tasks, the executor that was
 ready first could run them all). Prints one JSON line per task: its process, its interpreter, where
-``recsys`` was imported from, and for every PATH whether the worker could read it. The test asserts the driver's files are out of reach.
+``recsys`` was imported from, and for every PATH whether the worker could read it. The test asserts the
+driver's files are out of reach.
 """
 import json
 import sys
