@@ -42,7 +42,7 @@ from recsys.data.contracts import date_range
 from recsys.errors import RunStatus, first_line
 from recsys.serve.batching import Batcher, BatchSettings, DeadlineExceeded, QueueFull, ShuttingDown
 from recsys.serve.lists import Found, StoreDown, aclose, make_store
-from recsys.serve.lookup_route import LookupRoute
+from recsys.serve.lookup_route import INT64, LookupRoute
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
 from recsys.uris import redact_text
@@ -58,7 +58,6 @@ _REQUEST_FAILURES: dict[type[Exception], tuple[int, str, str]] = {
 
 log = logging.getLogger(__name__)
 
-INT64 = 2 ** 63
 
 
 class RecommendationRequest(BaseModel):

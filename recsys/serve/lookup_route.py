@@ -27,7 +27,7 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict]], Callable[[dict], Await
 
 PREFIX = "/v1/users/"
 SUFFIX = "/recommendations"
-INT64 = 2 ** 63
+INT64 = 2 ** 63          # user ids are 64-bit integers: -INT64 <= id < INT64 (both routes check it)
 # what pydantic reads as False in a query parameter (FastAPI's ``fresh: bool``); anything else goes to FastAPI
 _FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
