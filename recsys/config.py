@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from recsys.errors import ConfigError
 from recsys.model.configs import MODEL_CONFIGS
-from recsys.uris import is_local_path, local_path, redact_uri, validate_path
+from recsys import redaction
+from recsys.redaction import has_credentials, redact_text, redact_uri
+from recsys.uris import is_local_path, local_path, validate_path
 
 if TYPE_CHECKING:
     from recsys.hooks import Hooks
@@ -30,6 +32,17 @@ if TYPE_CHECKING:
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_credentials(path: str) -> str:
+    """A path is logged, recorded in MLflow (an artifact location in the tracking store's own tables), written
+    into manifests and quoted by every library that fails to read it: it is no place for a secret."""
+    if has_credentials(path):
+        raise ValueError("a path must not carry credentials (it is logged, recorded in MLflow and written into "
+                         "manifests): remove them and set storage.s3.credentials instead (default: the AWS chain "
+                         "of environment, profile or instance role; env: AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY), or your store's own Hadoop settings for other schemes")
+    return path
 
 
 class PathsConfig(_Section):
@@ -52,6 +65,7 @@ class PathsConfig(_Section):
         # Relative paths are made absolute against the working directory of the process that reads
         # the config: the JVM (and executors) may run elsewhere, and must see the same paths.
         value = validate_path(value)
+        _no_credentials(value)
         if is_local_path(value) and not value.startswith("file://"):
             return os.path.abspath(value)
         return value
@@ -76,6 +90,11 @@ class MlflowConfig(_Section):
     experiment: str = Field(min_length=1)
     model_name: str = Field(min_length=1)
     alias: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+    @field_validator("artifact_location")
+    @classmethod
+    def _artifact_location_has_no_credentials(cls, value: str | None) -> str | None:
+        return None if value is None else _no_credentials(value)
 
 
 class HistoryConfig(_Section):
@@ -505,6 +524,7 @@ class Config(_Section):
 # Environment variables the project honours, all read here and nowhere else (docs/configuration.md):
 SPARK_REMOTE_ENV = "SPARK_REMOTE"                       # Spark Connect URL when spark.remote is unset
 SHUFFLE_PARTITIONS_ENV = "RECSYS_SHUFFLE_PARTITIONS"    # spark.sql.shuffle.partitions of local sessions
+CONNECT_WAIT_ENV = "RECSYS_CONNECT_WAIT_S"             # how long an unanswering Spark Connect server is waited for
 
 
 class LaunchSettings(_Section):
@@ -516,17 +536,29 @@ class LaunchSettings(_Section):
 
     spark_remote: str | None = None
     shuffle_partitions: int = Field(default=8, ge=1)
+    connect_wait_s: float = Field(default=60.0, ge=0)
 
 
 def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSettings:
-    """``SPARK_REMOTE`` and ``RECSYS_SHUFFLE_PARTITIONS`` from the environment, validated."""
+    """``SPARK_REMOTE``, ``RECSYS_SHUFFLE_PARTITIONS`` and ``RECSYS_CONNECT_WAIT_S`` from the environment, validated."""
     env = os.environ if environ is None else environ
     raw = env.get(SHUFFLE_PARTITIONS_ENV, "").strip()
     try:
+        shuffle_partitions = int(raw) if raw else 8
+    except ValueError:
+        shuffle_partitions = 0
+    wait = env.get(CONNECT_WAIT_ENV, "").strip()
+    try:
+        connect_wait_s = float(wait) if wait else 60.0
+    except ValueError:
+        raise ConfigError(f"{CONNECT_WAIT_ENV}={wait!r} must be a number of seconds (0 or more)") from None
+    if shuffle_partitions < 1:
+        raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer")
+    try:
         return LaunchSettings(spark_remote=env.get(SPARK_REMOTE_ENV, "").strip() or None,
-                              shuffle_partitions=int(raw) if raw else 8)
-    except (ValueError, ValidationError):
-        raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer") from None
+                              shuffle_partitions=shuffle_partitions, connect_wait_s=connect_wait_s)
+    except ValidationError:
+        raise ConfigError(f"{CONNECT_WAIT_ENV}={wait!r} must be a number of seconds (0 or more)") from None
 
 
 def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
@@ -553,26 +585,33 @@ def default_config_text() -> str:
     return resources.files("recsys").joinpath("default.yaml").read_text()
 
 
-def load_config(conf_file: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+def load_config(conf_file: str | Path | None = None, overrides: Sequence[str] = (),
+                environ: Mapping[str, str] | None = None) -> Config:
     """Merge the embedded default, an optional YAML file and ``key=value`` overrides, then validate.
 
-    Raises ConfigError naming the offending key and value, so a scheduler log says what to fix.
+    Before validation, every secret the merged settings and the environment hold is registered with
+    :mod:`recsys.redaction`, so that no message from here on (this function's own errors included)
+    quotes one. Raises ConfigError naming the offending key and value, so a scheduler log says what to fix.
     """
     data = yaml.safe_load(default_config_text())
     if conf_file is not None:
         path = Path(conf_file)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist; pass an existing YAML file to --conf")
+        text = path.read_text()
+        redaction.register(redaction.collect(text, {}))   # before parsing: a YAML error quotes the line
         try:
-            user = yaml.safe_load(path.read_text()) or {}
+            user = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+            raise ConfigError(redact_text(f"config file {str(path)!r} is not valid YAML: {exc}")) from None
         if not isinstance(user, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(user).__name__}")
         data = _deep_merge(data, user, prefix="")
+    redaction.register(redaction.collect(list(overrides), {}))
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(data, key, value)
+    redaction.register(redaction.collect(data, os.environ if environ is None else environ))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -612,7 +651,7 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> d
 
 def _parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key=value, e.g. scoring.top_n=50")
+        raise ConfigError(redact_text(f"override {item!r} must look like key=value, e.g. scoring.top_n=50"))
     key, raw = item.split("=", 1)
     key = key.strip()
     try:
@@ -644,5 +683,7 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
     problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
-        problems.append(f"config key {key!r} = {err.get('input')!r}: {err['msg']}")
-    return "invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set KEY=VALUE)"
+        message = err["msg"].removeprefix("Value error, ")   # pydantic's prefix for a validator's ValueError
+        problems.append(f"config key {key!r} = {err.get('input')!r}: {message}")
+    return redact_text("invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set "
+                       "KEY=VALUE)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from recsys.errors import ConfigError, ExitCode, RecsysError, RunStatus, first_line
+from recsys.redaction import redact_text
 from recsys.scoring.params import ScoringParams
 
 log = logging.getLogger("recsys")
@@ -262,10 +263,10 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
     from recsys.pipelines.train import run_training, training_due
     from recsys.spark.session import build_session
 
-    cfg = _config(args)
     date = args.date or _today()
     if args.if_due:
         reason = training_due(cfg, date)
@@ -300,13 +301,13 @@ def recommend_dates(args: argparse.Namespace) -> list[dt.date]:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from recsys.pipelines.nightly import overall_exit_code, run_dates
-    from recsys.spark.session import build_session
-
     dates = recommend_dates(args)
     if args.accept_guard and len(dates) != 1:
         raise ConfigError("--accept-guard accepts one night on purpose: give it with --date, not with a backfill range")
-    cfg = _config(args)
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
+    from recsys.pipelines.nightly import overall_exit_code, run_dates
+    from recsys.spark.session import build_session
+
     hooks = _hooks()
     spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch(),
                           output=cfg.output, storage=cfg.storage)
@@ -330,10 +331,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
     from recsys.pipelines.export import run_export
     from recsys.spark.session import build_session
 
-    cfg = _config(args)
     date = args.date or _today()
     if args.if_configured and not cfg.export.redis_url:
         args.outcome = "skipped, export.redis_url is not set"
@@ -412,12 +413,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if not args.which:
             raise ConfigError("recsys runs show needs a date (YYYY-MM-DD) or a run id")
         run = runs.show_run(cfg, args.which)
-        print(runs.to_json(run) if args.json else runs.format_run(run))
+        text = runs.to_json(run) if args.json else runs.format_run(run)
     else:
         if args.which:
             raise ConfigError(f"unexpected {args.which!r}; did you mean `recsys runs show {args.which}`?")
         rows = runs.list_runs(cfg, last=args.last, date=args.date)
-        print(runs.to_json(rows) if args.json else runs.format_table(rows))
+        text = runs.to_json(rows) if args.json else runs.format_table(rows)
+    # runs recorded before a secret was known to be one (or by an older version) are masked on the way out too
+    print(redact_text(text))
     return ExitCode.OK
 
 

@@ -72,6 +72,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     if args.remote:
+        from recsys import redaction
+
+        redaction.register(redaction.collect(args.remote, {}))   # a token in --remote is masked like the config's
         url = remote_url(args.remote, str(uuid.uuid4()))
 
         def url_provider() -> str:

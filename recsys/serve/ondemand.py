@@ -62,7 +62,9 @@ def is_backend_unavailable(exc: BaseException) -> bool:
     """Connection-level failures (retrying on another backend may help) vs failures of the job itself."""
     import grpc
 
-    if isinstance(exc, BackendUnavailable):
+    from recsys.errors import SparkUnavailable
+
+    if isinstance(exc, (BackendUnavailable, SparkUnavailable)):
         return True
     if isinstance(exc, grpc.RpcError):
         return True
@@ -80,6 +82,9 @@ def connect(url: str, backend_timeout_s: float):
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
+    from recsys.spark.session import wait_for_connect_server
+
+    wait_for_connect_server(url, 0)   # nothing listening: say so now, not after the client's first call's retries
     spark = SparkSession.builder.remote(url).create()
     spark.release_session_on_close = False   # stop() closes the channel; the warm server session stays
     retries = max(1, math.ceil(backend_timeout_s))
