@@ -345,8 +345,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     method = publish_method(run.layout)
     manifest = stages.manifest(run, results, metrics, method)
     with timer.stage("publish", "publish partition") as c:
-        run.lock.verify()
-        night = publish(run.layout, manifest, method, hooks, run.table)
+        night = publish(run.layout, manifest, method, hooks, run.table, still_ours=run.lock.verify)
         published_dir = night.path
         c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none", method=method)
     with timer.stage("retention", "remove what output.keep_runs and output.retention_days no longer keep") as c:
