@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -111,6 +112,69 @@ class MotoServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
         self.log.close()
+
+
+class WithoutConditionalWrites:
+    """A store that ignores conditional writes: a proxy on 127.0.0.1 in front of moto's server that drops the
+    ``If-None-Match`` and ``If-Match`` request headers and passes everything else through byte for byte.
+
+    What an S3-compatible store that predates conditional writes does with them (the dangerous kind: it
+    answers every conditional write as a plain one). One request per connection (``Connection: close``),
+    so that only request heads need parsing, whatever framing the body uses. A context manager.
+    """
+
+    DROPPED = (b"if-none-match:", b"if-match:", b"connection:", b"keep-alive:")
+
+    def __init__(self, server: MotoServer):
+        self.target = ("127.0.0.1", server.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.object_store = storage.ObjectStore(endpoint=self.endpoint, path_style=True, region="us-east-1")
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "WithoutConditionalWrites":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.listener.close()
+        self._thread.join(timeout=10)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        with client, socket.create_connection(self.target) as upstream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            head, rest = head.split(b"\r\n\r\n", 1)
+            lines = head.split(b"\r\n")
+            kept = [lines[0]] + [h for h in lines[1:] if not h.lower().startswith(self.DROPPED)]
+            self.dropped += sum(1 for h in lines[1:] if h.lower().startswith(self.DROPPED[:2]))
+            upstream.sendall(b"\r\n".join(kept + [b"Connection: close"]) + b"\r\n\r\n" + rest)
+            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back.start()
+            _pipe(client, upstream)
+            back.join(timeout=60)
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while chunk := source.recv(65536):
+            sink.sendall(chunk)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def _boto_credentials() -> dict[str, str]:
