@@ -125,7 +125,10 @@ class WithoutConditionalWrites:
 
     DROPPED = (b"if-none-match:", b"if-match:", b"connection:", b"keep-alive:")
 
-    def __init__(self, server: MotoServer):
+    def __init__(self, server: MotoServer, methods: tuple[bytes, ...] = (b"PUT", b"DELETE")):
+        """``methods``: the requests whose conditions are dropped (``(b"DELETE",)``: a store with conditional
+        writes but no conditional deletes)."""
+        self.methods = methods
         self.target = ("127.0.0.1", server.port)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
@@ -138,6 +141,10 @@ class WithoutConditionalWrites:
         return self
 
     def __exit__(self, *exc) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept() below (closing alone does not, on Linux)
+        except OSError:
+            pass
         self.listener.close()
         self._thread.join(timeout=10)
 
@@ -159,8 +166,9 @@ class WithoutConditionalWrites:
                 head += chunk
             head, rest = head.split(b"\r\n\r\n", 1)
             lines = head.split(b"\r\n")
-            kept = [lines[0]] + [h for h in lines[1:] if not h.lower().startswith(self.DROPPED)]
-            self.dropped += sum(1 for h in lines[1:] if h.lower().startswith(self.DROPPED[:2]))
+            dropped = self.DROPPED if lines[0].split(b" ", 1)[0] in self.methods else self.DROPPED[2:]
+            kept = [lines[0]] + [h for h in lines[1:] if not h.lower().startswith(dropped)]
+            self.dropped += sum(1 for h in lines[1:] if h.lower().startswith(dropped[:2]))
             upstream.sendall(b"\r\n".join(kept + [b"Connection: close"]) + b"\r\n\r\n" + rest)
             back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
             back.start()

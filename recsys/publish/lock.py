@@ -376,6 +376,9 @@ class _CasStore:
             return False
         etag = self.target.replace(text, self.etag)
         if etag is None:
+            mine = self._still_mine(token)
+            etag = self.target.replace(text, mine) if mine else None
+        if etag is None:
             return False
         self.etag = etag
         return True
@@ -388,9 +391,24 @@ class _CasStore:
             return False
         etag, self.etag = self.etag, None
         if self.target.conditional_delete:
-            return self.target.delete(etag)
+            if self.target.delete(etag):
+                return True
+            mine = self._still_mine(token)
+            return bool(mine) and self.target.delete(mine)
         released = json.dumps({**_parse(text), "released": True, "why": json.loads(why)})
-        return self.target.replace(released, etag) is not None
+        if self.target.replace(released, etag) is not None:
+            return True
+        mine = self._still_mine(token)
+        return bool(mine) and self.target.replace(released, mine) is not None
+
+    def _still_mine(self, token: str) -> str | None:
+        """The ETag of the lock if it still carries this run's token (only this run writes that token: its own
+        earlier write succeeded though its answer was lost), else None (another run's lock, or none)."""
+        current = self.target.read()
+        if current is None:
+            return None
+        data = _parse(current.text)
+        return current.etag if data.get("token") == token and not data.get("released") else None
 
 
 class _FileStore:
