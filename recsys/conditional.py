@@ -123,14 +123,16 @@ class ConditionalObject:
         return None
 
 
-def open_object(uri: str) -> ConditionalObject | None:
+def open_object(uri: str, *, probe: bool = True) -> ConditionalObject | None:
     """The object at ``uri`` for conditional writes, or None where there are none to use.
 
     None for local paths (exclusive create and rename serve there) and for stores that do not honour
-    them (:func:`support` logged that once): callers then do what they can without.
+    them (:func:`support` logged that once): callers then do what they can without. ``probe=False``:
+    only if this process already knows the store honours them (a reader, which must not need to write
+    the probe: readers of published nights may hold read-only credentials).
     """
-    found = support(uri)
-    if not found.conditional_writes:
+    found = support(uri) if probe else _known(uri)
+    if found is None or not found.conditional_writes:
         return None
     bucket, key = _bucket_key(uri)
     return ConditionalObject(uri, _client(storage.installed()), bucket, key, found)
@@ -153,6 +155,13 @@ def support(uri: str) -> Support:
     bucket, key = _bucket_key(uri)
     probe_at = key.rsplit("/", 1)[0] if "/" in key else ""
     return _once(store, bucket, lambda: _probe(store, bucket, probe_at))
+
+
+def _known(uri: str) -> Support | None:
+    if is_local_path(uri) or scheme(uri) not in S3_SCHEMES:
+        return None
+    with _guard:
+        return _verdicts.get((storage.installed(), _bucket_key(uri)[0]))
 
 
 def forget() -> None:

@@ -118,7 +118,10 @@ def test_s3_race_for_the_pointer_of_runs_that_read_the_same_pointer_exactly_one_
 
     from recsys.publish.published import read_pointer
 
+    from recsys import conditional
+
     out = s3.root()
+    conditional.support(lock_path(out, DATE))                 # as setting up the date's lock does in every writer
     history: list[str] = []
     for round_ in range(2):                                   # a first pointer (If-None-Match: *), then If-Match
         layouts = [PartitionLayout(out, DATE, f"r{round_}-{c}") for c in "ab"]
@@ -153,7 +156,7 @@ def test_s3_race_for_the_pointer_of_runs_that_read_the_same_pointer_exactly_one_
 
 def test_a_store_that_ignores_conditional_writes_is_named_once_and_its_lock_is_best_effort(s3_server, caplog):
     """``recsys runs`` names such a lock: tests/test_killed_runs.py."""
-    with storekit.WithoutConditionalWrites(s3_server) as proxy:
+    with storekit.S3Proxy(s3_server) as proxy:
         previous = storage.install(proxy.object_store, environ={})
         try:
             out = f"s3://{s3_server.bucket()}/t/recommendations"
@@ -178,7 +181,7 @@ def test_s3_race_for_a_released_lock_on_a_store_without_conditional_deletes_one_
     the next run takes the marker like an absent lock, and of two racing for it exactly one does."""
     import threading
 
-    with storekit.WithoutConditionalWrites(s3_server, methods=(b"DELETE",)) as proxy:
+    with storekit.S3Proxy(s3_server, drop_conditions_on=(b"DELETE",)) as proxy:
         previous = storage.install(proxy.object_store, environ={})
         try:
             out = f"s3://{s3_server.bucket()}/t/recommendations"
@@ -212,6 +215,27 @@ def test_s3_race_for_a_released_lock_on_a_store_without_conditional_deletes_one_
             won[0].release()
         finally:
             storage.install(previous, environ={})
+
+
+def test_a_reader_with_read_only_credentials_finds_the_published_night_on_s3_without_writing(s3_installed):
+    """Readers of published nights (the guard, recsys serve) never write, not even the conditional-writes probe."""
+    from recsys import conditional
+    from recsys.publish.published import find_published
+
+    out = f"s3://{s3_installed.bucket()}/t/recommendations"
+    layout = PartitionLayout(out, DATE, "r1")
+    with DateLock(out, DATE, "r1"):
+        storekit.Store("s3", out).write(f"{layout.run_dir}/part-00000.parquet", b"x")
+        storekit.Store("s3", out).write(f"{layout.run_dir}/_SUCCESS", b"")
+        publish(layout, {"job_run": "r1"}, "copy")
+    conditional.forget()                                      # a fresh reader process
+    with storekit.S3Proxy(s3_installed, drop_conditions_on=(), refuse=(b"PUT", b"POST", b"DELETE")) as read_only:
+        previous = storage.install(read_only.object_store, environ={})
+        try:
+            night = find_published(out, DATE)
+        finally:
+            storage.install(previous, environ={})
+    assert night is not None and night.run == "r1" and read_only.refused == 0
 
 
 def test_without_boto3_the_lock_on_s3_is_best_effort_and_says_how_to_get_the_strong_one(s3, monkeypatch, caplog):

@@ -112,10 +112,12 @@ def read_pointer(output_root: str, date: dt.date) -> Pointer | None:
     """The date's pointer, or None when there is none (never published, or published before run directories).
 
     Where the store honours conditional writes, the pointer carries the ETag read (``version``), which
-    :func:`write_pointer` and :func:`remove_pointer` name: they then change exactly what was read.
+    :func:`write_pointer` and :func:`remove_pointer` name: they then change exactly what was read. That
+    is known once the date's lock was set up in this process (every writer of a pointer holds it); a
+    reader that never took a lock reads through pyarrow and writes nothing, not even a probe.
     """
     uri = pointer_path(output_root, date)
-    target = conditional.open_object(uri)
+    target = conditional.open_object(uri, probe=False)
     if target is not None:
         found = target.read()
         if found is None:
