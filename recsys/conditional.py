@@ -84,7 +84,8 @@ class ConditionalObject:
         return self._put(text, {"IfNoneMatch": "*"}, expect=None)
 
     def replace(self, text: str, etag: str) -> str | None:
-        """Write ``text`` if the object still has ``etag`` (``If-Match``): the new ETag, or None when it changed or is gone."""
+        """Write ``text`` if the object still has ``etag`` (``If-Match``): the new ETag, or None when it changed
+        or is gone."""
         return self._put(text, {"IfMatch": etag}, expect=etag)
 
     def delete(self, etag: str) -> bool:
@@ -149,8 +150,8 @@ def support(uri: str) -> Support:
         return Support(False, why="a local file system (exclusive create and rename serve there)")
     found = scheme(uri)
     if found not in S3_SCHEMES:
-        return _once(storage.ObjectStore(), f"{found}://{_bucket_key(uri)[0]}",
-                     lambda: Support(False, why=f"{found}:// is reached through pyarrow, which sends no conditional writes"))
+        why = f"{found}:// is reached through pyarrow, which sends no conditional writes"
+        return _once(storage.ObjectStore(), f"{found}://{_bucket_key(uri)[0]}", lambda: Support(False, why=why))
     store = storage.installed()
     bucket, key = _bucket_key(uri)
     probe_at = key.rsplit("/", 1)[0] if "/" in key else ""
@@ -210,7 +211,7 @@ def _probe(store: storage.ObjectStore, bucket: str, prefix: str) -> Support:
     never = '"00000000000000000000000000000000"'
     try:
         try:
-            first = client.put_object(Bucket=bucket, Key=key, Body=b"1", IfNoneMatch="*")["ETag"]
+            client.put_object(Bucket=bucket, Key=key, Body=b"1", IfNoneMatch="*")
         except Exception as exc:
             if _refused(exc):
                 return Support(False, why=f"If-None-Match refused: {_code(exc)}")
@@ -224,7 +225,7 @@ def _probe(store: storage.ObjectStore, bucket: str, prefix: str) -> Support:
                     if _refused(exc):
                         return Support(False, why=f"{name} refused: {_code(exc)}")
                     raise _os_error(exc, f"cannot write to s3://{bucket}/{prefix}") from None
-        conditional_delete = _deletes_conditionally(client, bucket, key, never, first)
+        conditional_delete = _deletes_conditionally(client, bucket, key, never)
         return Support(True, conditional_delete)
     finally:
         try:
@@ -233,7 +234,7 @@ def _probe(store: storage.ObjectStore, bucket: str, prefix: str) -> Support:
             pass
 
 
-def _deletes_conditionally(client: Any, bucket: str, key: str, never: str, etag: str) -> bool:
+def _deletes_conditionally(client: Any, bucket: str, key: str, never: str) -> bool:
     try:
         client.delete_object(Bucket=bucket, Key=key, IfMatch=never)
     except Exception as exc:
@@ -249,7 +250,8 @@ def _refused(exc: Exception) -> bool:
 def _code(exc: Exception) -> str:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
-        return str((response.get("Error") or {}).get("Code") or response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+        error, meta = response.get("Error") or {}, response.get("ResponseMetadata") or {}
+        return str(error.get("Code") or meta.get("HTTPStatusCode"))
     return type(exc).__name__
 
 

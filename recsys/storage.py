@@ -116,8 +116,7 @@ def s3_client(store: ObjectStore) -> Any:
         options.pop("request_checksum_calculation")
         options.pop("response_checksum_validation")
         config = BotoConfig(**options)
-    return boto3.session.Session().client("s3", endpoint_url=store.endpoint, region_name=store.region or "us-east-1",
-                                          config=config)
+    return boto3.session.Session().client("s3", endpoint_url=store.endpoint, region_name=store.region, config=config)
 
 
 def client_environment(store: ObjectStore) -> dict[str, str]:

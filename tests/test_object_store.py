@@ -147,7 +147,8 @@ def test_s3_race_for_the_pointer_of_runs_that_read_the_same_pointer_exactly_one_
         assert len(winners) == 1, outcomes
         [loser] = [v for v in outcomes.values() if v != "published"]
         assert loser.exit_code == 4
-        assert f"the pointer of dt=2024-05-08 changed since this run read it (it now names run {winners[0]})" in str(loser)
+        assert (f"the pointer of dt=2024-05-08 changed since this run read it (it now names run {winners[0]})"
+                in str(loser))
         history += winners
         pointer = read_pointer(out, DATE)
         assert pointer.run == winners[0] and [e.run for e in pointer.history] == history   # the loser is in none

@@ -158,7 +158,8 @@ class DateLock:
                     f"Retry later; if no such run exists, the lock turns stale after ttl {holder.ttl_s:.0f}s "
                     f"({self.path})"
                 )
-            outcome = self._store.take_over(holder, version, self._content(), json.dumps({"by": self.run, "why": reason}))
+            tombstone = json.dumps({"by": self.run, "why": reason})
+            outcome = self._store.take_over(holder, version, self._content(), tombstone)
             if outcome == _LOST:
                 now = self._store.read()
                 other = f"; it is now held by {now[0].describe()}" if now and now[0].token != holder.token else ""
@@ -180,7 +181,8 @@ class DateLock:
                 return
             self._held = False
             try:
-                if not self._store.release(self.token, self._content(), json.dumps({"by": self.run, "why": "released"})):
+                why = json.dumps({"by": self.run, "why": "released"})
+                if not self._store.release(self.token, self._content(), why):
                     log.warning("the lock on %s was taken over while this run held it", partition_name(self.date))
             except OSError as exc:  # a leftover lock turns stale by itself; not worth failing a published run
                 log.warning("could not release the lock %s: %s", self.path, exc)
@@ -313,7 +315,8 @@ def _holder(data: dict[str, Any], modified: float | None, unreadable: str) -> Ho
         host=str(data.get("host", "?")), pid=int(data.get("pid") or 0), pid_started=data.get("pid_started"),
         started_at=str(data.get("started_at", "?")), ttl_s=float(data.get("ttl_s") or DEFAULT_TTL_S),
         heartbeat_age_s=max(0.0, time.time() - mtime),
-        mlflow_run_id=_text_or_none(data.get("mlflow_run_id")), tracking_store=_text_or_none(data.get("tracking_store")),
+        mlflow_run_id=_text_or_none(data.get("mlflow_run_id")),
+        tracking_store=_text_or_none(data.get("tracking_store")),
     )
 
 

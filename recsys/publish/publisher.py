@@ -40,8 +40,8 @@ from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish import manifest as manifest_file
 from recsys.publish import swap
-from recsys.publish.published import (Pointer, PublishedPartition, is_complete, kept_runs, read_pointer, run_dir, run_of,
-                                      runs_root, view_dir, write_pointer)
+from recsys.publish.published import (Pointer, PublishedPartition, is_complete, kept_runs, read_pointer, run_dir,
+                                      run_of, runs_root, view_dir, write_pointer)
 from recsys.uris import is_local_path, local_path, redact_uri
 
 log = logging.getLogger(__name__)
