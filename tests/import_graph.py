@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1] / "recsys"
 
 # Layers, lowest first. A module belongs to the first prefix it matches (most specific listed first).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("recsys", "recsys.config", "recsys.errors", "recsys.uris", "recsys.redaction", "recsys.fs", "recsys.storage", "recsys.hooks",
-              "recsys.logs", "recsys.manifest", "recsys.sequences")),
+    ("base", ("recsys", "recsys.config", "recsys.errors", "recsys.uris", "recsys.redaction", "recsys.fs",
+              "recsys.storage", "recsys.hooks", "recsys.conditional", "recsys.logs", "recsys.manifest", "recsys.sequences")),
     ("core", ("recsys.model", "recsys.scoring.core", "recsys.data.partitions", "recsys.scoring.checks", "recsys.scoring.cache",
               "recsys.scoring.compare",
               "recsys.scoring.params",

@@ -150,6 +150,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
                        progress=partial(LiveProgress, spark, interval_s=cfg.progress.interval_s))
 
     with DateLock(cfg.paths.output, date, run_key) as lock:
+        log.info("recommend %s: holding the date's lock (%s)", date, lock.kind)
         table = output_table(spark, cfg)
         for note in recover(layout, table, publish_method(layout)):
             log.warning("recommend %s: %s", date, note)
@@ -176,7 +177,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         recorder = tracking.RunRecorder(
             cfg.mlflow, run_name=f"recommend {date}", unavailable=resolution_error,
             tags={tags.JOB: tags.NIGHTLY_JOB, tags.DATE: str(date), tags.VERSION: __version__,
-                  tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
+                  tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version, tags.LOCK: lock.kind},
         )
         if recorder.run_id is not None:
             _note_mlflow_run(lock, cfg, date, recorder.run_id)
@@ -345,8 +346,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     method = publish_method(run.layout)
     manifest = stages.manifest(run, results, metrics, method)
     with timer.stage("publish", "publish partition") as c:
-        run.lock.verify()
-        night = publish(run.layout, manifest, method, hooks, run.table)
+        night = publish(run.layout, manifest, method, hooks, run.table, still_ours=run.lock.verify)
         published_dir = night.path
         c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none", method=method)
     with timer.stage("retention", "remove what output.keep_runs and output.retention_days no longer keep") as c:

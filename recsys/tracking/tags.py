@@ -27,6 +27,8 @@ EXPORT_STORE = "recsys.export.store"      # ... and where (the Redis URL, withou
 GUARD = "recsys.guard"                  # nightly: the guard's verdict, pass | warn | fail | accepted
 GUARD_CROSSED = "recsys.guard_crossed"  # nightly: each threshold crossed, with figure, value and margin
 GUARD_ACCEPTED = "recsys.guard_accepted"  # nightly: "true" when a refused night was published on purpose
+LOCK = "recsys.lock"                    # nightly: what the date's lock promised on its store: exclusive |
+                                        # compare-and-set | best effort (runs of the date must not overlap)
 
 NOTE = "mlflow.note.content"            # MLflow's run description
 DATASET_CONTEXT = "mlflow.data.context"
