@@ -175,6 +175,14 @@ class ModelConfig(_Section):
         return getattr(self, model_type or self.type)
 
 
+class RepeatsConfig(_Section):
+    """The repeat blend training chooses (recsys.model.repeats): whether, and on which held-out days."""
+
+    learn: bool = True
+    validation_days: int = Field(default=7, ge=1, le=366)
+    max_rows: int = Field(default=20_000, ge=100, le=10_000_000)
+
+
 class TrainConfig(_Section):
     model: ModelConfig
     every_nights: int = Field(ge=1, le=366)
@@ -199,6 +207,7 @@ class TrainConfig(_Section):
     processes: int = Field(default=1, ge=1, le=4096)
     shards: int = Field(default=0, ge=0, le=100_000)
     max_users: int | None = Field(default=None, ge=1)
+    repeats: RepeatsConfig = Field(default_factory=RepeatsConfig)
 
     @property
     def shard_files(self) -> int:

@@ -314,7 +314,8 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     with timer.stage("score", "score users", expected_users=history.figures["users_in_window"]) as c:
         shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                              scratch=cfg.paths.driver_dir)
-        spec = compare.with_compare(stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks),
+        spec = compare.with_compare(stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks,
+                                                        lists_for=date),
                                     compare.compare_spec(previous, cfg))
         cores = default_parallelism(spark)
         tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,

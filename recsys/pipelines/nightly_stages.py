@@ -218,9 +218,10 @@ def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_
 
 
 def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
-                 hooks: Hooks = NO_HOOKS) -> ScoringSpec:
+                 hooks: Hooks = NO_HOOKS, *, lists_for: dt.date | None = None) -> ScoringSpec:
     """What every scoring task needs, minted once on the driver; ``model``: the files handed to Spark
-    (:func:`recsys.scoring.shipping.ship_model`), never a driver path."""
+    (:func:`recsys.scoring.shipping.ship_model`), never a driver path. ``lists_for``: the date the lists are
+    for, from whose start known items' ages are counted (the repeat blend)."""
     return ScoringSpec(
         model=model,
         model_version=model.version,
@@ -232,7 +233,13 @@ def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback,
         fallback_name=fallback.name,
         params=ScoringParams.from_config(scoring),
         hooks=hooks,
+        lists_for_us=None if lists_for is None else start_of_day_us(lists_for),
     )
+
+
+def start_of_day_us(date: dt.date) -> int:
+    """Midnight UTC of ``date``, in epoch microseconds (the instant a night's lists are for)."""
+    return int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
 
 
 def score_users(histories: DataFrame, spec: ScoringSpec, partitions: int = 0) -> tuple[DataFrame, Observation]:

@@ -40,8 +40,10 @@ class TaskChecks:
     _others: list[np.ndarray] = field(default_factory=list)        # recommended ids that are not candidates
 
     def add_chunk(self, in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *,
-                  candidate_ids_sorted: np.ndarray, top_n: int, fallback_name: str, fallback_len: int) -> None:
-        """Check ``out`` (user_id, recommendations, source) against the chunk it was scored from."""
+                  candidate_ids_sorted: np.ndarray, top_n: int, fallback_name: str, fallback_len: int,
+                  known_allowed: bool = False) -> None:
+        """Check ``out`` (user_id, recommendations, source) against the chunk it was scored from.
+        ``known_allowed``: the model's repeat blend lets known items compete, so a list may hold them."""
         if self._index is None:
             self._index = CandidateIndex(candidate_ids_sorted)
             self._per_candidate = np.zeros(len(candidate_ids_sorted), dtype=np.int64)
@@ -52,7 +54,7 @@ class TaskChecks:
         flat_ids = _flat_ids(out.column("recommendations"))
         positions = self._index.positions(flat_ids)
         c = check_rows(in_users, histories, out, candidate_ids_sorted=candidate_ids_sorted,
-                       rules=ListRules(top_n, fallback_name, fallback_len), positions=positions)
+                       rules=ListRules(top_n, fallback_name, fallback_len, known_allowed), positions=positions)
         for name in TASK_CHECKS:
             if name != "duplicate_rows":
                 self.counts[name] += c[name]
@@ -127,11 +129,14 @@ def _list_lengths(arr: pa.Array) -> np.ndarray:
 @dataclass(frozen=True)
 class ListRules:
     """How long a well-formed list is: ``top_n`` items, fewer only when the user has seen all but fewer
-    candidates; a fallback list (``source == fallback_name``) holds ``min(top_n, fallback_len)``."""
+    candidates (or, when known items may compete, fewer candidates exist at all); a fallback list
+    (``source == fallback_name``) holds ``min(top_n, fallback_len)``. ``known_allowed``: the model's repeat
+    blend lets the user's known items into the list, so holding one is no violation."""
 
     top_n: int
     fallback_name: str
     fallback_len: int
+    known_allowed: bool = False
 
     def fallback_size(self) -> int:
         return min(self.top_n, self.fallback_len)
@@ -167,13 +172,15 @@ def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *
 
     # seen: a recommended item that is in the history of the user the row was scored for
     seen_rows = 0
-    if len(flat_ids) and len(hist_ids):
+    if len(flat_ids) and len(hist_ids) and not rules.known_allowed:
         seen_rows = _rows_with_seen_items(sizes, flat_ids, in_row, hist_len, hist_ids)
 
     is_fallback = np.asarray(pc.equal(out.column("source"), rules.fallback_name).fill_null(False)
                              .to_numpy(zero_copy_only=False), dtype=bool)
     n_candidates = len(candidate_ids_sorted)
     own_hist = np.where(found, hist_len[np.maximum(in_row, 0)] if len(hist_len) else 0, 0)
+    if rules.known_allowed:
+        own_hist = np.zeros_like(own_hist)   # every candidate is eligible
     expected = np.where(is_fallback, rules.fallback_size(),
                         np.minimum(rules.top_n, np.maximum(n_candidates - own_hist, 0)))
     short_unexplained = int((found & (sizes < expected)).sum())

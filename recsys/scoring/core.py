@@ -44,6 +44,7 @@ from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPU
 from recsys.model import int8 as int8_kernels
 from recsys.model.base import SequenceRecommender
 from recsys.model.precision import cpu_bf16_supported, cpu_int8_refusal
+from recsys.model.repeats import MASK_KNOWN, SECONDS_PER_DAY, RepeatBlend, merge_known
 from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -384,6 +385,15 @@ class ChunkStats:
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
 
+@dataclass(frozen=True)
+class KnownItems:
+    """What the repeats of each history item say, aligned with a chunk's flat history items."""
+
+    counts: np.ndarray     # [S] int64 events with the item in the window
+    last_us: np.ndarray    # [S] int64 the latest of them, epoch microseconds
+    now_us: int            # the instant the lists are for (the night), epoch microseconds
+
+
 @dataclass
 class Scorer:
     """A model prepared for one candidate set on one device: built once per worker, then reused.
@@ -407,6 +417,8 @@ class Scorer:
     # dtype int8: the model's int8 parts, built once per model load (the worker caches them with the
     # model, recsys.scoring.cache.INT8); None: built here
     int8: int8_kernels.Int8Model | None = field(default=None, repr=False)
+    # how the user's known items compete with new ones (saved with the model); masked: never listed
+    blend: RepeatBlend = MASK_KNOWN
     _cand_emb: torch.Tensor = field(init=False, repr=False)
     _int8_tiles: list | None = field(init=False, repr=False)
     _cand_emb32: torch.Tensor = field(init=False, repr=False)
@@ -459,24 +471,30 @@ class Scorer:
     def num_candidates(self) -> int:
         return int(self._cand_ids.shape[0])
 
-    def score(self, user_ids: np.ndarray, history_ids: Sequences) -> tuple[pa.RecordBatch, ChunkStats]:
+    def score(self, user_ids: np.ndarray, history_ids: Sequences,
+              known: "KnownItems | None" = None) -> tuple[pa.RecordBatch, ChunkStats]:
         """Top-N for one chunk of users -> (Arrow batch: user_id, recommendations, source), stats.
 
         ``history_ids`` are external item ids, oldest first; items the model does not know are
         dropped and counted, and users left with no known item get the fallback, as do users whose
-        vector comes out non-finite (a NaN must never rank first).
+        vector comes out non-finite (a NaN must never rank first). ``known``: what the repeats of each
+        history item say, for a blend that lets known items compete (None: every known item counts once,
+        seen just now).
         """
-        ids, scores, use_fallback, stats = self.topn(history_ids)
+        ids, scores, use_fallback, stats = self.topn(history_ids, known)
         t0 = time.perf_counter()
         batch, counts = _to_arrow(np.asarray(user_ids, dtype=np.int64), ids, scores, use_fallback, self.fallback.name)
         stats.short_lists = int((counts < self.top_n).sum())
         stats.to_arrow_s = time.perf_counter() - t0
         return batch, stats
 
-    def topn(self, history_ids: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChunkStats]:
+    def topn(self, history_ids: Sequences,
+             known: "KnownItems | None" = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChunkStats]:
         """-> (item ids [U, k], scores [U, k] float32, fallback rows [U] bool, stats); k = min(N, candidates).
 
-        Slots that could not be filled (fewer unseen candidates than k) hold a -inf score.
+        With a blend that masks known items, the scores are the model's and known items never appear; with one
+        that lets them compete, known and new items are merged by blended score (:mod:`recsys.model.repeats`).
+        Slots that could not be filled (fewer eligible candidates than k) hold a -inf score.
         """
         n_users = len(history_ids)
         k = min(self.top_n, self.num_candidates)
@@ -485,7 +503,7 @@ class Scorer:
         with torch.inference_mode():
             items = self._staging.to_device(history_ids.items, slot=0)              # [S] external ids
             lengths = self._staging.to_device(history_ids.lengths, slot=1)          # [U]
-            seq, seen_rows, seen_cols, known_per_user, unknown = self._prepare(items, lengths, n_users)
+            seq, seen_rows, seen_cols, seen_at, known_per_user, unknown = self._prepare(items, lengths, n_users)
             with self._autocast():
                 user = self._encode(seq)                                            # [B, D]
             finite = torch.isfinite(user).all(dim=1)                                # [B]
@@ -494,7 +512,9 @@ class Scorer:
             user = torch.where(usable[:, None], user, torch.zeros_like(user)).float()   # [B, D]
             self._sync()
             t1 = time.perf_counter()
-            vals, cols = self._select(user, seen_rows, seen_cols, k)                # [B, k], [B, k]
+            vals, cols = self._select(user, seen_rows, seen_cols, k)                # [B, k], [B, k] new items
+            if not self.blend.masks_known:
+                vals, cols = self._blend(vals, cols, seen_rows, seen_cols, seen_at, known, k)
             ids = self._cand_ids[cols]                                              # [B, k] external ids
             vals_np = vals.float().cpu().numpy()
             ids_np = ids.cpu().numpy()
@@ -536,7 +556,23 @@ class Scorer:
         seq[rows[place], (max_len - 1 - from_end)[place]] = index[place]
         cols = self._cand_of_item[index]                                            # [S] candidate column or -1
         seen = known & (cols >= 0)
-        return seq, rows[seen], cols[seen], total_known, int((~known).sum())
+        at = torch.nonzero(seen).squeeze(1)                                         # [seen] flat history positions
+        return seq, rows[seen], cols[seen], at, total_known, int((~known).sum())
+
+    def _blend(self, new_vals: torch.Tensor, new_cols: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+               at: torch.Tensor, known: "KnownItems | None", k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new items' top k merged with the user's known candidates by blended score (recsys.model.repeats)."""
+        dev = new_vals.device
+        if known is None:
+            counts = torch.ones(len(at), device=dev)
+            ages = torch.zeros(len(at), device=dev)
+        else:
+            counts = torch.as_tensor(known.counts, device=dev)[at]
+            last = torch.as_tensor(known.last_us, dtype=torch.float64, device=dev)[at]
+            ages = ((known.now_us - last) / (SECONDS_PER_DAY * 1e6)).float()
+        rank_scores = self.blend.new_scores(new_vals.shape[1], device=dev)[None, :].expand_as(new_vals)
+        new_scores = torch.where(torch.isneginf(new_vals), new_vals, rank_scores)
+        return merge_known(new_scores, new_cols, rows, cols, self.blend.repeat_scores(counts, ages), k)
 
     def tile_size(self, rows: int, element_bytes: int) -> int:
         """Items per tile: ``item_tile`` when set; else as many as keep one ``[rows, tile]`` score

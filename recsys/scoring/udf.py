@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
+from recsys.data.contracts import HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN, OUTPUT_SPARK_DDL
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.scoring.compare import CompareSpec
 from recsys.scoring.params import ScoringParams
@@ -53,6 +53,7 @@ class ScoringSpec:
     params: ScoringParams          # top N, chunk size, device, dtype, tiling, cache size
     hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
     compare: CompareSpec | None = None   # compare with the previous night (recsys.scoring.compare); None: no
+    lists_for_us: int | None = None   # the instant the lists are for (the night, epoch us): known items' ages
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -93,11 +94,12 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
             user_ids = chunk.column("user_id").to_numpy(zero_copy_only=False)
-            out, chunk_stats = scorer.score(user_ids, histories)
+            out, chunk_stats = scorer.score(user_ids, histories, _known_items(chunk, spec.lists_for_us))
             stats.add(chunk_stats)
             started = time.perf_counter()
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
-                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids))
+                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids),
+                             known_allowed=not scorer.blend.masks_known)
             check_s += time.perf_counter() - started
             if comparison is not None:
                 comparison.add_chunk(chunk, out)
@@ -142,6 +144,18 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
     return score_partition
 
 
+def _known_items(chunk: pa.RecordBatch, lists_for_us: int | None):
+    """What the chunk's histories say about repeats (counts, latest times), when it carries them."""
+    from recsys.scoring.core import KnownItems
+    from recsys.sequences import Sequences
+
+    names = chunk.schema.names
+    if lists_for_us is None or HISTORY_COUNTS_COLUMN not in names or HISTORY_LAST_US_COLUMN not in names:
+        return None
+    return KnownItems(Sequences.from_arrow(chunk.column(HISTORY_COUNTS_COLUMN)).items,
+                      Sequences.from_arrow(chunk.column(HISTORY_LAST_US_COLUMN)).items, lists_for_us)
+
+
 def _get_scorer(spec: ScoringSpec, device):
     """Scorer from the worker cache; on a miss, the model itself may still be cached."""
     from recsys.model.int8 import quantize_for_scoring
@@ -155,10 +169,10 @@ def _get_scorer(spec: ScoringSpec, device):
 
     def load():
         loaded = load_model(fetch_model(spec.model), device=device)
-        return loaded.model, Vocabulary(loaded.item_ids)
+        return loaded.model, Vocabulary(loaded.item_ids), loaded.blend
 
     def prepare():
-        (model, vocab), _ = cache.MODELS.get_or_load(model_key, load)
+        (model, vocab, blend), _ = cache.MODELS.get_or_load(model_key, load)
         int8 = None
         if spec.params.dtype == "int8":
             check_dtype("int8", device)       # refuse before quantizing anything
@@ -170,6 +184,7 @@ def _get_scorer(spec: ScoringSpec, device):
             fallback=Fallback(spec.fallback_name, spec.fallback_item_ids, spec.fallback_scores),
             device=device,
             int8=int8,
+            blend=blend,
             **spec.params.scorer_settings(),
         )
 

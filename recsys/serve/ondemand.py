@@ -235,7 +235,7 @@ class OnDemand:
             events = read_events(spark, cfg.paths.events, lambda d: start <= d < as_of)
             if events is None:
                 frame = spark.createDataFrame([], f"user_id BIGINT, {hist.ENTRIES_COLUMN} ARRAY<STRUCT<ts: TIMESTAMP, "
-                                                  f"tie: BIGINT, item_id: BIGINT>>")
+                                                  f"tie: BIGINT, item_id: BIGINT, n: BIGINT>>")
             else:
                 window = hist.drop_null_ids(events_window(events, as_of, cfg.history.window_days,
                                                           cfg.history.event_types))
@@ -302,14 +302,16 @@ class OnDemand:
             recent = hist.drop_null_ids(today.filter(F.col("user_id").isin(ids)))
             if cfg.history.event_types:
                 recent = recent.filter(F.col("event_type").isin(list(cfg.history.event_types)))
-            merged = hist.entries_to_events(entries).unionByName(recent.select("user_id", "item_id", "ts"))
+            merged = hist.entries_to_events(entries).unionByName(
+                recent.select("user_id", "item_id", "ts", F.lit(1).cast("bigint").alias(hist.WEIGHT_COLUMN)))
             known = hist.build_histories(merged, max_items=cfg.history.max_items,
                                          tie_break_seed=cfg.history.tie_break_seed)
         else:
             known = hist.entries_to_histories(entries)
         joined = wanted.join(F.broadcast(known), "user_id", "left")
-        return joined.select("user_id", F.coalesce(F.col(hist.HISTORY_COLUMN), F.array().cast("array<bigint>"))
-                             .alias(hist.HISTORY_COLUMN)).coalesce(1)
+        empty = F.array().cast("array<bigint>")
+        return joined.select("user_id", *(F.coalesce(F.col(c), empty).alias(c) for c in (
+            hist.HISTORY_COLUMN, hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN))).coalesce(1)
 
     def score(self, user_ids: Sequence[int]) -> BatchResult:
         """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
@@ -361,5 +363,6 @@ def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tup
                                                 cfg.scoring.top_n)
     shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                          scratch=cfg.paths.driver_dir)   # the backend's executors get the files through Spark
-    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS)
+    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS,
+                               lists_for=window.as_of)
     return spec, catalog.snapshot.date
