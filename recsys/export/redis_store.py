@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from recsys.errors import LockHeld, RecsysError, first_line
 from recsys.processes import process_alive, process_start_time
@@ -355,12 +355,6 @@ def _dead_here(holder: Mapping[str, Any]) -> str | None:
     if started is not None and not process_alive(pid, float(started)):
         return f"process {pid} on {holder['host']} is another program now"
     return None
-
-
-def delete_keys(client, keys: Iterable[str]) -> None:
-    names = list(keys)
-    if names:
-        client.unlink(*names)
 
 
 def wait_s(start: float) -> float:
