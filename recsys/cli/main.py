@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from recsys.serve.cli import add_commands  # recsys backend start|stop|status, recsys serve
 
-    add_commands(sub, _add_config_args)
+    add_commands(sub, _add_config_args, _config)
     return parser
 
 
