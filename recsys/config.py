@@ -86,7 +86,7 @@ class PathsConfig(_Section):
 
 class MlflowConfig(_Section):
     tracking_uri: str
-    artifact_location: str | None = None
+    artifact_location: str | None
     experiment: str = Field(min_length=1)
     model_name: str = Field(min_length=1)
     alias: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -100,8 +100,8 @@ class MlflowConfig(_Section):
 class HistoryConfig(_Section):
     window_days: int = Field(ge=1)
     max_items: int = Field(ge=1, le=100_000)
-    event_types: tuple[str, ...] = ()
-    tie_break_seed: int = 7
+    event_types: tuple[str, ...]
+    tie_break_seed: int
 
 
 class CatalogConfig(_Section):
@@ -111,8 +111,8 @@ class CatalogConfig(_Section):
 class ScoringConfig(_Section):
     top_n: int = Field(ge=1, le=10_000)
     chunk_size: int = Field(ge=1, le=1_000_000)
-    device: str = "auto"
-    dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16", "int8"]
     arrow_batch_size: int = Field(ge=1, le=1_000_000)
     partitions: int = Field(ge=0)
     users_per_task: int = Field(ge=1)
@@ -166,7 +166,7 @@ class ModelConfig(_Section):
     switching types is one key (``--set train.model.type=gru4rec``) and every section stays validated.
     ``recsys evaluate`` trains the types listed in ``evaluation.models`` from their sections."""
 
-    type: ModelType = "sasrec"
+    type: ModelType
     sasrec: SASRecSection
     gru4rec: GRU4RecSection
 
@@ -178,9 +178,9 @@ class ModelConfig(_Section):
 class RepeatsConfig(_Section):
     """The repeat blend training chooses (recsys.model.repeats): whether, and on which held-out days."""
 
-    learn: bool = True
-    validation_days: int = Field(default=7, ge=1, le=366)
-    max_rows: int = Field(default=20_000, ge=100, le=10_000_000)
+    learn: bool
+    validation_days: int = Field(ge=1, le=366)
+    max_rows: int = Field(ge=100, le=10_000_000)
 
 
 class TrainConfig(_Section):
@@ -191,23 +191,23 @@ class TrainConfig(_Section):
     learning_rate: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     patience: int = Field(ge=1)
-    warmup_epochs: float = Field(default=0.0, ge=0)
-    lr_decay: Literal["constant", "cosine"] = "constant"
-    window_offsets: Literal["fixed", "random"] = "fixed"
-    loss: Literal["full", "sampled"] = "full"
-    negatives: int = Field(default=8192, ge=1)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    seed: int = 42
+    warmup_epochs: float = Field(ge=0)
+    lr_decay: Literal["constant", "cosine"]
+    window_offsets: Literal["fixed", "random"]
+    loss: Literal["full", "sampled"]
+    negatives: int = Field(ge=1)
+    precision: Literal["auto", "fp32", "bf16"]
+    seed: int
     min_item_count: int = Field(ge=1)
     history_items: int = Field(ge=2, le=1_000_000)
-    device: str = "auto"
-    refit: bool = True
+    device: str
+    refit: bool
     gate_tolerance: float = Field(ge=0)
     gate_min_users: int = Field(ge=1)
-    processes: int = Field(default=1, ge=1, le=4096)
-    shards: int = Field(default=0, ge=0, le=100_000)
-    max_users: int | None = Field(default=None, ge=1)
-    repeats: RepeatsConfig = Field(default_factory=RepeatsConfig)
+    processes: int = Field(ge=1, le=4096)
+    shards: int = Field(ge=0, le=100_000)
+    max_users: int | None = Field(ge=1)
+    repeats: RepeatsConfig
 
     @property
     def shard_files(self) -> int:
@@ -233,7 +233,7 @@ class ALSGridConfig(_Section):
     reg_params: tuple[float, ...] = Field(min_length=1)
     alphas: tuple[float, ...] = Field(min_length=1)
     max_iter: int = Field(ge=1, le=100)
-    seed: int = 42
+    seed: int
 
     @field_validator("ranks", "reg_params", "alphas")
     @classmethod
@@ -250,7 +250,7 @@ class EvaluationConfig(_Section):
     ks: tuple[int, ...] = Field(min_length=1)
     models: tuple[str, ...] = Field(min_length=1)
     bootstrap_resamples: int = Field(ge=0, le=100_000)
-    bootstrap_seed: int = 0
+    bootstrap_seed: int
     als: ALSGridConfig
 
     @field_validator("ks")
@@ -272,10 +272,10 @@ class EvaluationConfig(_Section):
 
 
 class SparkConfig(_Section):
-    master: str = "local[*]"
-    remote: str | None = None
-    app_name: str = "recsys"
-    conf: dict[str, str] = Field(default_factory=dict)
+    master: str
+    remote: str | None
+    app_name: str
+    conf: dict[str, str]
 
     @field_validator("conf", mode="before")
     @classmethod
@@ -286,7 +286,7 @@ class SparkConfig(_Section):
 
 
 class ProgressConfig(_Section):
-    interval_s: float = Field(default=30, ge=0)   # a progress line this often while a long stage runs; 0: none
+    interval_s: float = Field(ge=0)               # a progress line this often while a long stage runs; 0: none
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -301,14 +301,14 @@ def _redis_url(value: str, key: str) -> str:
 class ExportConfig(_Section):
     """``recsys export`` and the nightly job's last stage: the published lists into Redis (docs/export.md)."""
 
-    redis_url: str | None = None
-    after_publish: bool = False
-    prefix: str = Field(default="recsys", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    keep_versions: int = Field(default=2, ge=1, le=100)
-    batch_users: int = Field(default=1000, ge=1, le=100_000)
-    pipeline_users: int = Field(default=10_000, ge=1, le=1_000_000)
-    timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    lock_ttl_s: float = Field(default=60.0, ge=5, le=86_400)
+    redis_url: str | None
+    after_publish: bool
+    prefix: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    keep_versions: int = Field(ge=1, le=100)
+    batch_users: int = Field(ge=1, le=100_000)
+    pipeline_users: int = Field(ge=1, le=1_000_000)
+    timeout_s: float = Field(gt=0, le=3600)
+    lock_ttl_s: float = Field(ge=5, le=86_400)
 
     @field_validator("redis_url")
     @classmethod
@@ -360,9 +360,9 @@ class GuardThreshold(_Section):
 class GuardConfig(_Section):
     """The guard between validation and publishing (docs/operations.md, "The guard")."""
 
-    compare: bool = True
-    min_users: int = Field(default=50, ge=1)
-    thresholds: dict[str, GuardThreshold] = Field(default_factory=dict)
+    compare: bool
+    min_users: int = Field(ge=1)
+    thresholds: dict[str, GuardThreshold]
 
     @field_validator("thresholds")
     @classmethod
@@ -388,21 +388,21 @@ class ServeConfig(_Section):
     keys under ``export.prefix``), or ``none`` (every request goes to the on-demand backend).
     """
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    backend_dir: str = ".recsys/backend"
-    backend_port: int = Field(default=0, ge=0, le=65535)
-    max_wait_ms: int = Field(default=20, ge=0, le=60_000)
-    max_batch_users: int = Field(default=2000, ge=1, le=1_000_000)
-    max_concurrent_jobs: int = Field(default=2, ge=1, le=64)
-    max_queue_users: int = Field(default=50_000, ge=1)
-    max_request_users: int = Field(default=10_000, ge=1)
-    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    backend_timeout_s: float = Field(default=10.0, gt=0, le=600)
-    refresh_s: float = Field(default=10.0, ge=0, le=86_400)
-    as_of: str | None = None
-    store: str = "embedded"
-    store_timeout_ms: int = Field(default=500, ge=1, le=60_000)
+    host: str
+    port: int = Field(ge=0, le=65535)
+    backend_dir: str
+    backend_port: int = Field(ge=0, le=65535)
+    max_wait_ms: int = Field(ge=0, le=60_000)
+    max_batch_users: int = Field(ge=1, le=1_000_000)
+    max_concurrent_jobs: int = Field(ge=1, le=64)
+    max_queue_users: int = Field(ge=1)
+    max_request_users: int = Field(ge=1)
+    request_timeout_s: float = Field(gt=0, le=3600)
+    backend_timeout_s: float = Field(gt=0, le=600)
+    refresh_s: float = Field(ge=0, le=86_400)
+    as_of: str | None
+    store: str
+    store_timeout_ms: int = Field(ge=1, le=60_000)
 
     @field_validator("store")
     @classmethod
@@ -437,10 +437,10 @@ class MetastoreConfig(_Section):
     server ``recsys metastore start`` runs on it. Sessions recsys starts get these settings; under
     spark-submit or Spark Connect the session's own catalog is used."""
 
-    dir: str = ".recsys/metastore"        # embedded Derby's database, derby.log, the warehouse directory
-    url: str | None = None                # JDBC URL of the metastore database (Derby network server, Postgres)
-    jars: tuple[str, ...] = ()            # that database's JDBC driver jars, put on the driver's class path
-    uris: str | None = None               # thrift://host:9083: a Hive metastore service (or Glue, docs/cluster.md)
+    dir: str                              # embedded Derby's database, derby.log, the warehouse directory
+    url: str | None                       # JDBC URL of the metastore database (Derby network server, Postgres)
+    jars: tuple[str, ...]                 # that database's JDBC driver jars, put on the driver's class path
+    uris: str | None                      # thrift://host:9083: a Hive metastore service (or Glue, docs/cluster.md)
 
     @field_validator("dir")
     @classmethod
@@ -451,21 +451,21 @@ class MetastoreConfig(_Section):
 class OutputConfig(_Section):
     """How a night is published: its run directory, the table that points at it, what is kept."""
 
-    table: str | None = Field(default="recsys.recommendations", pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
-    keep_runs: int = Field(default=2, ge=1, le=1000)
-    retention_days: int | None = Field(default=None, ge=1)
-    metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
+    table: str | None = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+    keep_runs: int = Field(ge=1, le=1000)
+    retention_days: int | None = Field(ge=1)
+    metastore: MetastoreConfig
 
 
 class S3Config(_Section):
     """One object-store setting for Spark's S3A (``spark.hadoop.fs.s3a.*``) and the driver's pyarrow
     file systems alike (:mod:`recsys.storage`)."""
 
-    endpoint: str | None = None           # http(s)://host:port of an S3-compatible store; None: AWS
-    region: str | None = None
-    path_style: bool = False              # bucket in the path, not the host name (MinIO, moto, most on-prem stores)
-    credentials: Literal["default", "env", "anonymous"] = "default"
-    s3_as_s3a: bool = False               # map s3:// to Hadoop's S3A (plain Spark knows no s3:// file system)
+    endpoint: str | None                  # http(s)://host:port of an S3-compatible store; None: AWS
+    region: str | None
+    path_style: bool                      # bucket in the path, not the host name (MinIO, moto, most on-prem stores)
+    credentials: Literal["default", "env", "anonymous"]
+    s3_as_s3a: bool                       # map s3:// to Hadoop's S3A (plain Spark knows no s3:// file system)
 
     @field_validator("endpoint")
     @classmethod
@@ -476,7 +476,7 @@ class S3Config(_Section):
 
 
 class StorageConfig(_Section):
-    s3: S3Config = Field(default_factory=S3Config)
+    s3: S3Config
 
 
 class Config(_Section):
@@ -488,23 +488,29 @@ class Config(_Section):
     train: TrainConfig
     evaluation: EvaluationConfig
     spark: SparkConfig
-    progress: ProgressConfig = ProgressConfig()
-    serve: ServeConfig = Field(default_factory=ServeConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
-    output: OutputConfig = Field(default_factory=OutputConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    guard: GuardConfig = Field(default_factory=GuardConfig)
+    progress: ProgressConfig
+    serve: ServeConfig
+    export: ExportConfig
+    output: OutputConfig
+    storage: StorageConfig
+    guard: GuardConfig
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
-        """A short stable hash of everything that shapes the output; tied to manifests.
+        """The first 16 hex digits of the SHA-256 of the sections ``paths``, ``mlflow``, ``history``,
+        ``catalog``, ``scoring``, ``train``, ``evaluation`` and ``spark``, every key with its resolved value
+        (after the default, the --conf file and --set; paths made absolute; URIs as given, credentials
+        included: only their hash leaves), as JSON with sorted keys and no spaces. The manifest records it,
+        and a date already published with the same digest and model version is skipped.
 
         ``progress``, ``serve``, ``export``, ``output``, ``storage`` and ``guard`` are left out: how often the
         log says how far a run is, how the frontend queues and batches, where the lists are exported, which table
         points at a night, how the stores are reached and where the guard draws its lines change no published
-        row, and a partition published before those sections existed must still be skipped as up to date.
+        row, and a partition published before those sections existed must still be skipped as up to date. Nor
+        does it cover what is not configuration: the environment (:class:`LaunchSettings`), the hooks, the
+        model version (recorded next to it) or the input data.
         """
         data = self.to_dict()
         for section in ("progress", "serve", "export", "output", "storage", "guard"):

@@ -18,20 +18,15 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recsys.processes import free_port
+
 CHECKOUT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def namespaces_work() -> bool:

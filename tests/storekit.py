@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from recsys import fs as rfs
 from recsys import storage
+from recsys.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -76,7 +77,7 @@ class MotoServer:
     """moto's S3-compatible HTTP server on 127.0.0.1 (a real server process speaking the S3 REST API)."""
 
     def __init__(self, directory: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = open(directory / "moto.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
@@ -201,12 +202,6 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
 
 def _boto_credentials() -> dict[str, str]:
     return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kill_at(argv: list[str], point: str, env: dict[str, str], timeout_s: float = 120) -> None:

@@ -7,7 +7,6 @@ the shared session, so logging is set up as in production (``configure_logging``
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import jobkit
 from jobkit import RUN_DATE
 from recsys.config import load_config
 from recsys.errors import ExitCode
+from recsys.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PART = f"dt={RUN_DATE}"
@@ -158,9 +158,7 @@ def test_an_unreachable_tracking_server_s_credentials_stay_out_of_the_manifest_a
     from recsys.tracking.store import ResolvedModel
 
     store = data.store
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     uri = f"http://bob:s3cret@127.0.0.1:{port}/?token=t0ken"
     remember(str(tmp_path / "driver"),   # jobkit's paths.driver_scratch: where the job looks
              ResolvedModel(store.model_name, "champion", store.version, None, str(store.model_dir), store.model_dir),

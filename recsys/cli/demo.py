@@ -98,7 +98,7 @@ def _lookup_through_serve(cfg: Config, result) -> None:
 
     import yaml
 
-    from recsys.export.local_redis import free_port
+    from recsys.processes import free_port
 
     out = local_path(cfg.paths.output).parent
     conf = out / "demo-serve.yaml"

@@ -111,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_metastore)
 
+    p = sub.add_parser("sql", help="SQL on the table the job publishes to (output.table, in output.metastore; "
+                                   "storage.s3), printed as tables; without a statement, a shell reading statements "
+                                   "ended by ;")
+    p.add_argument("statement", nargs="?", help="the statement(s) to run, e.g. \"select count(*) from "
+                                                "recsys.recommendations where dt = '2024-05-01'\"")
+    p.add_argument("--print-conf", action="store_true",
+                   help="print the Spark settings of that catalog and store for your own spark-sql or pyspark "
+                        "(a --properties-file) and exit")
+    p.add_argument("--max-rows", type=int, default=1000, help="rows printed of each result (default: 1000)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_sql)
+
     p = sub.add_parser("runs", help="list nightly runs from the tracking store, or show one (runs show DATE|RUN_ID)")
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list", help="list (default) or show")
     p.add_argument("which", nargs="?", metavar="DATE|RUN_ID", help="show: a run date (its newest run) or a run id")
@@ -173,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from recsys.serve.cli import add_commands  # recsys backend start|stop|status, recsys serve
 
-    add_commands(sub, _add_config_args)
+    add_commands(sub, _add_config_args, _config)
     return parser
 
 
@@ -403,6 +415,47 @@ def cmd_metastore(args: argparse.Namespace) -> int:
           f"--conf spark.sql.catalogImplementation=hive --conf spark.hadoop.javax.jdo.option.ConnectionURL='{info['url']}' "
           f"--conf spark.hadoop.javax.jdo.option.ConnectionDriverName=org.apache.derby.jdbc.ClientDriver")
     return ExitCode.OK
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from recsys.cli import sql
+    from recsys.spark import metastore
+    from recsys.spark.session import build_session
+
+    cfg = _config(args)
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)   # pyspark's page per failed statement:
+    if args.print_conf:                                                      # the command says it in one line
+        if args.statement is not None:
+            raise ConfigError("--print-conf prints settings and runs nothing: give it without a statement")
+        sql.print_conf(cfg, sys.stdout)
+        return ExitCode.OK
+    if args.max_rows < 1:
+        raise ConfigError(f"--max-rows {args.max_rows} must be at least 1")
+    statements = None
+    if args.statement is not None:
+        statements, _ = sql.split_statements(args.statement + ";")
+        if not statements:
+            raise ConfigError(f"no statement in {args.statement!r}; leave it out for a shell reading standard input")
+    if cfg.output.table is None:
+        log.warning("output.table is null: the session has no metastore, so no table of the job's is there")
+    hint = metastore.resolve(cfg.output.metastore).hint() if cfg.output.table is not None else ""
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-sql", launch=_launch(), output=cfg.output,
+                          storage=cfg.storage)
+    try:
+        run = partial(sql.run_statement, spark, out=sys.stdout, max_rows=args.max_rows, hint=hint)
+        if statements is not None:
+            for statement in statements:
+                run(statement)
+            return ExitCode.OK
+        interactive = sys.stdin.isatty()
+        if interactive:
+            where = metastore.resolve(cfg.output.metastore).describe() if cfg.output.table is not None else "no metastore"
+            print(f"recsys sql on {where}: end each statement with ;, quit to leave", file=sys.stderr)
+        return sql.shell(run, sys.stdin, interactive=interactive)
+    finally:
+        spark.stop()
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

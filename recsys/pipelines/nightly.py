@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Sequence
@@ -38,7 +37,7 @@ from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
 from recsys.publish import retention
 from recsys.publish.lock import DateLock, Holder
-from recsys.publish.published import find_published
+from recsys.publish.published import find_published, new_run_key
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
                                       recover, register_dates)
 from recsys.publish.table import OutputTable, open_table
@@ -144,7 +143,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
     date = parse_date(date)
     check_output_location(cfg.paths)
     config_digest = cfg.digest()
-    run_key = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    run_key = new_run_key()
     layout = PartitionLayout(cfg.paths.output, date, run_key)
     timer = StageTimer(partial(job_description, spark), job=f"recommend {date}",
                        progress=partial(LiveProgress, spark, interval_s=cfg.progress.interval_s))

@@ -70,6 +70,7 @@ from recsys import conditional
 from recsys import fs as rfs
 from recsys.data.contracts import partition_name
 from recsys.errors import LockHeld
+from recsys.processes import process_alive, process_start_time
 from recsys.uris import is_local_path, local_path
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ class DateLock:
     def _content(self) -> str:
         fields: dict[str, Any] = {
             "run": self.run, "token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-            "pid_started": _process_start_time(os.getpid()),
+            "pid_started": process_start_time(),
             "started_at": self._started_at, "ttl_s": self.ttl_s, **self._annotations,
         }
         if self.kind == COMPARE_AND_SET:
@@ -262,7 +263,7 @@ def stale_reason(holder: Holder, *, host: str | None = None) -> str | None:
     """Why ``holder``'s lock may be taken over, or None while it is live."""
     host = host or socket.gethostname()
     if holder.host == host and holder.pid > 0:
-        if not _process_alive(holder.pid, holder.pid_started):
+        if not process_alive(holder.pid, holder.pid_started):
             return f"its process {holder.pid} on {holder.host} is gone"
         return None
     if holder.heartbeat_age_s > holder.ttl_s:
@@ -272,29 +273,6 @@ def stale_reason(holder: Holder, *, host: str | None = None) -> str | None:
 
 def _text_or_none(value: Any) -> str | None:
     return str(value) if value else None
-
-
-def _process_alive(pid: int, started: float | None) -> bool:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or abs(proc.create_time() - started) < 1.0
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:   # another user's process: it exists, its start time is not ours to read
-        return True
-
-
-def _process_start_time(pid: int) -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:
-        return None
 
 
 _TAKEN, _CLEARED, _RETRY, _LOST = "taken", "cleared", "retry", "lost"   # outcomes of take_over
@@ -485,18 +463,7 @@ class _FileStore:
     def create_exclusive(self, path: str, text: str) -> bool:
         target = self._p(path)
         if self.local:
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, target)    # atomic, fails if the name exists: the file appears complete or not at all
-                return True
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
+            return rfs.create_local_exclusive(target, text)   # exact: complete or not at all, one winner
         if rfs.exists(self.fs, target):   # object stores: best effort (see the module docstring)
             return False
         rfs.write_text_atomic(self.fs, target, text)
@@ -515,16 +482,7 @@ class _FileStore:
 
     def replace(self, path: str, text: str) -> None:
         """Replace the file's content in one step (a rename over it): readers never see it half-written."""
-        target = self._p(path)
-        if self.local:
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        else:
-            rfs.write_text_atomic(self.fs, target, text)
+        rfs.write_text_atomic(self.fs, self._p(path), text)
 
     def touch(self, path: str) -> None:
         if self.local:

@@ -29,6 +29,7 @@ import datetime as dt
 import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +68,18 @@ def run_dir(output_root: str, date: dt.date, run: str) -> str:
 def view_dir(output_root: str, date: dt.date) -> str:
     """The path view ``dt=D/`` that readers of paths read."""
     return rfs.join(output_root, partition_name(date))
+
+
+def new_run_key(kind: str | None = None) -> str:
+    """A key of its own for one attempt at a date: ``<UTC start time>[-<kind>]-<8 random hex digits>``, e.g.
+    ``20240508T021500Z-1a2b3c4d`` (a nightly run) or ``20240508T021500Z-rollback-1a2b3c4d``.
+
+    Minted before anything is written: it names the run's directory (``run=<key>``), holds the date's lock
+    and tags the MLflow run (``recsys.job_run``). The time comes first, so keys sort in the order the
+    attempts started; ``kind`` says what other than a nightly run holds a date (``rollback``, ``export``).
+    """
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return "-".join([started, *([kind] if kind else []), uuid.uuid4().hex[:8]])
 
 
 def run_of(location: str) -> str | None:
