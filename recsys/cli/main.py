@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--end-date", type=_date, help="last day with events (default: yesterday, UTC)")
+    p.add_argument("--repeat-rate", type=float, default=None, metavar="SHARE",
+                   help="share of a returning user's items that are items they had on an earlier day "
+                        "(re-buys, re-views), 0-1; 0: every item new to its user (default: 0.75)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_sample_data)
@@ -241,11 +244,12 @@ def _dataset_root(cfg, out: Path | None) -> Path:
 
 
 def cmd_sample_data(args: argparse.Namespace) -> int:
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import REPEAT_RATE, generate_sample
 
     cfg = _config(args)
+    repeat_rate = REPEAT_RATE if args.repeat_rate is None else args.repeat_rate
     summary = generate_sample(_dataset_root(cfg, args.out), users=args.users, items=args.items, days=args.days,
-                              seed=args.seed, end_date=args.end_date, progress=log.info,
+                              seed=args.seed, end_date=args.end_date, repeat_rate=repeat_rate, progress=log.info,
                               overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
