@@ -423,6 +423,16 @@ def test_items_new_to_the_user_still_follow_the_previous_item(sample):
     assert ordered > 2 * control
 
 
+def test_without_a_repeat_rate_users_meet_items_again_by_chance_only(tmp_path):
+    """``repeat_rate=None``: the generator before returns were planted (its data reproduces figures measured
+    then): discoveries may fall on items the user had, and nothing else brings users back."""
+    generate_sample(tmp_path / "chance", users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=None)
+    generate_sample(tmp_path / "planted", users=1000, items=500, days=6, seed=3, end_date=END)
+    chance = _views_with_earlier_days(_read_dataset(tmp_path / "chance" / "events"))["repeat"].mean()
+    planted = _views_with_earlier_days(_read_dataset(tmp_path / "planted" / "events"))["repeat"].mean()
+    assert 0.05 < chance < planted - 0.2
+
+
 @pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan"), True])
 def test_rejects_a_repeat_rate_outside_0_to_1(tmp_path, rate):
     with pytest.raises(InputDataError, match="repeat_rate"):

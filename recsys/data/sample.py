@@ -167,7 +167,7 @@ def generate_sample(
     seed: int,
     end_date: dt.date | None = None,
     events_per_user_day: float = 1.5,
-    repeat_rate: float = REPEAT_RATE,
+    repeat_rate: float | None = REPEAT_RATE,
     progress: Callable[[str], None] | None = None,
     overwrite: bool = False,
 ) -> SampleSummary:
@@ -177,7 +177,9 @@ def generate_sample(
     ``1..users``, item ids ``1..items``. ``events_per_user_day`` is the mean over all users,
     active or not. ``repeat_rate`` is the probability that an item a returning user looks at is one
     they had on an earlier day (slightly less in the data, when a user has nothing else to come back
-    to): 0 gives no repeats at all, every item new to its user.
+    to): 0 gives no repeats at all, every item new to its user. ``None`` plants no returns and lets
+    discoveries fall on items the user had (repeats by chance only): the generator before returns
+    were planted, whose data the figures measured before then used (the same seed, the same data).
     The same arguments give the same file contents. ``out`` must not hold date
     partitions already unless ``overwrite`` (which replaces them all, see ``_output``).
     """
@@ -217,7 +219,7 @@ def generate_sample(
 
 
 def _check_args(*, users: int, items: int, days: int, seed: int, events_per_user_day: float,
-                repeat_rate: float) -> None:
+                repeat_rate: float | None) -> None:
     for name, value in (("users", users), ("items", items), ("days", days)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InputDataError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -226,8 +228,8 @@ def _check_args(*, users: int, items: int, days: int, seed: int, events_per_user
     if not (isinstance(events_per_user_day, (int, float)) and math.isfinite(events_per_user_day)
             and events_per_user_day > 0):
         raise InputDataError(f"events_per_user_day must be a number > 0, got {events_per_user_day!r}")
-    if (isinstance(repeat_rate, bool) or not isinstance(repeat_rate, (int, float))
-            or not 0.0 <= repeat_rate <= 1.0):
+    if repeat_rate is not None and (isinstance(repeat_rate, bool) or not isinstance(repeat_rate, (int, float))
+                                    or not 0.0 <= repeat_rate <= 1.0):
         raise InputDataError(f"repeat_rate must be a share from 0 to 1 (default {REPEAT_RATE}), got {repeat_rate!r}")
 
 
@@ -445,7 +447,8 @@ def _events_table(world: _World, memory: "_Memory", d: int, days: int, rng: np.r
     sessions = _Sessions(users, lens, offsets)
     items = _session_items(world, memory, _Day(sampler, weight, t), sessions, rng)
     world.last_item[users] = items[offsets[1:] - 1]
-    memory.remember(np.repeat(users, lens), items)
+    if memory.kept:
+        memory.remember(np.repeat(users, lens), items)
 
     # Funnel: step s emits depth[s] + 1 events on its item, one per stage reached.
     depth = np.searchsorted(np.cumsum(FUNNEL_DEPTH_P), rng.random(len(items)), side="right")
@@ -496,13 +499,20 @@ class _Memory:
     score: np.ndarray          # [U, K] float32
     known: np.ndarray          # [pairs] int64, sorted
     n_items: int
-    repeat_rate: float
+    repeat_rate: float | None  # None: no returns, no memory kept (repeats by chance only)
 
     @classmethod
-    def empty(cls, users: int, items: int, repeat_rate: float) -> "_Memory":
+    def empty(cls, users: int, items: int, repeat_rate: float | None) -> "_Memory":
+        if repeat_rate is None:
+            return cls(items=np.zeros((0, 0), dtype=np.int32), score=np.zeros((0, 0), dtype=np.float32),
+                       known=np.zeros(0, dtype=np.int64), n_items=items, repeat_rate=None)
         return cls(items=np.full((users, MEMORY_SLOTS), -1, dtype=np.int32),
                    score=np.zeros((users, MEMORY_SLOTS), dtype=np.float32),
                    known=np.zeros(0, dtype=np.int64), n_items=items, repeat_rate=float(repeat_rate))
+
+    @property
+    def kept(self) -> bool:
+        return self.repeat_rate is not None
 
     def new_day(self) -> None:
         self.score *= np.float32(0.5 ** (1.0 / RECENCY_HALF_LIFE_DAYS))
@@ -590,7 +600,7 @@ def _session_items(world: _World, memory: _Memory, day: _Day, sessions: _Session
         who = users[:m]
         prev = world.last_item[who].astype(np.int64) if k == 0 else out[at - 1]
         draw = np.full(m, -1, dtype=np.int64)
-        if memory.repeat_rate > 0:
+        if memory.kept and memory.repeat_rate > 0:
             back = np.flatnonzero(rng.random(m) < memory.repeat_rate)
             draw[back] = memory.returns(who[back], prev[back], taste.affinity[back], world.item_cat,
                                         available, rng)               # -1: nothing to come back to
@@ -601,6 +611,9 @@ def _session_items(world: _World, memory: _Memory, day: _Day, sessions: _Session
             draw[back[follow]] = rel[follow]
         new = np.flatnonzero(draw < 0)
         draw[new] = _discover(world, day, taste, new, prev[new], rng)
+        if not memory.kept:
+            out[at] = draw
+            continue
         new = new[_had(memory, out, offsets, who, new, draw[new], k)]
         if len(new):                  # redraws, all at once: the first one new to the user wins
             again = np.repeat(new, DISCOVERY_TRIES)
@@ -613,7 +626,7 @@ def _session_items(world: _World, memory: _Memory, day: _Day, sessions: _Session
             draw[new] = _unknown_items(world, memory, day, taste.cats[new], who[new],
                                        out[offsets[new][:, None] + np.arange(k)], draw[new], rng)
         out[at] = draw
-    for k, m in enumerate(running):        # today's items join the memory once the day is over
+    for k, m in enumerate(running if memory.kept else ()):   # today's items join the memory after the day
         memory.use(users[:m], out[offsets[:m] + k])
     return out
 
