@@ -19,8 +19,8 @@ in here. What it does, and why:
   shop, agrees with the model trained on the first; and any SQL engine computes it
   (``CAST(conv(substr(md5(key), 1, 15), 16, 10) AS BIGINT)`` in Spark), so lists can be joined
   back to the original keys without this tool. The dictionary (id, original string) is written
-  beside the data too (``ids/``), and two strings with the same id (about one chance in 10^5 for
-  ten million ids) stop the import rather than merge two users or items.
+  beside the data too (``ids/``), and two strings with the same id (about one chance in 20,000
+  for ten million ids) stop the import rather than merge two users or items.
 - **Bad rows are counted, never dropped silently.** A row with a missing value, an id that is
   not a whole number, a timestamp that does not parse or lies outside 1970-9999, the wrong number
   of fields or nothing at all is left out and counted by reason, with its line number. Above

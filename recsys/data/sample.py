@@ -42,7 +42,7 @@ Memory and speed: the generator keeps O(users + items) state, plus every (user, 
 (8 bytes each, what keeps discoveries new to their user), and builds one day at a time, then
 writes it and lets it go; every step is a numpy operation over all of a day's sessions at once
 (the only Python loop over a day runs over positions within a session, a few hundred at most).
-Time and memory grow linearly with users and events a day (figures: docs/performance.md).
+Time and memory grow linearly with users and events a day (figures: docs/data-contracts.md).
 """
 from __future__ import annotations
 
