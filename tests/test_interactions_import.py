@@ -356,3 +356,10 @@ def test_progress_says_what_was_recognised_and_when_all_is_read(tmp_path):
     assert messages[0].startswith(f"reading {csv}")
     assert "user <- user_id, item <- item_id, time <- timestamp" in messages[0]
     assert any(m.endswith("all read") and "read 1 rows" in m for m in messages)
+
+
+def test_formats_are_decided_on_the_first_rows_that_have_a_time(tmp_path):
+    blank_start = "user_id,item_id,timestamp\n" + "1,2,\n" * 3000 + "1,2,1704067200\n"
+    summary = import_interactions(_write(tmp_path, blank_start), tmp_path / "out",
+                                  options=ImportOptions(block_size=4096, max_bad_share=1.0))
+    assert summary.time_format == "s" and summary.events == 1 and summary.bad[MISSING_VALUE] == 3000

@@ -468,7 +468,7 @@ class _Import:
         self.users, self.items = _Distinct(), _Distinct()
         self.keys = {"user": _KeyMap("user"), "item": _KeyMap("item")}
         self.metadata = _Metadata()
-        self.first_us: int | None = None
+        self.decided = False
         self.min_us, self.max_us = None, None
 
     # ---- reading
@@ -478,8 +478,9 @@ class _Import:
         self.source.start(wanted, self.options)
         last_report = time.monotonic()
         for batch, first_line_no, last_line_no, skipped in self.source.batches():
-            if self.rows == 0 and batch.num_rows:
+            if not self.decided and self._has_times(batch):
                 self._decide_formats(batch)
+                self.decided = True
             self._take(batch, first_line_no, last_line_no, skipped)
             if time.monotonic() - last_report >= _PROGRESS_EVERY_S:
                 last_report = time.monotonic()
@@ -495,6 +496,9 @@ class _Import:
         done = self.source.position / self.source.size if self.source.size else 0.0
         return (f"read {self.rows:,} rows ({done:.0%} of {self.path.name}), {self.events:,} events on "
                 f"{len(self.days_written | set(self.buffers)):,} days, {sum(self.bad.values()):,} bad rows so far")
+
+    def _has_times(self, batch: pa.RecordBatch) -> bool:
+        return batch.num_rows > 0 and not pc.all(_missing(_clean(batch.column(self.roles["time"])))).as_py()
 
     def _decide_formats(self, batch: pa.RecordBatch) -> None:
         """``auto`` settings, decided once on the first block and said, so a surprise shows at once."""
@@ -610,6 +614,8 @@ class _Import:
         """``(microseconds since the epoch, parsed, in range)``; missing values count as parsed and in range
         (they are reported as missing)."""
         absent = _missing(values).to_numpy(zero_copy_only=False)
+        if not self.decided:                       # no time value seen yet: every row here lacks one
+            return np.full(len(values), -1, dtype=np.int64), absent, absent
         if self.time_format == "iso":
             us, parsed = _parse_iso(values)
         else:
