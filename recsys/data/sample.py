@@ -114,7 +114,7 @@ P_FOLLOW_RELATED = 0.40
 P_SAME_CATEGORY = 0.20
 P_EXPLORE = 0.05                  # an item from the whole catalog; the rest come from the user's tastes
 FUNNEL_DEPTH_P = (0.72, 0.18, 0.06, 0.04)  # deepest stage reached: view, click, add_to_cart, purchase
-# Returns. 0.75 makes about 71% of a day's (user, item) pairs of returning users repeats on the
+# Returns. 0.75 makes about 70% of a day's (user, item) pairs of returning users repeats on the
 # default sample, as on the Wikipedia edit log (docs/data-contracts.md, "Sample data").
 REPEAT_RATE = 0.75                # a returning user's item is one they had on an earlier day
 MEMORY_SLOTS = 16                 # items a user can come back to: their most used, recency-weighted
@@ -427,7 +427,7 @@ def _day_weights(world: _World, d: int) -> np.ndarray:
     return world.base_weight * boost * available
 
 
-def _events_table(world: _World, memory: "_Memory", d: int, days: int, rng: np.random.Generator,
+def _events_table(world: _World, memory: _Memory, d: int, days: int, rng: np.random.Generator,
                   date: dt.date) -> tuple[pa.Table, np.ndarray]:
     """One day's events (sorted by time) and the users active that day."""
     weight = _day_weights(world, d)
