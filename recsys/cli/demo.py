@@ -155,17 +155,25 @@ def _dataset_root(cfg: Config) -> Path:
     return events.parent
 
 
+def _synthetic_source() -> dict:
+    """The demo's synthetic data, as recorded in its marker: data written by an older generator (another
+    repeat rate) is generated again, not reused."""
+    from recsys.data.sample import REPEAT_RATE
+
+    return {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7, "repeat_rate": REPEAT_RATE}
+
+
 def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
     """Import (or generate) the demo data once; later demos reuse it. Returns the date to run for."""
     marker = root / IMPORT_MARKER
     if synthetic:
-        source = {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7}
+        source = _synthetic_source()
     else:
         movielens = data.resolve() if data else find_movielens()
         if movielens is None:
             log.warning("MovieLens not found (looked in %s); using synthetic sample data",
                         ", ".join(str(p) for p in MOVIELENS_CANDIDATES))
-            source = {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7}
+            source = _synthetic_source()
         else:
             ratings = movielens / "ratings.csv"
             source = {"kind": "movielens", "ratings": str(ratings), "size": ratings.stat().st_size}
@@ -188,7 +196,8 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
         from recsys.data.sample import generate_sample
 
         summary = generate_sample(root, users=source["users"], items=source["items"], days=source["days"],
-                                  seed=source["seed"], progress=log.info, overwrite=True)
+                                  seed=source["seed"], repeat_rate=source["repeat_rate"], progress=log.info,
+                                  overwrite=True)
         last = summary.last_date
     log.info("%s", summary)
     run_date = last + dt.timedelta(days=1)

@@ -28,6 +28,24 @@ def _date(value: str) -> dt.date:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _instant(value: str) -> dt.datetime:
+    """YYYY-MM-DD or an ISO 8601 instant; UTC unless it says otherwise."""
+    try:
+        instant = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a date (YYYY-MM-DD) or an ISO 8601 instant") from None
+    return instant if instant.tzinfo else instant.replace(tzinfo=dt.timezone.utc)
+
+
+def _repeat_rate(value: str) -> float | str:
+    if value == "chance":
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a share (e.g. 0.75) nor 'chance'") from None
+
+
 def _today() -> dt.date:
     return dt.datetime.now(dt.timezone.utc).date()
 
@@ -51,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--end-date", type=_date, help="last day with events (default: yesterday, UTC)")
+    p.add_argument("--repeat-rate", type=_repeat_rate, default=None, metavar="SHARE",
+                   help="share of a returning user's items that are items they had on an earlier day "
+                        "(re-buys, re-views), 0-1; 0: every item new to its user; chance: no planted returns, "
+                        "the data of the generator before returns (default: 0.75)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_sample_data)
@@ -62,6 +84,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_import_movielens)
+
+    p = sub.add_parser("import-interactions", help="convert any interaction log (CSV, plain or compressed) to the "
+                                                    "input layout, bad rows counted and reported")
+    p.add_argument("--csv", type=Path, required=True,
+                   help="the log: one interaction a line (.gz, .bz2, .zst read as such)")
+    p.add_argument("--out", type=Path, help="dataset root; default: the parent of paths.events")
+    p.add_argument("--user", metavar="COLUMN", help="user column (default: recognised from the header, e.g. user_id)")
+    p.add_argument("--item", metavar="COLUMN", help="item column (default: recognised, e.g. item_id, page_id)")
+    p.add_argument("--time", metavar="COLUMN", help="time column (default: recognised, e.g. timestamp, seconds)")
+    p.add_argument("--time-format", choices=("auto", "s", "ms", "us", "iso"), default="auto",
+                   help="Unix seconds, milliseconds or microseconds, or ISO 8601 (default: auto, decided on the "
+                        "first block and logged)")
+    p.add_argument("--time-origin", type=_instant, metavar="DATE",
+                   help="numeric timestamps count from this date or ISO instant, UTC (default: 1970-01-01)")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--event-type-column", metavar="COLUMN",
+                      help="event type column (default: one named event_type, event or action, if any)")
+    kind.add_argument("--event-type", metavar="VALUE", help="one event type for every row (default: interaction)")
+    p.add_argument("--title", metavar="COLUMN", help="item title column, for the catalog (default: none; string "
+                                                     "item ids are their own title)")
+    p.add_argument("--category", metavar="COLUMN", help="item category column, for the catalog (default: none)")
+    p.add_argument("--user-ids", choices=("auto", "int", "string"), default="auto",
+                   help="int: whole numbers kept; string: mapped to stable 60-bit ids, dictionary in ids/ "
+                        "(default: auto, int when the first block's are all whole numbers)")
+    p.add_argument("--item-ids", choices=("auto", "int", "string"), default="auto", help="the same, for items")
+    p.add_argument("--delimiter", help="field delimiter, \\t for tab (default: sniffed among , tab ; |)")
+    p.add_argument("--no-header", action="store_true", help="the first line is data: columns are named 1, 2, ...")
+    p.add_argument("--encoding", default="utf8", help="the file's text encoding (default: utf8)")
+    p.add_argument("--max-bad-share", type=float, default=0.01, metavar="SHARE",
+                   help="fail (exit 2, nothing written) when more than this share of rows is bad (default: 0.01)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_import_interactions)
 
     p = sub.add_parser("train", help="train a model on events before a date, register it, move the alias if it is not worse")
     p.add_argument("--date", type=_date, default=None, help="train on events strictly before this date (default: today, UTC)")
@@ -254,11 +309,12 @@ def _dataset_root(cfg, out: Path | None) -> Path:
 
 
 def cmd_sample_data(args: argparse.Namespace) -> int:
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import REPEAT_RATE, generate_sample
 
     cfg = _config(args)
+    repeat_rate = {None: REPEAT_RATE, "chance": None}.get(args.repeat_rate, args.repeat_rate)
     summary = generate_sample(_dataset_root(cfg, args.out), users=args.users, items=args.items, days=args.days,
-                              seed=args.seed, end_date=args.end_date, progress=log.info,
+                              seed=args.seed, end_date=args.end_date, repeat_rate=repeat_rate, progress=log.info,
                               overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
@@ -270,6 +326,22 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
     cfg = _config(args)
     summary = import_movielens(args.ratings, _dataset_root(cfg, args.out), movies=args.movies, progress=log.info,
                                overwrite=args.overwrite)
+    print(summary)
+    return ExitCode.OK
+
+
+def cmd_import_interactions(args: argparse.Namespace) -> int:
+    from recsys.data.interactions import ColumnMapping, ImportOptions, import_interactions
+
+    cfg = _config(args)
+    delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
+    columns = ColumnMapping(user=args.user, item=args.item, time=args.time, event_type_column=args.event_type_column,
+                            event_type=args.event_type, title=args.title, category=args.category)
+    options = ImportOptions(time_format=args.time_format, time_origin=args.time_origin, user_ids=args.user_ids,
+                            item_ids=args.item_ids, delimiter=delimiter, header=not args.no_header,
+                            encoding=args.encoding, max_bad_share=args.max_bad_share)
+    summary = import_interactions(args.csv, _dataset_root(cfg, args.out), columns=columns, options=options,
+                                  progress=log.info, overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
 
