@@ -27,6 +27,13 @@ quantized per item once per model load (:mod:`recsys.model.int8`), and the ``1.5
 preselects are rescored in fp32 against the fp32 item rows, so the published scores are fp32 dot
 products of the user vector and the items.
 
+The operators' rules (docs/rules.md) act here as data, not as a second pass: each user's rule-excluded items
+arrive with the chunk and become (row, column) pairs masked in the same selection as the known items (and
+dropped from the known items the repeat blend merges); ``RuleParams`` masks every known item (``touched``), caps
+the known items a list holds (``min_new_items``) and fills lists left short from the popularity ranking, only
+with items not off limits for the user (``fill``). The fallback's rows are filled from the fallback list the same
+way, so an excluded item reaches no list.
+
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
 """
