@@ -128,6 +128,83 @@ class ScoringConfig(_Section):
         return value
 
 
+CatalogValue = str | int | float | bool
+
+
+def _catalog_rule(value: Any) -> dict[str, tuple[CatalogValue, ...]]:
+    """``{column: [values]}`` of a catalog rule, checked before pydantic sees it: one clear line per mistake
+    (a union type would answer a null value with one complaint per member)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must map catalog columns to lists of values, e.g. {{category: [out_of_stock]}}, got {value!r}")
+    rules = {}
+    for column, values in value.items():
+        if not isinstance(column, str) or not column.strip() or column != column.strip():
+            raise ValueError(f"column name {column!r} must be a catalog column's name (no surrounding spaces)")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"{column}: give a non-empty list of values, e.g. {column}: [value], got {values!r}")
+        bad = [v for v in values if v is None or not isinstance(v, (str, int, float, bool))]
+        if bad:
+            raise ValueError(f"{column}: values must be strings, numbers or booleans, got {bad[0]!r}")
+        rules[column] = tuple(values)
+    return rules
+
+
+class EventRule(_Section):
+    """Items the user had an ``event_type`` event with, ``within_days`` days before the night or less."""
+
+    event_type: str = Field(min_length=1)
+    within_days: int = Field(ge=1, le=36_600)
+
+
+class ExcludeConfig(_Section):
+    touched: bool                                          # every item the user had in the window
+    events: tuple[EventRule, ...]
+    catalog: dict[str, tuple[CatalogValue, ...]]           # column -> values: never candidates
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_rule(cls, value: Any) -> dict[str, tuple[CatalogValue, ...]]:
+        return _catalog_rule(value)
+
+    @field_validator("events")
+    @classmethod
+    def _each_type_once(cls, rules: tuple[EventRule, ...]) -> tuple[EventRule, ...]:
+        types = [r.event_type for r in rules]
+        twice = sorted({t for t in types if types.count(t) > 1})
+        if twice:
+            raise ValueError(f"event_type {twice[0]!r} is listed twice; keep one rule per event type (the longest "
+                             "within_days)")
+        return rules
+
+
+class IncludeConfig(_Section):
+    catalog: dict[str, tuple[CatalogValue, ...]]           # column -> values: the only candidates
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_rule(cls, value: Any) -> dict[str, tuple[CatalogValue, ...]]:
+        return _catalog_rule(value)
+
+
+class RecommendConfig(_Section):
+    """The rules operators set over every list (docs/rules.md): what is excluded per user and from the
+    candidates, the least number of items new to the user, and what fills a list a rule left short."""
+
+    exclude: ExcludeConfig
+    include: IncludeConfig
+    min_new_items: int = Field(ge=0, le=10_000)
+    fill: Literal["popularity", "none"]
+
+    @property
+    def catalog_columns(self) -> tuple[str, ...]:
+        """The catalog columns the rules read, each once."""
+        return tuple(dict.fromkeys([*self.exclude.catalog, *self.include.catalog]))
+
+    def summary(self) -> dict[str, Any]:
+        """The rules as plain values, for the manifest and MLflow."""
+        return self.model_dump(mode="json")
+
+
 class _ModelSection(_Section):
     """Hyperparameters of one model type. The rules live in the model's config dataclass
     (:mod:`recsys.model.configs`), applied here when the config is loaded: one definition, checked
@@ -485,6 +562,7 @@ class Config(_Section):
     history: HistoryConfig
     catalog: CatalogConfig
     scoring: ScoringConfig
+    recommend: RecommendConfig
     train: TrainConfig
     evaluation: EvaluationConfig
     spark: SparkConfig
@@ -495,15 +573,34 @@ class Config(_Section):
     storage: StorageConfig
     guard: GuardConfig
 
+    @model_validator(mode="after")
+    def _rules_fit_the_job(self) -> "Config":
+        """The rules against the sections they depend on: each mistake named in one line at start-up."""
+        rules, history = self.recommend, self.history
+        if rules.min_new_items > self.scoring.top_n:
+            raise ValueError(f"recommend.min_new_items={rules.min_new_items} is more than scoring.top_n="
+                             f"{self.scoring.top_n}: a list holds top_n items; lower min_new_items")
+        for rule in rules.exclude.events:
+            if rule.within_days > history.window_days:
+                raise ValueError(f"recommend.exclude.events: {rule.event_type!r} within_days={rule.within_days} reaches "
+                                 f"before the history window (history.window_days={history.window_days}), whose "
+                                 "events are all the job reads; lower within_days or raise history.window_days")
+            if history.event_types and rule.event_type not in history.event_types:
+                raise ValueError(f"recommend.exclude.events: event_type {rule.event_type!r} is not among "
+                                 f"history.event_types {list(history.event_types)}, so the job never reads those "
+                                 "events; add it there or remove the rule")
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
         """The first 16 hex digits of the SHA-256 of the sections ``paths``, ``mlflow``, ``history``,
-        ``catalog``, ``scoring``, ``train``, ``evaluation`` and ``spark``, every key with its resolved value
-        (after the default, the --conf file and --set; paths made absolute; URIs as given, credentials
-        included: only their hash leaves), as JSON with sorted keys and no spaces. The manifest records it,
-        and a date already published with the same digest and model version is skipped.
+        ``catalog``, ``scoring``, ``recommend``, ``train``, ``evaluation`` and ``spark``, every key with its
+        resolved value (after the default, the --conf file and --set; paths made absolute; URIs as given,
+        credentials included: only their hash leaves), as JSON with sorted keys and no spaces. The manifest records
+        it, and a date already published with the same digest and model version is skipped: so a changed rule
+        (``recommend``: what is excluded, included, filled) makes the next run of a published date recompute it.
 
         ``progress``, ``serve``, ``export``, ``output``, ``storage`` and ``guard`` are left out: how often the
         log says how far a run is, how the frontend queues and batches, where the lists are exported, which table
@@ -645,7 +742,7 @@ def _unknown_key(key: str, context: str) -> ConfigError:
 
 
 # Sections whose keys are names the user chooses (validated by the section's model), not fixed keys.
-OPEN_SECTIONS = frozenset({"guard.thresholds"})
+OPEN_SECTIONS = frozenset({"guard.thresholds", "recommend.exclude.catalog", "recommend.include.catalog"})
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -699,6 +796,7 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
         message = err["msg"].removeprefix("Value error, ")   # pydantic's prefix for a validator's ValueError
-        problems.append(f"config key {key!r} = {err.get('input')!r}: {message}")
+        # a check across sections (Config's own validator) names its keys itself; its input is the whole config
+        problems.append(f"config key {key!r} = {err.get('input')!r}: {message}" if key else message)
     return redact_text("invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set "
                        "KEY=VALUE)")

@@ -187,7 +187,7 @@ def test_the_digest_covers_exactly_the_sections_its_docstring_names():
 
     from recsys.config import Config
 
-    covered = ("paths", "mlflow", "history", "catalog", "scoring", "train", "evaluation", "spark")
+    covered = ("paths", "mlflow", "history", "catalog", "scoring", "recommend", "train", "evaluation", "spark")
     left_out = ("progress", "serve", "export", "output", "storage", "guard")
     assert set(Config.model_fields) == {*covered, *left_out}, "a new section: decide whether the digest covers it"
     doc = " ".join(Config.digest.__doc__.split())

@@ -26,7 +26,7 @@ CASES = {
     "too_long_lists": (lambda rows: _set(rows, 2, GOOD[2] + [(5, 0.1)]), {"too_long_lists"}),
     "short_lists_unexplained": (lambda rows: _set(rows, 2, GOOD[2][:2]), {"short_lists_unexplained"}),
     "duplicate_items": (lambda rows: _set(rows, 2, [(1, 0.5), (1, 0.4), (4, 0.3)]), {"duplicate_items"}),
-    "seen_items": (lambda rows: _set(rows, 1, [(1, 0.9), (4, 0.8), (5, 0.7)]), {"seen_items"}),
+    "excluded_items": (lambda rows: _set(rows, 1, [(1, 0.9), (4, 0.8), (5, 0.7)]), {"excluded_items"}),
     "unavailable_items": (lambda rows: _set(rows, 2, [(1, 0.5), (2, 0.4), (99, 0.3)]), {"unavailable_items"}),
     "nonfinite_scores": (lambda rows: _set(rows, 2, [(1, NAN), (2, 0.4), (4, 0.3)]), {"nonfinite_scores"}),
     "unordered_scores": (lambda rows: _set(rows, 2, [(1, 0.3), (2, 0.4), (4, 0.5)]), {"unordered_scores"}),

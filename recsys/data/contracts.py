@@ -69,6 +69,9 @@ HISTORY_LAST_US_COLUMN = "history_last_us"
 # user's events since that partition's date. Internal too.
 PREVIOUS_COLUMN = "previous_items"
 TOUCHED_COLUMN = "touched_items"
+# Beside it too, when the operators' rules exclude items by event (recommend.exclude.events): the distinct items
+# each user had such an event with recently enough, whether or not the history kept them. Internal.
+EXCLUDED_COLUMN = "excluded_items"
 
 SOURCE_MODEL = "model"
 SOURCE_POPULARITY = "popularity"

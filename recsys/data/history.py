@@ -19,16 +19,19 @@ the scoring core and in training.
 from __future__ import annotations
 
 import datetime as dt
+from functools import reduce
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from recsys.data.contracts import HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN, TOUCHED_COLUMN
+from recsys.data.contracts import (EXCLUDED_COLUMN, HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN,
+                                   TOUCHED_COLUMN)
 from recsys.sequences import Sequences
 
-__all__ = ["ENTRIES_COLUMN", "HISTORY_COLUMN", "HISTORY_COUNTS_COLUMN", "HISTORY_LAST_US_COLUMN", "WEIGHT_COLUMN",
+__all__ = ["ENTRIES_COLUMN", "EXCLUDED_COLUMN", "HISTORY_COLUMN", "HISTORY_COUNTS_COLUMN", "HISTORY_LAST_US_COLUMN", "WEIGHT_COLUMN",
            "build_histories", "drop_null_ids", "entries_to_events",
            "entries_to_histories", "histories_to_sequences", "history_metrics", "input_quality_metrics",
            "newest_entries"]
@@ -48,17 +51,23 @@ def drop_null_ids(events: DataFrame) -> DataFrame:
     return events.filter(F.col("user_id").isNotNull() & F.col("item_id").isNotNull() & F.col("ts").isNotNull())
 
 
+ExcludeSince = Sequence[tuple[str, dt.datetime]]   # (event_type, since): recommend.exclude.events at a night
+
+
 def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int,
-                    touched_since: dt.datetime | None = None) -> DataFrame:
+                    touched_since: dt.datetime | None = None, exclude: ExcludeSince = ()) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items), and aligned
     with it history_counts (array<bigint>: events per item) and history_last_us (array<bigint>: the latest).
 
     ``touched_since``: also ``touched_items``, the distinct items whose latest event is at or after that
     time (every one of them, not only the newest ``max_items``), from the same aggregation: what the
     nightly job measures the previous night's lists against without a second pass over the events.
+    ``exclude``: also ``excluded_items``, the distinct items the user had an event of one of the types with at or
+    after its time (events need ``event_type``), every one of them, from the same aggregation: the operators'
+    exclusions hold for items the history's ``max_items`` let go.
     """
     return entries_to_histories(newest_entries(events, max_items=max_items, tie_break_seed=tie_break_seed,
-                                               touched_since=touched_since))
+                                               touched_since=touched_since, exclude=exclude))
 
 
 ENTRIES_COLUMN = "_entries"   # array<struct<ts, tie, item_id, n>>, newest first
@@ -66,7 +75,8 @@ WEIGHT_COLUMN = "_events"     # optional on events: how many events one row stan
 
 
 def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
-                   touched_since: dt.datetime | None = None, keys: tuple[str, ...] = ("user_id",)) -> DataFrame:
+                   touched_since: dt.datetime | None = None, keys: tuple[str, ...] = ("user_id",),
+                   exclude: ExcludeSince = ()) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
     ``keys``: what one history is of (default: a user; the repeat blend's validation: a user on a day).
 
@@ -79,12 +89,17 @@ def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
     # itself Spark shuffles twice, by (user, item) and then by user. Measured on 21M events (the 1M-user
     # scale test's window, 2 cores): 22-33 s -> 11-12 s, the same histories.
     count = F.sum(WEIGHT_COLUMN) if WEIGHT_COLUMN in events.columns else F.count(F.lit(1))
+    excluded = ([F.bool_or(reduce(lambda a, b: a | b, [(F.col("event_type") == F.lit(event_type)) &
+                                                        (F.col("ts") >= F.lit(since)) for event_type, since in exclude]))
+                 .alias("_excluded")] if exclude else [])
     latest = events.repartition("user_id").groupBy(*keys, "item_id").agg(F.max("ts").alias("ts"),
-                                                                          count.cast("bigint").alias("n"))
+                                                                          count.cast("bigint").alias("n"), *excluded)
     tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
     entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"), F.col("n"))
     touched = ([F.collect_list(F.when(F.col("ts") >= F.lit(touched_since), F.col("item_id"))).alias(TOUCHED_COLUMN)]
                if touched_since is not None else [])
+    if exclude:
+        touched.append(F.collect_list(F.when(F.col("_excluded"), F.col("item_id"))).alias(EXCLUDED_COLUMN))
     return latest.groupBy(*keys).agg(
         F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES_COLUMN), *touched)
 
@@ -95,7 +110,7 @@ def entries_to_histories(entries: DataFrame) -> DataFrame:
     history = F.transform(oldest_first, lambda e: e["item_id"])
     counts = F.transform(oldest_first, lambda e: e["n"])
     last_us = F.transform(oldest_first, lambda e: F.unix_micros(e["ts"]))
-    extra = [c for c in entries.columns if c not in ("user_id", ENTRIES_COLUMN)]   # touched_items, a day
+    extra = [c for c in entries.columns if c not in ("user_id", ENTRIES_COLUMN)]   # touched/excluded items, a day
     return entries.select("user_id", history.alias(HISTORY_COLUMN), counts.alias(HISTORY_COUNTS_COLUMN),
                           last_us.alias(HISTORY_LAST_US_COLUMN), *extra)
 
@@ -107,12 +122,14 @@ def entries_to_events(entries: DataFrame) -> DataFrame:
         "user_id", F.col("e.item_id").alias("item_id"), F.col("e.ts").alias("ts"), F.col("e.n").alias(WEIGHT_COLUMN))
 
 
-def history_metrics() -> list[Column]:
-    """Observed on the histories as they are written."""
+def history_metrics(excluded: bool = False) -> list[Column]:
+    """Observed on the histories as they are written; ``excluded``: they hold ``excluded_items`` (the rules')."""
     return [
         F.count(F.lit(1)).alias("users_in_window"),
         F.sum(F.size(HISTORY_COLUMN)).alias("history_items"),
         F.max(F.size(HISTORY_COLUMN)).alias("history_max_len"),
+        *([F.sum(F.size(EXCLUDED_COLUMN)).alias("rule_excluded_pairs"),
+           F.count_if(F.size(EXCLUDED_COLUMN) > 0).alias("rule_excluded_users")] if excluded else []),
     ]
 
 

@@ -292,7 +292,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     recorder.log_params(stages.run_params(cfg, date, model, run.config_digest))
     with timer.stage("read_catalog", "read the latest catalog snapshot") as c:
         catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, date, stages.load_vocabulary(model),
-                                      model.version)
+                                      model.version, cfg.recommend)
         c.update(snapshot=str(catalog.snapshot.date), **catalog.figures)
     recorder.log_params({"catalog_snapshot": str(catalog.snapshot.date)})
 
@@ -303,7 +303,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
 
     with timer.stage("histories", "read events and build histories") as c:
         history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"),
-                                        touched_since=touched_since)
+                                        touched_since=touched_since, rules=cfg.recommend)
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:
@@ -314,7 +314,8 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                              scratch=cfg.paths.driver_dir)
         spec = compare.with_compare(stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks,
-                                                        lists_for=date),
+                                                        lists_for=date, rules=cfg.recommend,
+                                                        popularity=fallback.popularity),
                                     compare.compare_spec(previous, cfg))
         cores = default_parallelism(spark)
         tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,

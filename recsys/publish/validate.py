@@ -3,7 +3,7 @@
 The nightly job validates in its scoring pass, with no second pass over the output and no join:
 
 - each scoring task checks the rows it emits against the histories and candidates it has in hand
-  (:mod:`recsys.scoring.checks`: users missing, unexpected or twice, seen items, unavailable items,
+  (:mod:`recsys.scoring.checks`: users missing, unexpected or twice, excluded items, unavailable items,
   unexplained short lists, and how often each item was recommended), and reports the counts with
   its statistics row;
 - the rows' own checks (list length, distinct items, finite and ordered scores, source, model
@@ -36,7 +36,8 @@ CHECKS = {
     "too_long_lists": "rows with more than top_n items",
     "short_lists_unexplained": "rows shorter than top_n although enough unseen items were available",
     "duplicate_items": "rows recommending an item twice",
-    "seen_items": "rows recommending an item from the user's history",
+    "excluded_items": "rows recommending an item excluded for the user (by the rules, or from the user's history "
+                      "while known items are masked)",
     "unavailable_items": "recommended items not available in the catalog snapshot used",
     "nonfinite_scores": "rows with a NaN, infinite or null score",
     "unordered_scores": "rows whose scores are not in descending order",

@@ -23,10 +23,11 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from recsys.data.contracts import HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN, OUTPUT_SPARK_DDL
+from recsys.data.contracts import (EXCLUDED_COLUMN, HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN,
+                                   OUTPUT_SPARK_DDL)
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.scoring.compare import CompareSpec
-from recsys.scoring.params import ScoringParams
+from recsys.scoring.params import DEFAULT_RULES, RuleParams, ScoringParams
 from recsys.scoring.shipping import ShippedModel
 
 STATS_COLUMN = "_stats"
@@ -54,6 +55,8 @@ class ScoringSpec:
     hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
     compare: CompareSpec | None = None   # compare with the previous night (recsys.scoring.compare); None: no
     lists_for_us: int | None = None   # the instant the lists are for (the night, epoch us): known items' ages
+    rules: RuleParams = DEFAULT_RULES  # the operators' rules applied per list (the per-user exclusions: a column)
+    popularity: np.ndarray | None = None   # [C] users per candidate in the window: what short lists are filled from
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -94,12 +97,16 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
             user_ids = chunk.column("user_id").to_numpy(zero_copy_only=False)
-            out, chunk_stats = scorer.score(user_ids, histories, _known_items(chunk, spec.lists_for_us))
+            excluded = chunk.column(EXCLUDED_COLUMN) if EXCLUDED_COLUMN in chunk.schema.names else None
+            out, chunk_stats = scorer.score(user_ids, histories, _known_items(chunk, spec.lists_for_us),
+                                            Sequences.from_arrow(excluded) if excluded is not None else None)
             stats.add(chunk_stats)
             started = time.perf_counter()
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
                              top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids),
-                             known_allowed=not scorer.blend.masks_known)
+                             known_allowed=not (scorer.blend.masks_known or spec.rules.touched), excluded=excluded,
+                             min_new_items=spec.rules.min_new_items,
+                             fill=spec.rules.fill == "popularity" and spec.popularity is not None)
             check_s += time.perf_counter() - started
             if comparison is not None:
                 comparison.add_chunk(chunk, out)
@@ -185,12 +192,28 @@ def _get_scorer(spec: ScoringSpec, device):
             device=device,
             int8=int8,
             blend=blend,
+            rules=spec.rules,
+            popularity=spec.popularity,
             **spec.params.scorer_settings(),
         )
 
-    scorer_key = model_key + (spec.candidates_digest,) + spec.params.scorer_key()
+    # the fallback and the popularity ranking change with the window while the candidates stay (a warm backend's
+    # next day): both are in the key, so a worker never fills lists from yesterday's ranking
+    scorer_key = (model_key + (spec.candidates_digest, _ranking_digest(spec)) + spec.params.scorer_key()
+                  + spec.rules.key())
     scorer, _ = cache.SCORERS.get_or_load(scorer_key, prepare)
     return scorer
+
+
+def _ranking_digest(spec: ScoringSpec) -> str:
+    """The fallback list and the popularity counts, hashed (a few microseconds per task)."""
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(spec.fallback_item_ids, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(spec.fallback_scores, dtype=np.float32).tobytes())
+    if spec.popularity is not None:
+        digest.update(np.ascontiguousarray(spec.popularity, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _chunks(batches: Iterator[pa.RecordBatch], chunk_size: int) -> Iterator[pa.RecordBatch]:
