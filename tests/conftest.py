@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/toy_model.py and friends
 
 import checkout_guard  # noqa: E402  (found through the path above)
+import cpu_durations  # noqa: E402
 
 # `make test` runs two pytest-xdist workers, a test module at a time each (--dist loadfile, in collection order:
 # --no-loadscope-reorder). The modules that take longest come first, so they start at once on different
@@ -25,6 +26,14 @@ import checkout_guard  # noqa: E402  (found through the path above)
 # is unchanged.
 SLOWEST_FIRST = ("test_cluster.py", "test_airflow_dag.py", "test_demo.py", "test_serve.py", "test_output_table.py",
                  "test_export.py", "test_job_faults.py")
+
+
+def pytest_addoption(parser):
+    cpu_durations.add_option(parser)
+
+
+def pytest_configure(config):
+    cpu_durations.configure(config)
 
 
 def pytest_collection_modifyitems(config, items):
