@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import clusterkit
+from recsys.spark import packing
 
 # the module's fixture runs every job (a few minutes on an idle 2-core machine; much longer on a busy one)
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(3600)]
@@ -34,9 +35,9 @@ SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machi
 
 
 LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
-# --pack's archive (about 510 MiB, 40 s to build) is kept between sessions, but never in the checkout's
-# .recsys/pack/, which is the user's (tests/checkout_guard.py)
-PACK_CACHE = Path(os.environ.get("RECSYS_PACK_CACHE") or Path.home() / ".cache" / "recsys-pack")
+# --pack's archive (about 510 MiB, 40 s to build; minutes on a busy machine) is kept between sessions and fresh
+# clones: the default cache is outside the checkout and keyed by the environment's content (recsys.spark.packing)
+PACK_CACHE = packing.default_cache_dir()
 
 
 def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
