@@ -17,6 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/toy_model.py and friends
 
 import checkout_guard  # noqa: E402  (found through the path above)
+import cores  # noqa: E402
 import cpu_durations  # noqa: E402
 
 # `make test` runs two pytest-xdist workers, a test module at a time each (--dist loadfile, in collection order:
@@ -34,6 +35,7 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     cpu_durations.configure(config)
+    cores.apply()   # torch on this process's share of the cores: two xdist workers, one core each
 
 
 def pytest_collection_modifyitems(config, items):
