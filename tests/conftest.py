@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/toy_model.py and friends
 import checkout_guard  # noqa: E402  (found through the path above)
 import cores  # noqa: E402
 import cpu_durations  # noqa: E402
+import jvmkit  # noqa: E402
 
 # `make test` runs two pytest-xdist workers, a test module at a time each (--dist loadfile, in collection order:
 # --no-loadscope-reorder). The modules that take longest come first, so they start at once on different
@@ -35,6 +36,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     cpu_durations.configure(config)
+    # the JVMs of this process and of every process it starts: C1 only and a class-data archive (built here on the
+    # first run on a machine, before any xdist worker starts; the workers inherit the environment)
+    jvmkit.configure(build_missing=not hasattr(config, "workerinput"))
     cores.apply()   # torch on this process's share of the cores: two xdist workers, one core each
 
 
