@@ -40,12 +40,14 @@ from recsys.data.partitions import list_partitions, with_files
 from recsys.errors import ConfigError, InputDataError, first_line
 from recsys.evaluation import backtest as measure
 from recsys.evaluation.report import Bootstrap
+from recsys.model.list_metrics import SHORT_K
 from recsys.uris import is_local_path, local_path, redact_uri
 
 log = logging.getLogger("recsys.backtest")
 
 SETTINGS_FILE = "backtest.json"           # in --work: what this backtest is (resume only the same one)
-IDENTITY_KEYS = ("from", "train_every", "model_uri", "events", "catalog", "config_digest")
+IDENTITY_KEYS = ("from", "train_every", "model_uri", "events", "catalog", "config_digest", "baselines")
+MEASURED_FILE = "measured.json"           # beside a night's figures: which published run and settings they measure
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ def check_range(cfg: Config, start: dt.date, end: dt.date) -> tuple[dt.date, dt.
     if not any(p.date <= start for p in catalogs):
         raise InputDataError(f"no catalog snapshot on or before --from {start} under {redact_uri(cfg.paths.catalog)!r}"
                              f"{f' (the first is {catalogs[0].date})' if catalogs else ''}; choose a later --from")
-    log.info("[backtest] %d night(s) %s..%s; events from %s to %s", len(nights), start, end, first, last)
+    log.debug("backtest: %d night(s) %s..%s; events from %s to %s", len(nights), start, end, first, last)
     return first, last
 
 
@@ -295,15 +297,17 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
     started = time.perf_counter()
     nights = check_request(cfg, request)
     work = Path(request.work).resolve()
+    log.info("[backtest] %d night(s) %s..%s into %s", len(nights), request.start, request.end, work)
     scratch = scratch_config(cfg, work, request.train_every)
     identity = {"from": str(request.start), "train_every": scratch.train.every_nights if not request.model_uri else None,
                 "model_uri": request.model_uri, "events": redact_uri(cfg.paths.events),
-                "catalog": redact_uri(cfg.paths.catalog), "config_digest": cfg.digest()}
+                "catalog": redact_uri(cfg.paths.catalog), "config_digest": cfg.digest(),
+                "baselines": cfg.evaluation.backtest.model_dump(mode="json")}
     prepare_work(work, {"identity": identity, "to": str(request.end), "recsys_version": __version__}, request.overwrite)
     model_note = import_model(cfg, scratch, request.model_uri, work, request.start) if request.model_uri else None
 
     settings, ev = cfg.evaluation.backtest, cfg.evaluation
-    k, n = 10, cfg.scoring.top_n
+    k, n = SHORT_K, cfg.scoring.top_n
     log_events = measure.read_log(spark, cfg.paths.events, request.end, tuple(cfg.history.event_types))
     replay: list[dict[str, Any]] = []
     for i, night in enumerate(nights):
@@ -327,15 +331,8 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
         row.update(model_version=version, guard=guard, published=result.status.value,
                    lists=int((manifest.get("counts") or {}).get("rows", 0)), recommend_s=round(time.perf_counter() - t1, 1))
         t2 = time.perf_counter()
-        inputs = measure.night_inputs(spark, log_events, cfg.paths.catalog, night, cfg.history, cfg.catalog.max_age_days,
-                                      str(work / "measure" / f"dt={night}" / "users"))
-        lists = {measure.JOB: measure.job_lists(spark.read.parquet(result.location or result.output_dir))}
-        made = measure.baseline_lists(inputs, n, settings, cfg.history.tie_break_seed, ev.als.seed,
-                                      str(work / "measure" / f"dt={night}" / "als"))
-        lists.update(made.lists)
-        measure.measure(inputs.users, lists, k, n).write.mode("overwrite").parquet(
-            str(work / "figures" / f"dt={night}"))
-        row.update(measure_s=round(time.perf_counter() - t2, 1), seconds=round(time.perf_counter() - t0, 1), **made.notes)
+        row.update(_measure_night(spark, cfg, work, night, result, log_events, k, n))
+        row.update(measure_s=round(time.perf_counter() - t2, 1), seconds=round(time.perf_counter() - t0, 1))
         replay.append(row)
         _progress(spark, work, night, i, len(nights), row, k)
 
@@ -363,6 +360,35 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
     run_id = measure.record(scratch.mlflow, experiment, summary, table, doc,
                             {key: value for key, value in doc["settings"].items() if value is not None})
     return BacktestResult(summary, table, doc, run_id, scratch.mlflow.tracking_uri, experiment, seconds, replay)
+
+
+def _measure_night(spark, cfg: Config, work: Path, night: dt.date, result, log_events, k: int, n: int) -> dict[str, Any]:
+    """The night's per-user figures under ``work/figures/dt=NIGHT``; kept from an earlier run when that run
+    measured the same published lists with the same settings (a resumed backtest measures only what changed)."""
+    from recsys.errors import RunStatus
+
+    place = work / "measure" / f"dt={night}"
+    figures = work / "figures" / f"dt={night}"
+    location = result.location or result.output_dir
+    key = {"location": location, "k": k, "n": n, "baselines": cfg.evaluation.backtest.model_dump(mode="json")}
+    marker = place / MEASURED_FILE
+    if result.status == RunStatus.SKIPPED and marker.is_file() and figures.is_dir():
+        try:
+            previous = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            previous = None
+        if previous is not None and previous.get("key") == key:
+            return {"measured": "kept from the earlier run", **previous.get("notes", {})}
+    marker.unlink(missing_ok=True)
+    inputs = measure.night_inputs(spark, log_events, cfg.paths.catalog, night, cfg.history, cfg.catalog.max_age_days,
+                                  str(place / "users"))
+    lists = {measure.JOB: measure.job_lists(spark.read.parquet(location))}
+    made = measure.baseline_lists(inputs, n, cfg.evaluation.backtest, cfg.history.tie_break_seed,
+                                  cfg.evaluation.als.seed, str(place / "als"))
+    lists.update(made.lists)
+    measure.measure(inputs.users, lists, k, n).write.mode("overwrite").parquet(str(figures))
+    marker.write_text(json.dumps({"key": key, "notes": made.notes}) + "\n")
+    return {"measured": "now", **made.notes}
 
 
 def _progress(spark, work: Path, night: dt.date, i: int, total: int, row: dict[str, Any], k: int) -> None:
