@@ -76,7 +76,7 @@ def describe(system: str, settings: BacktestConfig) -> str:
         ALS_MASKED: f"Spark ALS implicit (rank {settings.als_rank}, reg {settings.als_reg_param:g}, alpha "
                     f"{settings.als_alpha:g}, {settings.als_max_iter} iterations) on event counts, history masked",
         ALS: "the same ALS, history not masked",
-    }[system]
+    }.get(system, system)
 
 
 # ------------------------------------------------------------------------------------------------
