@@ -323,12 +323,33 @@ class ALSGridConfig(_Section):
 EVALUATION_MODELS = ("popularity", "als", *MODEL_CONFIGS)
 
 
+class BacktestConfig(_Section):
+    """``recsys backtest``: the baselines measured beside the job's own lists (docs/quality.md, "The backtest").
+
+    Personal frequency weighs each of a user's past events by ``2 ** (-age_days / half_life_days)`` (age: from
+    the event to the start of the night), so an item edited yesterday counts about as much as one edited
+    twice a half-life ago. Recent popularity counts the users of each item in the ``popularity_days`` days
+    before the night. ALS is Spark's implicit ALS on each user's event counts, one point (no grid: the
+    backtest fits it every night).
+    """
+
+    half_life_days: float = Field(gt=0, le=3650)
+    popularity_days: int = Field(ge=1, le=3650)
+    als_rank: int = Field(ge=1, le=1024)
+    als_reg_param: float = Field(gt=0)
+    als_alpha: float = Field(gt=0)
+    als_max_iter: int = Field(ge=1, le=100)
+    max_bootstrap_pairs: int = Field(ge=100)   # (user, night) pairs the intervals draw from; beyond it a seeded
+                                               # sample of whole users
+
+
 class EvaluationConfig(_Section):
     ks: tuple[int, ...] = Field(min_length=1)
     models: tuple[str, ...] = Field(min_length=1)
     bootstrap_resamples: int = Field(ge=0, le=100_000)
     bootstrap_seed: int
     als: ALSGridConfig
+    backtest: BacktestConfig
 
     @field_validator("ks")
     @classmethod
@@ -605,13 +626,15 @@ class Config(_Section):
         ``progress``, ``serve``, ``export``, ``output``, ``storage`` and ``guard`` are left out: how often the
         log says how far a run is, how the frontend queues and batches, where the lists are exported, which table
         points at a night, how the stores are reached and where the guard draws its lines change no published
-        row, and a partition published before those sections existed must still be skipped as up to date. Nor
-        does it cover what is not configuration: the environment (:class:`LaunchSettings`), the hooks, the
-        model version (recorded next to it) or the input data.
+        row, and a partition published before those sections existed must still be skipped as up to date.
+        ``evaluation.backtest`` is left out for the same reason: it shapes only what the backtest measures
+        beside the job. Nor does it cover what is not configuration: the environment (:class:`LaunchSettings`),
+        the hooks, the model version (recorded next to it) or the input data.
         """
         data = self.to_dict()
         for section in ("progress", "serve", "export", "output", "storage", "guard"):
             data.pop(section, None)
+        data["evaluation"].pop("backtest", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -56,6 +56,29 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override one config key, e.g. --set scoring.top_n=50 (repeatable)")
 
 
+def _add_backtest_args(p: argparse.ArgumentParser, *, within_evaluate: bool) -> None:
+    """The backtest's options, on `recsys backtest` and on `recsys evaluate --protocol backtest` alike."""
+    only = " (--protocol backtest)" if within_evaluate else ""
+    p.add_argument("--from", dest="start", type=_date, default=None, required=not within_evaluate, metavar="D1",
+                   help=f"first night{only}: its lists come from the events before it, and are measured on the "
+                        "events of that day")
+    p.add_argument("--to", dest="end", type=_date, default=None, required=not within_evaluate, metavar="D2",
+                   help=f"last night, inclusive{only}; the data must hold events on that day")
+    p.add_argument("--work", type=Path, default=Path(".recsys/backtest"), metavar="DIR",
+                   help=f"where the replay writes{only}: its published partitions, MLflow store and registry, scratch "
+                        "and figures; the configured output and tracking store are never written "
+                        "(default: .recsys/backtest). The same DIR and settings again resume")
+    p.add_argument("--train-every", type=int, default=None, metavar="N",
+                   help=f"train every N nights{only} as `recsys train --if-due` would (default: train.every_nights); "
+                        "N at least the number of nights trains once, on the first")
+    p.add_argument("--model-uri", default=None, metavar="URI",
+                   help=f"score every night with this one model and train nothing{only}: models:/NAME@ALIAS or "
+                        "models:/NAME/VERSION of the configured tracking store (read only), or a model directory. "
+                        "Quick, but a model trained after --from has seen nights it is judged on (the table says so)")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"start again in a --work that holds a backtest with other settings{only}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsys", description="Nightly top-N recommendations on Spark + PyTorch + MLflow.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -189,11 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="compare the models and baselines (popularity, Spark ALS) on a protocol; "
                                         "print the table, log it to MLflow")
-    p.add_argument("--data", type=Path, required=True,
-                   help="dataset root in the input layout (events/ and catalog/), e.g. from import-movielens --out")
-    p.add_argument("--protocol", choices=("loo", "temporal"), default="loo",
+    p.add_argument("--data", type=Path, default=None,
+                   help="dataset root in the input layout (events/ and catalog/), e.g. from import-movielens --out "
+                        "(required for loo and temporal; backtest: default paths.events and paths.catalog)")
+    p.add_argument("--protocol", choices=("loo", "temporal", "backtest"), default="loo",
                    help="loo: leave the last item out per user (the second-to-last validates); temporal: train "
-                        "before --split-date, test on the following --test-days (default: loo)")
+                        "before --split-date, test on the following --test-days; backtest: the job itself, night "
+                        "by night (the same as `recsys backtest`, with --from/--to) (default: loo)")
     p.add_argument("--k", type=int, action="append", default=None, metavar="K",
                    help="metric cut-off, repeatable (default: evaluation.ks, i.e. 10)")
     p.add_argument("--tie-seed", type=int, default=None,
@@ -206,8 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train each sequence model N times (seeds train.seed, train.seed + 1, ...): the table shows "
                         "the mean over seeds, and its intervals resample seeds as well as users (default: 1)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table's figures as JSON")
+    _add_backtest_args(p, within_evaluate=True)
     _add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("backtest", help="replay nights through the job (training on its schedule, then the nightly "
+                                        "stages) into a scratch area, and measure each night's lists on what users "
+                                        "did that day, beside the baselines (docs/quality.md)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="dataset root in the input layout (events/ and catalog/); default: paths.events and "
+                        "paths.catalog")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
+    _add_backtest_args(p, within_evaluate=False)
+    _add_config_args(p)
+    p.set_defaults(func=cmd_backtest)
 
     p = sub.add_parser("demo", help="data -> train -> recommend on the bundled MovieLens sample, then show the results")
     p.add_argument("--data", type=Path, help="a MovieLens directory (ratings.csv + movies.csv); default: "
@@ -553,6 +590,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from recsys.evaluation.evaluate import EvaluationRequest, check_dataset_root, run_evaluation
     from recsys.spark.session import build_session
 
+    if args.protocol == "backtest":
+        if args.k or args.split_date or args.seeds != 1:
+            raise ConfigError("--k, --split-date and --seeds do not apply to --protocol backtest (it measures HR and "
+                              "NDCG at 10 and recall at scoring.top_n of the job's own lists)")
+        return cmd_backtest(args)
+    if args.start is not None or args.end is not None:
+        raise ConfigError(f"--from/--to belong to --protocol backtest, not {args.protocol}")
+    if args.data is None:
+        raise ConfigError(f"--protocol {args.protocol} needs --data DIR (a dataset root in the input layout)")
     cfg = _config(args)
     check_dataset_root(args.data)
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch(), storage=cfg.storage)
@@ -566,6 +612,36 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(result.table)
     if result.run_id:
         print(f"\nlogged to MLflow run {result.run_id} (experiment {cfg.mlflow.experiment}-evaluation)")
+    return ExitCode.OK
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from recsys.cli.backtest import BacktestRequest, check_request, run_backtest, scratch_config, with_data
+    from recsys.spark.session import build_session
+
+    if args.start is None or args.end is None:
+        raise ConfigError("the backtest needs --from D1 and --to D2 (the nights, inclusive), e.g. --from 2024-01-25 "
+                          "--to 2024-01-31")
+    cfg = _config(args)
+    if args.data is not None:
+        from recsys.evaluation.evaluate import check_dataset_root
+
+        check_dataset_root(args.data)
+        cfg = with_data(cfg, args.data)
+    request = BacktestRequest(args.start, args.end, args.work, train_every=args.train_every, model_uri=args.model_uri,
+                              json_path=args.json, overwrite=args.overwrite)
+    nights = check_request(cfg, request)          # before Spark starts: a bad range costs nothing
+    scratch = scratch_config(cfg, request.work)   # the session's settings: no output table, no metastore
+    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-backtest",
+                          launch=_launch(), output=scratch.output, storage=cfg.storage)
+    try:
+        result = run_backtest(spark, cfg, request)
+    finally:
+        spark.stop()
+    print(result.table)
+    print(f"\n{len(nights)} night(s) in {result.seconds:.0f} s. Logged to MLflow run {result.run_id or '(not recorded)'}, "
+          f"experiment {result.experiment}, in the backtest's own store: mlflow ui --backend-store-uri "
+          f"{result.tracking_uri}")
     return ExitCode.OK
 
 

@@ -7,7 +7,7 @@ an operator saved, so these are part of the interface.
 from __future__ import annotations
 
 PREFIX = "recsys."
-JOB = "recsys.job"                      # nightly | train | evaluate
+JOB = "recsys.job"                      # nightly | train | evaluate | backtest
 DATE = "recsys.date"                    # the run's date, YYYY-MM-DD
 VERSION = "recsys.version"              # the recsys package version that ran
 JOB_RUN = "recsys.job_run"              # the run key: one per attempt of one date
@@ -37,6 +37,7 @@ EXPERIMENT_KIND = "mlflow.experimentKind"
 NIGHTLY_JOB = "nightly"
 TRAIN_JOB = "train"
 EVALUATE_JOB = "evaluate"
+BACKTEST_JOB = "backtest"
 
 
 def search_filter(job: str, date: object | None = None) -> str:
