@@ -153,3 +153,34 @@ def test_every_list_the_blend_makes_is_exactly_what_the_fit_scored(bias):
     hits = [bool(set(ids[r]) & set(days.targets.items[days.targets.offsets[r]:days.targets.offsets[r + 1]]))
             for r in range(len(lists))]
     assert fitted.figures["hr_at_10"] == pytest.approx(np.mean(hits))
+
+
+def test_rows_ranked_a_chunk_at_a_time_add_up_to_the_fit_on_all_of_them():
+    """Training streams the validation rows in chunks and adds their sums: the choice and its figures are
+    those of the fit over every row at once (and different grids refuse to be added)."""
+    from recsys.model.repeats import blend_grid, blend_sums, choose_blend
+
+    rng = np.random.default_rng(4)
+    model = random_model(NUM_ITEMS, seed=3, max_len=8)
+    lists = [ITEM_IDS[rng.choice(NUM_ITEMS, size=rng.integers(1, 6), replace=False)] for _ in range(90)]
+    targets = [np.concatenate([h[:1], ITEM_IDS[rng.choice(NUM_ITEMS, size=1)]]) if r % 2 else
+               ITEM_IDS[rng.choice(NUM_ITEMS, size=2, replace=False)] for r, h in enumerate(lists)]
+    counts = rng.integers(1, 5, size=sum(len(h) for h in lists))
+    last = rng.integers(1, 9, size=len(counts)) * DAY_US
+
+    def days(rows: slice) -> ValidationDays:
+        hist = Sequences.from_lists(lists[rows])
+        lo, hi = (sum(len(h) for h in lists[:b]) for b in (rows.start, rows.stop))
+        return ValidationDays(hist, counts[lo:hi], last[lo:hi], np.full(len(lists[rows]), 10 * DAY_US),
+                              Sequences.from_lists(targets[rows]))
+
+    whole = fit_blend(rank_validation_days(model, ITEM_IDS, days(slice(0, 90))))
+    grid = blend_grid()
+    sums = blend_sums(BlendValidation.empty(), grid)
+    for lo in range(0, 90, 32):
+        sums = sums.add(blend_sums(rank_validation_days(model, ITEM_IDS, days(slice(lo, min(lo + 32, 90)))), grid))
+    chunked = choose_blend(sums)
+    assert chunked == whole and not whole.masks_known
+    assert chunked.figures == pytest.approx(whole.figures)
+    with pytest.raises(ValueError, match="different grids"):
+        sums.add(blend_sums(BlendValidation.empty(), grid[:3]))

@@ -2,13 +2,19 @@
 
 For each of the ``train.repeats.validation_days`` days before the training date: the users active that
 day, their histories before it (built by the nightly job's own history code, counts and latest times
-included), and the distinct items they had that day. At most ``train.repeats.max_rows`` (user, day) rows
-reach the driver, a seeded sample by user: the fit needs a few thousand, never everyone.
+included), and the distinct items they had that day: at most ``train.repeats.max_rows`` (user, day) rows,
+a seeded sample by user (the fit needs a few thousand, never everyone).
+
+The rows are written as Parquet under the training's work directory and streamed back a chunk at a time,
+as the held-out users of training are: nothing per user is collected to the driver, and the memory the
+fit takes is a chunk's whatever ``max_rows`` is. Each chunk is ranked by the model and added to the grid's
+sums (:class:`recsys.model.repeats.BlendSums`); the choice is made once, on the totals.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +24,10 @@ from pyspark.sql import functions as F
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.readers import read_events_window
-from recsys.model.repeats import BlendValidation, RepeatBlend, ValidationDays, fit_blend, rank_validation_days
+from recsys.learning.shards import parquet_files
+from recsys.model.repeats import (BlendValidation, RepeatBlend, ValidationDays, blend_grid, blend_sums, choose_blend,
+                                  rank_validation_days)
+from recsys.model.stream import ShardFiles, read_batches
 from recsys.sequences import Sequences
 
 log = logging.getLogger(__name__)
@@ -26,10 +35,13 @@ log = logging.getLogger(__name__)
 DAY = "_day"
 TARGETS = "_targets"
 HASH_BUCKETS = 1 << 30
+ROWS_PER_FILE = 100_000   # (user, day) rows per written file
+ROWS_PER_CHUNK = 2048     # (user, day) rows ranked at once: a [chunk, items] score matrix in memory
 
 
-def validation_days(spark: SparkSession, cfg: Config, date: dt.date) -> ValidationDays:
-    """The held-out (user, day) rows of the days before ``date`` (see the module docstring)."""
+def write_validation_days(spark: SparkSession, cfg: Config, date: dt.date, directory: str) -> ShardFiles:
+    """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
+    docstring) and return the files written."""
     settings = cfg.train.repeats
     events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
                                                    cfg.history.event_types))
@@ -37,29 +49,39 @@ def validation_days(spark: SparkSession, cfg: Config, date: dt.date) -> Validati
     day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
     targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")
                .groupBy("user_id", DAY).agg(F.array_sort(F.collect_set("item_id")).alias(TARGETS)))
-    targets = _sample(targets, settings.max_rows, cfg.train.seed)
+    targets, rows = _sample(targets, settings.max_rows, cfg.train.seed)
     before = (events.join(F.broadcast(targets.select("user_id", DAY)), "user_id")
               .filter(F.col("ts") < F.col(DAY).cast("timestamp")))
     histories = hist.entries_to_histories(hist.newest_entries(before, max_items=cfg.history.max_items,
                                                               tie_break_seed=cfg.history.tie_break_seed,
                                                               keys=("user_id", DAY)))
-    rows = (targets.join(histories, ["user_id", DAY]).orderBy("user_id", DAY)
-            .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
-                    hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS).toArrow())
-    return _as_days(rows)
+    files = max(1, -(-min(rows, settings.max_rows) // ROWS_PER_FILE))
+    (targets.join(histories, ["user_id", DAY]).repartition(files, "user_id").sortWithinPartitions("user_id", DAY)
+     .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
+             hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS)
+     .write.mode("overwrite").parquet(directory))
+    return parquet_files(directory)
 
 
-def _sample(targets: DataFrame, max_rows: int, seed: int) -> DataFrame:
-    """At most about ``max_rows`` rows, whole users kept or left (a seeded hash of the user id)."""
+def _sample(targets: DataFrame, max_rows: int, seed: int) -> tuple[DataFrame, int]:
+    """At most about ``max_rows`` rows, whole users kept or left (a seeded hash of the user id); and how
+    many rows there were before sampling."""
     rows = targets.count()
     if rows <= max_rows:
-        return targets
+        return targets, rows
     share = int(HASH_BUCKETS * max_rows / rows)
     bucket = F.pmod(F.xxhash64(F.col("user_id"), F.lit(seed), F.lit("repeat-blend")), F.lit(HASH_BUCKETS))
-    return targets.filter(bucket < share)
+    return targets.filter(bucket < share), rows
 
 
-def _as_days(rows: pa.Table) -> ValidationDays:
+def validation_chunks(files: ShardFiles, rows_per_chunk: int = ROWS_PER_CHUNK) -> Iterator[ValidationDays]:
+    """The written rows, ``rows_per_chunk`` at a time."""
+    columns = [DAY, hist.HISTORY_COLUMN, hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS]
+    for batch in read_batches(files.paths, columns, rows_per_chunk):
+        yield _as_days(batch)
+
+
+def _as_days(rows: pa.RecordBatch | pa.Table) -> ValidationDays:
     def seqs(name: str) -> Sequences:
         return Sequences.from_arrow(rows.column(name))
 
@@ -70,17 +92,21 @@ def _as_days(rows: pa.Table) -> ValidationDays:
 
 
 def fit_repeat_blend(spark: SparkSession, cfg: Config, date: dt.date, model, item_ids: np.ndarray,
-                     device) -> tuple[RepeatBlend, BlendValidation]:
-    """The blend chosen on the held-out days, with the model that ranks the new items."""
-    days = validation_days(spark, cfg, date)
-    valid = rank_validation_days(model, item_ids, days, device=device)
-    blend = fit_blend(valid)
+                     device, directory: str) -> RepeatBlend:
+    """The blend chosen on the held-out days, with the model that ranks the new items; the rows are written
+    under ``directory`` (a scratch directory the caller removes)."""
+    files = write_validation_days(spark, cfg, date, directory)
+    candidates = blend_grid()
+    sums = blend_sums(BlendValidation.empty(), candidates)
+    for days in validation_chunks(files):
+        sums = sums.add(blend_sums(rank_validation_days(model, item_ids, days, device=device), candidates))
+    blend = choose_blend(sums)
     log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days: %s (NDCG@10 %.4f, masked %.4f; "
-             "HR@10 %.4f, masked %.4f; %.0f%% of the day's items were known)", date, valid.samples,
+             "HR@10 %.4f, masked %.4f; %.0f%% of the day's items were known)", date, sums.rows,
              cfg.train.repeats.validation_days, describe(blend), blend.figures.get("ndcg_at_10", float("nan")),
              blend.figures.get("masked_ndcg_at_10", float("nan")), blend.figures.get("hr_at_10", float("nan")),
              blend.figures.get("masked_hr_at_10", float("nan")), 100 * blend.figures.get("known_target_share", 0.0))
-    return blend, valid
+    return blend
 
 
 def describe(blend: RepeatBlend) -> str:

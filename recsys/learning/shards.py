@@ -107,7 +107,7 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
     (histories.repartition(shards, F.xxhash64(USER_ID, F.lit(cfg.train.seed)))
      .write.mode("overwrite").parquet(directory))
     written = spark.read.parquet(directory)
-    files = _parquet_files(directory)
+    files = parquet_files(directory)
     totals, items = _statistics(written)
     return TrainingShards(directory, files, items, users=int(totals["users"] or 0),
                           interactions=int(totals["interactions"] or 0),
@@ -141,7 +141,8 @@ def _statistics(written: DataFrame) -> tuple[dict, ItemCounts]:
     return totals, items
 
 
-def _parquet_files(directory: str) -> ShardFiles:
+def parquet_files(directory: str) -> ShardFiles:
+    """The Parquet files Spark wrote under ``directory`` (its markers and hidden files left out), sorted."""
     fs, root = rfs.resolve(directory)
     from pyarrow import fs as pafs
 

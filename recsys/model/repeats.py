@@ -144,44 +144,93 @@ class BlendValidation:
     def samples(self) -> int:
         return len(self.targets)
 
+    @classmethod
+    def empty(cls) -> "BlendValidation":
+        """No rows: the start of a sum over chunks."""
+        none = np.zeros((0, 1))
+        return cls(none, none, none.astype(bool), np.full((0, 1), np.inf), np.zeros(0, dtype=np.int64))
 
-def fit_blend(valid: BlendValidation, *, biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS,
-              rank_weights=NEW_RANK_WEIGHTS) -> RepeatBlend:
-    """The weights with the best NDCG@10 over the validation rows (ties: the more cautious, masking first).
+
+@dataclass(frozen=True)
+class BlendSums:
+    """What the validation rows add up to for each candidate blend: sums, so that rows ranked a chunk at a
+    time (or by different processes) add up before the one division that chooses (:func:`choose_blend`)."""
+
+    candidates: tuple[RepeatBlend, ...]   # the grid, in the order ties are broken (masking first)
+    ndcg: np.ndarray                      # [G] sum of the rows' NDCG@10
+    hits: np.ndarray                      # [G] rows with a hit in the top 10
+    rows: int
+    known_targets: int                    # the day's items the user knew, over all rows
+    targets: int                          # every day's items, over all rows
+
+    def add(self, other: "BlendSums") -> "BlendSums":
+        if self.candidates != other.candidates:
+            raise ValueError("blend sums over different grids cannot be added")
+        return BlendSums(self.candidates, self.ndcg + other.ndcg, self.hits + other.hits, self.rows + other.rows,
+                         self.known_targets + other.known_targets, self.targets + other.targets)
+
+
+def blend_grid(biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS, rank_weights=NEW_RANK_WEIGHTS) -> tuple[RepeatBlend, ...]:
+    """The candidate blends, masking first (it does not depend on the other two weights: listed once)."""
+    grid = [RepeatBlend()] if any(not math.isfinite(b) for b in biases) else []
+    grid += [RepeatBlend(float(b), float(a), float(w)) for a in age_weights for b in biases if math.isfinite(b)
+             for w in rank_weights]
+    return tuple(grid)
+
+
+def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> BlendSums:
+    """NDCG@10 and hit sums of every candidate over the rows of ``valid``.
 
     Exact for positions under 10 without building any list: a known item's place is the number of known
     items above it plus the number of new ranks whose score beats it; a new item's place is its rank plus
     the number of known items at or above its score.
     """
-    if valid.samples == 0:
-        return RepeatBlend(figures={"validation_rows": 0, "why": "no validation rows: known items masked"})
-    ideal = _ideal_dcg(valid.targets)
-    best: tuple[float, float, RepeatBlend] | None = None
-    masked_ndcg = masked_hr = float("nan")
-    for age_weight in age_weights:
+    ndcg = np.zeros(len(candidates))
+    hits = np.zeros(len(candidates))
+    if valid.samples:
+        ideal = _ideal_dcg(valid.targets)
+        present = valid.known_counts > 0
         log_counts = np.log(np.clip(valid.known_counts, 1, None))
-        base = np.where(valid.known_counts > 0, log_counts - age_weight * np.log1p(np.clip(valid.known_ages, 0, None)),
-                        -np.inf)
-        # the 10 best known items per row in this weight's order: the others can never reach a top-10 place
-        order = np.argsort(-base, axis=1, kind="stable")[:, :NDCG_K]
-        top_base = np.take_along_axis(base, order, 1)                       # [S, <=10] descending
-        top_target = np.take_along_axis(valid.known_target, order, 1)       # [S, <=10]
-        for bias in biases:
-            for rank_weight in (rank_weights if math.isfinite(bias) else rank_weights[:1]):
-                ndcg, hr = _score(top_base + bias, top_target, valid.new_target_ranks, rank_weight, ideal)
-                if not math.isfinite(bias):
-                    masked_ndcg, masked_hr = ndcg, hr
-                candidate = RepeatBlend(bias, age_weight if math.isfinite(bias) else 0.0, rank_weight)
-                if best is None or ndcg > best[0] + 1e-12:
-                    best = (ndcg, hr, candidate)
-        if not math.isfinite(biases[0]):
-            biases = biases[1:]   # the masked blend does not depend on the age weight: scored once
-    assert best is not None
-    ndcg, hr, blend = best
-    figures = {"validation_rows": int(valid.samples), "ndcg_at_10": round(ndcg, 6), "hr_at_10": round(hr, 6),
-               "masked_ndcg_at_10": round(masked_ndcg, 6), "masked_hr_at_10": round(masked_hr, 6),
-               "known_target_share": round(float(valid.known_target.sum()) / max(1, int(valid.targets.sum())), 6)}
-    return RepeatBlend(blend.repeat_bias, blend.age_weight, blend.new_rank_weight, figures=figures)
+        log_ages = np.log1p(np.clip(valid.known_ages, 0, None))
+        ordered: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        for g, blend in enumerate(candidates):
+            age_weight = 0.0 if blend.masks_known else blend.age_weight
+            if age_weight not in ordered:
+                base = np.where(present, log_counts - age_weight * log_ages, -np.inf)
+                # the 10 best known items per row in this weight's order: the others never reach a top-10 place
+                order = np.argsort(-base, axis=1, kind="stable")[:, :NDCG_K]
+                ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
+            top_base, top_target = ordered[age_weight]
+            ndcg[g], hits[g] = _score(top_base + blend.repeat_bias, top_target, valid.new_target_ranks,
+                                      blend.new_rank_weight, ideal)
+    return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
+
+
+def choose_blend(sums: BlendSums) -> RepeatBlend:
+    """The candidate with the best mean NDCG@10 (ties: the earlier, masking first), its figures attached."""
+    if sums.rows == 0:
+        return RepeatBlend(figures={"validation_rows": 0, "why": "no validation rows: known items masked"})
+    mean_ndcg, mean_hr = sums.ndcg / sums.rows, sums.hits / sums.rows
+    best = 0
+    for g in range(1, len(sums.candidates)):
+        if mean_ndcg[g] > mean_ndcg[best] + 1e-12:
+            best = g
+    masked = next((g for g, c in enumerate(sums.candidates) if c.masks_known), None)
+    nan = float("nan")
+    figures = {"validation_rows": sums.rows, "ndcg_at_10": round(float(mean_ndcg[best]), 6),
+               "hr_at_10": round(float(mean_hr[best]), 6),
+               "masked_ndcg_at_10": nan if masked is None else round(float(mean_ndcg[masked]), 6),
+               "masked_hr_at_10": nan if masked is None else round(float(mean_hr[masked]), 6),
+               "known_target_share": round(sums.known_targets / max(1, sums.targets), 6)}
+    chosen = sums.candidates[best]
+    return RepeatBlend(chosen.repeat_bias, chosen.age_weight, chosen.new_rank_weight, figures=figures)
+
+
+def fit_blend(valid: BlendValidation, *, biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS,
+              rank_weights=NEW_RANK_WEIGHTS) -> RepeatBlend:
+    """The weights with the best NDCG@10 over the validation rows (ties: the more cautious, masking first):
+    :func:`blend_sums` over the grid, then :func:`choose_blend`."""
+    return choose_blend(blend_sums(valid, blend_grid(biases, age_weights, rank_weights)))
 
 
 def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
@@ -192,7 +241,7 @@ def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
 
 def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, rank_weight: float,
            ideal: np.ndarray) -> tuple[float, float]:
-    """(mean NDCG@10, HR@10) of the merged lists; ``known`` [S, K] blended scores, descending per row."""
+    """(sum of NDCG@10, rows with a hit) of the merged lists; ``known`` [S, K] blended scores, descending."""
     n_known = known.shape[1]
     # new ranks whose score beats a known item's: -w log1p(r) > s  <=>  r < exp(-s / w) - 1
     beaten_by_new = np.where(np.isfinite(known), np.ceil(np.clip(np.exp(np.clip(-known / rank_weight, None, 30)) - 1,
@@ -206,7 +255,7 @@ def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, r
     new_gain = np.where(new_place < NDCG_K, 1.0 / np.log2(new_place + 2.0), 0.0).sum(1)
     hits = (known_target & (known_place < NDCG_K)).any(1) | (new_place < NDCG_K).any(1)
     ndcg = np.where(ideal > 0, (known_gain + new_gain) / np.where(ideal > 0, ideal, 1.0), 0.0)
-    return float(ndcg.mean()), float(hits.mean())
+    return float(ndcg.sum()), float(hits.sum())
 
 
 # ------------------------------------------------------------------------------------------------ validation rows
