@@ -696,6 +696,15 @@ def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSett
         raise ConfigError(f"{CONNECT_WAIT_ENV}={wait!r} must be a number of seconds (0 or more)") from None
 
 
+def pack_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where packed environments are kept: ``RECSYS_PACK_CACHE``, else ``$XDG_CACHE_HOME/recsys/pack``
+    (``~/.cache/recsys/pack``): outside the checkout, so every clone on the machine shares one archive."""
+    env = os.environ if environ is None else environ
+    if env.get("RECSYS_PACK_CACHE"):
+        return Path(env["RECSYS_PACK_CACHE"])
+    return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "recsys" / "pack"
+
+
 def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
     """Test and game-day hooks from ``RECSYS_PAUSE_AT``, ``RECSYS_PAUSE_MAX_S`` and
     ``RECSYS_FAULT_INJECTION`` (docs/faults.md); all unset: no hooks. Called once, at the entry point."""

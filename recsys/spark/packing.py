@@ -57,9 +57,9 @@ DIGEST_FORMAT = "2"    # bumped when what the digest covers changes, so no archi
 def default_cache_dir() -> Path:
     """Where archives are kept unless told: ``$RECSYS_PACK_CACHE``, else ``$XDG_CACHE_HOME/recsys/pack``
     (``~/.cache/recsys/pack``). Outside the checkout, so every clone on the machine shares one archive."""
-    if os.environ.get("RECSYS_PACK_CACHE"):
-        return Path(os.environ["RECSYS_PACK_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / PROJECT / "pack"
+    from recsys.config import pack_cache_dir
+
+    return pack_cache_dir()
 
 
 def environment_digest(prefix: Path | None = None) -> str:
