@@ -61,14 +61,22 @@ class RepeatBlend:
         return not math.isfinite(self.repeat_bias)
 
     def repeat_scores(self, counts: np.ndarray | torch.Tensor, age_days: np.ndarray | torch.Tensor):
-        """Blended scores of known items from their counts (>= 1) and ages in days (>= 0)."""
+        """Blended scores of known items from their counts (>= 1) and ages in days (>= 0).
+
+        >>> RepeatBlend(2.0, 1.0, 1.0).repeat_scores(np.array([1, 4]), np.array([0.0, 6.0])).round(3).tolist()
+        [2.0, 1.44]
+        """
         lib = torch if isinstance(counts, torch.Tensor) else np
         counts = counts.float() if lib is torch else np.asarray(counts, dtype=np.float64)
         age = age_days.float() if lib is torch else np.asarray(age_days, dtype=np.float64)
         return self.repeat_bias + lib.log(lib.clip(counts, 1, None)) - self.age_weight * lib.log1p(lib.clip(age, 0, None))
 
     def new_scores(self, k: int, device: torch.device | None = None) -> torch.Tensor:
-        """Blended scores of the new items at ranks 0..k-1: [k], decreasing."""
+        """Blended scores of the new items at ranks 0..k-1: [k], decreasing.
+
+        >>> [round(float(s), 3) for s in RepeatBlend(2.0, 1.0, 1.0).new_scores(3)]
+        [-0.0, -0.693, -1.099]
+        """
         ranks = torch.arange(k, dtype=torch.float32, device=device)
         return -self.new_rank_weight * torch.log1p(ranks)
 
@@ -96,6 +104,11 @@ def merge_known(new_vals: torch.Tensor, new_cols: torch.Tensor, known_rows: torc
     ``new_cols`` [B, k'] their candidate columns; ``known_rows``/``known_cols``/``known_scores`` [S] the known
     items (row sorted ascending). ``max_known``: the most known items a list may hold (a rule keeping room for
     new ones); None: no limit. -> (scores [B, k], columns [B, k]), ties by column ascending.
+
+    >>> new_vals, new_cols = torch.tensor([[0.0, -0.7, -1.1]]), torch.tensor([[5, 6, 7]])
+    >>> vals, cols = merge_known(new_vals, new_cols, torch.tensor([0]), torch.tensor([2]), torch.tensor([-0.5]), 3)
+    >>> cols.tolist()                                  # the known item 2 (-0.5) between the new 5 and 6
+    [[5, 2, 6]]
     """
     n_users = new_vals.shape[0]
     dev = new_vals.device

@@ -168,6 +168,10 @@ def exact_topk(scores: torch.Tensor, k: int, group: int | None = None,
     """Top ``k`` of each row of ``scores`` [n, C] -> (values [n, k], columns [n, k] int64), without
     sorting the rows.
 
+    >>> values, columns = exact_topk(torch.tensor([[0.125, 0.75, 0.5, 0.75]]), 2)
+    >>> values.tolist(), columns.tolist()             # the tie at 0.75: column 1 before column 3
+    ([[0.75, 0.75]], [[1, 3]])
+
     Exact: the same values as ``torch.topk(scores, k)``, ordered by score descending and, among
     equal scores, by column ascending (torch.topk leaves the order of ties unspecified). NaN ranks
     first, as in torch.topk.
@@ -305,6 +309,9 @@ def resolve_device(requested: str, spark_gpus: list[str] | None = None) -> torch
     ``auto`` prefers the GPU Spark assigned to this task (its resource addresses), then any CUDA
     device, then the CPU. Spark does not schedule GPUs in local mode, so an empty assignment is
     normal there and falls back cleanly.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
     """
     if requested == "cpu":
         return torch.device("cpu")
@@ -340,6 +347,11 @@ def candidate_set(available_ids: np.ndarray, vocab: Vocabulary) -> tuple[Candida
 
     Candidates are ordered by model index (the scorer's column order); an item the model has never
     seen cannot be scored, so it is left out and counted.
+
+    >>> from recsys.sequences import Vocabulary
+    >>> candidates, unknown = candidate_set(np.array([10, 20, 99]), Vocabulary(np.array([30, 10, 20])))
+    >>> candidates.item_ids.tolist(), candidates.index.tolist(), unknown     # 99: not in the vocabulary
+    ([10, 20], [2, 3], 1)
     """
     available_ids = np.asarray(available_ids, dtype=np.int64)
     index = vocab.index_of(available_ids)
@@ -354,6 +366,9 @@ def counts_per_candidate(candidate_ids: np.ndarray, item_ids: np.ndarray, counts
     ``candidate_ids`` are in the scorer's column order (model index order), which need not be id
     order: a model's vocabulary may list its items in any order. Used for the users per item in the
     window (the popularity fallback) and the times each item was recommended (the long-tail plot).
+
+    >>> counts_per_candidate(np.array([10, 20]), np.array([20, 20, 10, 99]), np.array([1, 2, 5, 7])).tolist()
+    [5, 3]
     """
     candidate_ids = np.asarray(candidate_ids, dtype=np.int64)
     by_id = np.argsort(candidate_ids, kind="stable")
@@ -858,7 +873,12 @@ def _to_arrow(user_ids: np.ndarray, ids: np.ndarray, vals: np.ndarray, use_fallb
 
 
 def popularity_fallback(item_ids: np.ndarray, counts: np.ndarray, top_n: int) -> Fallback:
-    """Most frequent candidate items first; score = share of events, so it reads like a probability."""
+    """Most frequent candidate items first; score = share of events, so it reads like a probability.
+
+    >>> fallback = popularity_fallback(np.array([10, 20, 30]), np.array([5, 9, 5]), 2)
+    >>> fallback.item_ids.tolist(), [round(float(s), 3) for s in fallback.scores]
+    ([20, 10], [0.474, 0.263])
+    """
     item_ids = np.asarray(item_ids, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.float64)
     order = np.lexsort((item_ids, -counts))[:top_n]    # by count desc, then item id for determinism
