@@ -686,8 +686,9 @@ class Scorer:
             counts = torch.ones(len(at), device=dev)
             ages = torch.zeros(len(at), device=dev)
         else:
-            counts = torch.as_tensor(known.counts, device=dev)[at]
-            last = torch.as_tensor(known.last_us, dtype=torch.float64, device=dev)[at]
+            picked = at.cpu().numpy()       # the known items' rows: a copy, so Arrow's read-only buffers are not shared
+            counts = torch.from_numpy(np.asarray(known.counts)[picked]).to(dev)
+            last = torch.from_numpy(np.asarray(known.last_us, dtype=np.float64)[picked]).to(dev)
             ages = ((known.now_us - last) / (SECONDS_PER_DAY * 1e6)).float()
         rank_scores = self.blend.new_scores(new_vals.shape[1], device=dev)[None, :].expand_as(new_vals)
         new_scores = torch.where(torch.isneginf(new_vals), new_vals, rank_scores)
