@@ -321,12 +321,12 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         to_score, tasks = compare.join_previous(history.histories, previous, tasks, cores)
         scored = stages.score(to_score, spec, tasks, run.layout.staging_dir, hooks)
         w = scored.worker
-        c.update(users=w["users"], model_users=w["model_users"], fallback=w["fallback_users"],
-                 users_per_s=round(scored.users_per_s), device=w["device"], model_loads=w["model_misses"],
-                 workers=w["workers"], tasks=w["tasks"], retried_tasks=w["task_retries"])
-        if w["task_retries"]:
+        c.update(users=w.users, model_users=w.totals.chunks.model_users, fallback=w.totals.chunks.fallback_users,
+                 users_per_s=round(scored.users_per_s), device=w.device, model_loads=w.totals.model.misses,
+                 workers=len(w.workers), tasks=w.tasks, retried_tasks=w.task_retries)
+        if w.task_retries:
             log.warning("recommend %s: %d scoring task(s) succeeded only on a retry; their model was loaded again "
-                        "(model_misses=%d)", date, w["task_retries"], w["model_misses"])
+                        "(model_misses=%d)", date, w.task_retries, w.totals.model.misses)
     hooks.pause("staged")
 
     with timer.stage("validate", "validate staged output") as c:
@@ -335,7 +335,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
 
     with timer.stage("guard", "judge the night against the previous one") as c:
         guard = compare.guard_stage(cfg, date, previous=previous, realized_from=touched_since,
-                                    compare=scored.worker.get("compare"), report_figures=report.figures,
+                                    compare=scored.worker.compare, report_figures=report.figures,
                                     item_counts=report.item_counts, candidate_ids=catalog.candidates.item_ids,
                                     popularity=fallback.popularity, accept=run.accept_guard)
         c.update(verdict=guard.verdict.verdict)

@@ -43,7 +43,8 @@ from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candida
                                  popularity_fallback)
 from recsys.scoring.params import ScoringParams
 from recsys.scoring.shipping import ShippedModel
-from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
+from recsys.scoring.figures import WorkerFigures
+from recsys.scoring.stage import score_histories, scoring_tasks, worker_figures
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
 from recsys.tracking import store as tracking
@@ -254,7 +255,7 @@ class ScoreStage:
 
     @property
     def users_per_s(self) -> float:
-        return self.worker["users"] / self.write_seconds if self.write_seconds > 0 else 0.0
+        return self.worker.users / self.write_seconds if self.write_seconds > 0 else 0.0
 
 
 def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
@@ -325,8 +326,8 @@ def validate(scored: ScoreStage, history: HistoryStage, catalog: CatalogStage, d
     when one failed. No pass over the output: the tasks' counts and the observed row checks are added
     up, and rows out are compared with the users counted while the histories were built.
     """
-    checks = scored.worker["checks"]
-    report = in_pass_report(scored.rows, checks, (checks["item_ids"], checks["item_times"]),
+    checks = scored.worker.checks
+    report = in_pass_report(scored.rows, checks.counts, (checks.item_ids, checks.item_times),
                             candidate_ids=catalog.candidates.item_ids,
                             users_in_window=history.figures["users_in_window"])
     if not report.passed:
@@ -363,10 +364,10 @@ def run_metrics(results: StageResults) -> dict[str, float]:
     return {
         **{f"catalog_{k}": v for k, v in results.catalog.figures.items()},
         **results.history.figures,
-        "users_scored": worker["model_users"],
-        "fallback_users": worker["fallback_users"],
+        "users_scored": worker.totals.chunks.model_users,
+        "fallback_users": worker.totals.chunks.fallback_users,
         "users_per_s": results.scored.users_per_s,
-        **{k: v for k, v in worker.items() if v is not None and not isinstance(v, (list, dict, str))},
+        **worker.metrics(),
         **results.report.figures,
         **(results.guard.metrics() if results.guard is not None else {}),
     }
@@ -436,9 +437,9 @@ def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float
 
 def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
     """Who scored, for the manifest: each Python worker's interpreter, GPU addresses, tasks and model loads."""
-    return [{"host": w["host"], "pid": w["pid"], "python": w["python"], "gpus": w["gpus"],
-             **{k: int(w[k]) for k in ("tasks", "model_misses", "model_hits")}}
-            for w in scored.worker["per_worker"]]
+    return [{"host": w.host, "pid": w.pid, "python": w.python, "gpus": w.gpus, "tasks": w.tasks,
+             "model_misses": w.sums.model.misses, "model_hits": w.sums.model.hits}
+            for w in scored.worker.workers]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -459,12 +460,12 @@ def record(run: NightlyRun, results: StageResults, published_dir: str, published
     scored, report, catalog, fallback = results.scored, results.report, results.catalog, results.fallback
 
     recorder.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-    for step, w in enumerate(scored.worker["per_worker"]):   # one point per worker: a per-worker series in the UI
-        recorder.log_metrics({"worker_model_misses": w["model_misses"], "worker_model_hits": w["model_hits"],
-                              "worker_model_load_s": w["model_load_s"], "worker_tasks": w["tasks"]}, step=step)
+    for step, w in enumerate(scored.worker.workers):   # one point per worker: a per-worker series in the UI
+        recorder.log_metrics({"worker_model_misses": w.sums.model.misses, "worker_model_hits": w.sums.model.hits,
+                              "worker_model_load_s": w.sums.model.load_s, "worker_tasks": w.tasks}, step=step)
     recorder.log_dict(published_manifest, "manifest.json")
     recorder.log_text(yaml.safe_dump(cfg.redacted_dict(), sort_keys=False), "config.yaml")
-    recorder.log_dict({"workers": scored.worker["per_worker"]}, "worker_stats.json")
+    recorder.log_dict({"workers": [w.as_dict() for w in scored.worker.workers]}, "worker_stats.json")
     recorder.log_dict(report.as_dict(), "validation_report.json")
     recorder.set_tags({tags.STATUS: RunStatus.PUBLISHED.value, tags.OUTPUT: redact_uri(published_dir),
                        tags.MODEL_VERSION: published_manifest["model"]["version"]})

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from recsys.config import Config
 from recsys.errors import first_line
+from recsys.scoring.cache import CacheUse
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class ScoringContext:
 @dataclass
 class BatchResult:
     rows: dict[int, dict[str, Any]]
-    figures: dict[str, Any] = field(default_factory=dict)
+    model_cache: CacheUse = CacheUse()   # the workers' model cache in this job: hits, loads, load seconds
     seconds: float = 0.0
 
 
@@ -329,7 +330,7 @@ class OnDemand:
         rows = {}
         for row in table.to_pylist():
             rows[row["user_id"]] = row
-        return BatchResult(rows, figures, time.perf_counter() - started)
+        return BatchResult(rows, figures.totals.model, time.perf_counter() - started)
 
 
 def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
