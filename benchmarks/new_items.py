@@ -226,7 +226,7 @@ def run_variant(spark, base: Sequence[str], work: Path, label: str, refit: bool,
     stage_s = MlflowClient(cfg.mlflow.tracking_uri).get_run(trained.run_id).data.metrics
     model = tracking.resolve_model(cfg.mlflow, cfg.paths.driver_dir)     # what the night scored with
     vocab = nightly_stages.load_vocabulary(model)
-    manifest = night.manifest
+    manifest = night.manifest.as_dict()
     if str(manifest["model"]["version"]) != model.version or model.version != trained.version:
         raise RuntimeError(f"{label}: the night scored version {manifest['model']['version']}, "
                            f"trained {trained.version}, the alias holds {model.version}")

@@ -335,7 +335,7 @@ def test_the_nightly_job_exports_as_its_last_stage_when_configured(spark, publis
     assert [r.export.status for r in results] == ["exported", "skipped"]
     assert "serves the later date" in results[1].export.reason
     pointer = store.read_pointer(_client(redis_server), store.Keyspace(prefix))
-    assert pointer.date == RUN_DATE and pointer.run == results[0].manifest["job_run"]
+    assert pointer.date == RUN_DATE and pointer.run == results[0].manifest.job_run
     assert [r.exit_code for r in results] == [ExitCode.OK, ExitCode.OK]
 
 

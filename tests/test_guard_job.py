@@ -113,7 +113,7 @@ def test_the_previous_night_is_the_run_the_output_table_names(tiny):
 
     first, second = tiny["first"], tiny["second"]
     assert "/_runs/dt=2024-05-08/run=" in first.location
-    assert second.manifest["quality"]["previous"]["run"] == run_of(first.location)
+    assert second.manifest.quality.previous.run == run_of(first.location)
     found = latest_published(tiny["cfg"].paths.output, before=dt.date(2024, 5, 9))
     assert found is not None and found.path == first.location
 
@@ -183,13 +183,13 @@ def nights(spark, tmp_path_factory):
 
 
 def _guard_section(result) -> dict:
-    return result.manifest["quality"]["guard"]
+    return result.manifest.quality.guard
 
 
 def test_the_first_night_passes_and_says_it_has_nothing_to_compare_with(nights):
     from mlflow import MlflowClient
 
-    quality = nights["first"].manifest["quality"]
+    quality = nights["first"].manifest.quality.as_dict()
     assert quality["previous"] is None and quality["realized_for"] is None
     assert quality["guard"]["verdict"] == "pass" and quality["guard"]["first_night"]
     assert "first night: no published partition before it" in quality["guard"]["note"]
@@ -204,9 +204,9 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
 
     m, guard = nights["second"].metrics, _guard_section(nights["second"])
     assert guard["verdict"] == "pass", guard["summary"]
-    assert nights["second"].manifest["quality"]["previous"]["date"] == str(D1)
-    assert nights["second"].manifest["quality"]["previous"]["run"] == nights["first"].manifest["job_run"]
-    assert nights["second"].manifest["quality"]["realized_for"] == str(D1)
+    assert nights["second"].manifest.quality.previous.date == str(D1)
+    assert nights["second"].manifest.quality.previous.run == nights["first"].manifest.job_run
+    assert nights["second"].manifest.quality.realized_for == str(D1)
     # the previous night's lists against what users did on D1
     assert 30 <= m["realized_users"] <= m["realized_touched_users"] <= m["rows"]
     assert 0 < m["realized_hr_at_10"] <= m["realized_hr_at_n"] <= 1
@@ -216,7 +216,7 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
     # one more day of events: most lists barely move, the active users' change
     assert 0.4 < m["jaccard_at_n_mean"] < 1 and m["jaccard_at_n_p10"] <= m["jaccard_at_n_p50"] <= m["jaccard_at_n_p90"]
     assert 0 < m["first_item_changed_share"] < 0.8
-    assert m["overlap_users"] + m["users_lost"] == nights["first"].manifest["counts"]["rows"]
+    assert m["overlap_users"] + m["users_lost"] == nights["first"].manifest.counts.rows
     assert 0.7 < m["catalog_coverage_ratio"] < 1.4
     assert m["head_slot_share"] < 0.5 and 0 < m["exposure_gini"] < 1 and m["fallback_share"] < 0.1
     assert 0 <= m["score_psi"] < 0.25
@@ -266,7 +266,7 @@ def test_a_model_giving_every_user_the_same_list_is_refused_with_exit_3_and_the_
     out = root / "out"
     before = jobkit.snapshot(out / f"dt={D2}")
     night = find_published(str(out), D2)
-    assert night is not None and night.run == nights["second"].manifest["job_run"]
+    assert night is not None and night.run == nights["second"].manifest.job_run
     same = ("mlflow.model_name=recsys-same-list",)
     with caplog.at_level(logging.INFO):
         assert _recommend(monkeypatch, spark, root, data, uri, D3, extra=same) == ExitCode.VALIDATION_FAILED

@@ -59,9 +59,10 @@ def test_the_manifest_on_s3_is_read_back_and_rewritten_when_the_run_was_not_reco
     layout = PartitionLayout(out, DATE, "r1")
     s3.write(f"{layout.run_dir}/part-00000.parquet", b"x")
     s3.write(f"{layout.run_dir}/_SUCCESS", b"")
-    night = publish(layout, {"run_id": "m1", "job_run": "r1", "tracking": {}}, "copy")
-    assert manifest_file.read(out, DATE)["run_id"] == "m1"
-    manifest_file.mark_unrecorded([night.location, layout.final_dir], dict(night.manifest), "MLflow unreachable")
+    night = publish(layout, manifest_file.Manifest(run_id="m1", job_run="r1"), "copy")
+    assert manifest_file.read(out, DATE).run_id == "m1"
+    marked = manifest_file.mark_unrecorded([night.location, layout.final_dir], night.manifest, "MLflow unreachable")
+    assert marked.tracking.error == "MLflow unreachable" and night.manifest.tracking.error is None
     for directory in (night.location, layout.final_dir):
         fs, path = rfs.resolve(manifest_file.path_in(directory))
         assert json.loads(rfs.read_text(fs, path))["tracking"]["error"] == "MLflow unreachable"

@@ -26,6 +26,7 @@ import jobkit
 import storekit
 from recsys.data.contracts import OUTPUT_SCHEMA
 from recsys.errors import ConfigError
+from recsys.publish.manifest import Manifest, ModelRef
 from recsys.publish.published import published, read_pointer
 from recsys.publish.publisher import PartitionLayout, publish, recover
 from recsys.publish.table import OutputTable, open_table
@@ -49,8 +50,8 @@ def _night(layout: PartitionLayout, version: str, users: int) -> None:
     (out / "_SUCCESS").write_bytes(b"")
 
 
-def _manifest(run: str, version: str) -> dict:
-    return {"run_id": f"mlflow-{run}", "job_run": run, "model": {"version": version}, "config_digest": "d"}
+def _manifest(run: str, version: str) -> Manifest:
+    return Manifest(run_id=f"mlflow-{run}", job_run=run, model=ModelRef(version=version), config_digest="d")
 
 
 def _answer(spark, table: str) -> tuple:
@@ -77,6 +78,7 @@ import datetime, sys
 from pyspark.sql import SparkSession
 from recsys.config import load_hooks
 from recsys.spark import metastore
+from recsys.publish.manifest import Manifest, ModelRef
 from recsys.publish.publisher import PartitionLayout, publish
 from recsys.publish import retention
 from recsys.publish.table import OutputTable
@@ -91,7 +93,7 @@ date = datetime.date(2024, 5, 8)
 if what == "retention":
     retention.retire_dates(out, date, 1, table, "retention", load_hooks())
 else:
-    publish(PartitionLayout(out, date, run), {"run_id": run, "job_run": run, "model": {"version": "2"}}, "exchange",
+    publish(PartitionLayout(out, date, run), Manifest(run_id=run, job_run=run, model=ModelRef(version="2")), "exchange",
             load_hooks(), table)
 print("done", flush=True)
 """

@@ -208,11 +208,11 @@ def _show(cfg: Config, result, trained, table_rows: tuple[str, int] | None = Non
     """Print where the output is, a few users' lists with titles, and how to open MLflow."""
     out = local_path(result.output_dir)
     table = pq.read_table(out, columns=["user_id", "recommendations", "source"])
-    titles = _titles(cfg, result.manifest["catalog_snapshot"])
-    counts = result.manifest["counts"]
+    titles = _titles(cfg, str(result.manifest.catalog_snapshot))
+    counts = result.manifest.counts
     print(f"\n== published {out} ==")
-    print(f"   {counts['rows']:,} users: {counts['model_users']:,} scored by model version "
-          f"{result.manifest['model']['version']}, {counts['fallback_users']:,} on the popularity fallback")
+    print(f"   {counts.rows:,} users: {counts.model_users:,} scored by model version "
+          f"{result.manifest.model.version}, {counts.fallback_users:,} on the popularity fallback")
     print(f"   training: {trained.summary()}")
     if table_rows is not None:
         print(f"   table {cfg.output.table}: spark.sql(\"{table_rows[0]}\") -> {table_rows[1]:,} "

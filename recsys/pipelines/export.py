@@ -261,8 +261,8 @@ def _check_written(written: list[dict[str, Any]], files: list[str], published: P
 def _fallback(published: PublishedPartition, files: list[str]) -> tuple[Any, Any, str] | None:
     """(item ids, scores, name) of the list users without a row get: from the manifest, else from a row that has it."""
     recorded = published.fallback
-    if recorded and recorded.get("item_ids") is not None:
-        return recorded["item_ids"], recorded["scores"], recorded["name"]
+    if recorded is not None:
+        return list(recorded.item_ids), list(recorded.scores), recorded.name
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 

@@ -36,6 +36,7 @@ from recsys.pipelines import nightly_compare as compare
 from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
+from recsys.publish.manifest import Manifest
 from recsys.publish import retention
 from recsys.publish.lock import DateLock, Holder
 from recsys.publish.published import find_published
@@ -63,7 +64,7 @@ class NightlyResult:
     date: dt.date
     run_id: str | None
     output_dir: str                  # the path view dt=D/
-    manifest: dict[str, Any]
+    manifest: Manifest
     metrics: dict[str, float] = field(default_factory=dict)
     exit_code: ExitCode = ExitCode.OK
     status: RunStatus = RunStatus.PUBLISHED   # or SKIPPED: the date was already published the same way
@@ -167,7 +168,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         reason = skip_reason(published, model.version, config_digest)
         if reason is not None and not force:
             log.info("recommend %s: skipped: %s; pass --force to recompute it", date, reason)
-            return NightlyResult(date, published.get("run_id"), layout.final_dir, published, status=RunStatus.SKIPPED,
+            return NightlyResult(date, published.run_id, layout.final_dir, published, status=RunStatus.SKIPPED,
                                  reason=reason, location=found.path)
         if published is not None:
             log.info("recommend %s: replacing the published partition (%s)", date,
@@ -201,8 +202,8 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
-            manifest_file.mark_unrecorded([d for d in (result.location, result.output_dir) if d], result.manifest,
-                                          recorder.error)
+            result.manifest = manifest_file.mark_unrecorded([d for d in (result.location, result.output_dir) if d],
+                                                            result.manifest, recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
@@ -257,22 +258,22 @@ def _end_dead_run(cfg: Config, date: dt.date, dead: Holder, why: str, run_key: s
                     ended, dead.run, run_key)
 
 
-def skip_reason(published: dict[str, Any] | None, model_version: str, config_digest: str) -> str | None:
+def skip_reason(published: Manifest | None, model_version: str, config_digest: str) -> str | None:
     """Why the published partition already is what this run would produce, or None if it is not."""
     if published is None:
         return None
-    if str(published.get("model", {}).get("version")) == model_version and published.get("config_digest") == config_digest:
-        return (f"already published at {published.get('published_at', '?')} by run "
-                f"{published.get('run_id') or published.get('job_run') or '?'} with model version {model_version} "
+    if published.model.version == model_version and published.config_digest == config_digest:
+        return (f"already published at {published.published_at or '?'} by run "
+                f"{published.run_id or published.job_run or '?'} with model version {model_version} "
                 f"and config digest {config_digest}")
     return None
 
 
-def _difference(published: dict[str, Any], model_version: str, config_digest: str) -> str:
-    old_version = published.get("model", {}).get("version")
-    if str(old_version) != model_version:
+def _difference(published: Manifest, model_version: str, config_digest: str) -> str:
+    old_version = published.model.version
+    if old_version != model_version:
         return f"published with model version {old_version}, the alias now points at {model_version}"
-    return f"published with config digest {published.get('config_digest')}, now {config_digest}"
+    return f"published with config digest {published.config_digest}, now {config_digest}"
 
 
 def _remove_stale_work_dirs(cfg: Config, date: dt.date, run_key: str) -> None:
@@ -357,7 +358,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     with timer.stage("record", "record the run"):
         stages.record(run, results, published_dir, manifest, metrics)
         compare.record(recorder, cfg, date, guard, report.figures["catalog_coverage"], run.table)
-        run_record.record(recorder, manifest, metrics, run_record.Inputs.of(cfg.paths, cfg.history))
+        run_record.record(recorder, manifest.as_dict(), metrics, run_record.Inputs.of(cfg.paths, cfg.history))
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
     log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
              timer.total, recorder.run_id or "untracked")

@@ -41,6 +41,7 @@ from recsys.errors import GuardRefused
 from recsys.model import list_metrics as lm
 from recsys.pipelines import guard as guard_rules
 from recsys.publish import published as published_nights
+from recsys.publish.manifest import Manifest, NextNight, PreviousRef, Quality
 from recsys.scoring.compare import CompareSpec
 from recsys.scoring.core import counts_per_candidate, popularity_fallback
 from recsys.tracking import tags
@@ -67,30 +68,31 @@ class PreviousNight:
         return self.published.path
 
     @property
-    def manifest(self) -> Mapping[str, Any]:
+    def manifest(self) -> Manifest:
         return self.published.manifest
 
     @property
     def rows(self) -> int:
-        return int((self.manifest.get("counts") or {}).get("rows") or 0)
+        return self.manifest.counts.rows or 0
 
-    def _kept(self, key: str) -> np.ndarray:
-        return np.asarray(((self.manifest.get("quality") or {}).get("for_next_night") or {}).get(key) or [])
+    @property
+    def _kept(self) -> NextNight:
+        return self.manifest.quality.for_next_night if self.manifest.quality is not None else NextNight()
 
     @property
     def popularity_ranking(self) -> np.ndarray:
-        return self._kept("popularity_ranking").astype(np.int64)
+        return np.asarray(self._kept.popularity_ranking, dtype=np.int64)
 
     @property
     def score_edges(self) -> np.ndarray:
-        return self._kept("score_deciles").astype(np.float64)
+        return np.asarray(self._kept.score_deciles or (), dtype=np.float64)
 
     @property
     def score_shares(self) -> np.ndarray:
-        return self._kept("score_decile_shares").astype(np.float64)
+        return np.asarray(self._kept.score_decile_shares or (), dtype=np.float64)
 
     def metric(self, name: str) -> float | None:
-        value = (self.manifest.get("metrics") or {}).get(name)
+        value = self.manifest.metrics.get(name)
         return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -217,9 +219,9 @@ class GuardStage:
     verdict: guard_rules.Verdict
     previous: PreviousNight | None
     realized_from: dt.date | None
-    for_next_night: Mapping[str, Any]
+    for_next_night: NextNight
 
-    def manifest_section(self) -> dict[str, Any]:
+    def manifest_section(self) -> Quality:
         return manifest_section(self)
 
     def metrics(self) -> dict[str, float]:
@@ -256,37 +258,35 @@ def guard_stage(cfg: Config, date: dt.date, *, previous: PreviousNight | None, r
     try:
         guard_rules.enforce(verdict, date)
     except GuardRefused as exc:
-        exc.report.update({k: v for k, v in manifest_section(stage).items() if k != "guard"})
+        exc.report.update({k: v for k, v in manifest_section(stage).as_dict().items() if k != "guard"})
         raise
     return stage
 
 
 def _for_next_night(candidate_ids: np.ndarray, popularity: np.ndarray, compare: Mapping[str, Any] | None,
-                    cfg: Config) -> dict[str, Any]:
+                    cfg: Config) -> NextNight:
     """What tomorrow's run compares with, kept in tonight's manifest: the popularity ranking (long enough
     that N items remain after a user's seen items are removed) and the deciles of tonight's scores."""
     ranking = popularity_fallback(candidate_ids, popularity, cfg.scoring.top_n + cfg.history.max_items).item_ids
-    out: dict[str, Any] = {"popularity_ranking": [int(i) for i in ranking]}
     sample = np.asarray(compare["score_sample"]) if compare is not None else np.zeros(0)
     edges = lm.decile_edges(sample)
-    if len(edges):
-        out["score_deciles"] = [float(e) for e in edges]
-        out["score_decile_shares"] = [float(c) / len(sample) for c in lm.bin_counts(sample, edges)]
-    return out
+    if not len(edges):
+        return NextNight(popularity_ranking=tuple(int(i) for i in ranking))
+    return NextNight(popularity_ranking=tuple(int(i) for i in ranking), score_deciles=tuple(float(e) for e in edges),
+                     score_decile_shares=tuple(float(c) / len(sample) for c in lm.bin_counts(sample, edges)))
 
 
-def manifest_section(stage: GuardStage) -> dict[str, Any]:
+def manifest_section(stage: GuardStage) -> Quality:
     """The manifest's ``quality`` section (its figures are also in ``metrics``)."""
     previous = stage.previous
-    return {
-        "previous": None if previous is None else {
-            "date": str(previous.date), "run": previous.published.run, "run_id": previous.manifest.get("run_id"),
-            "rows": previous.rows,
-            "model_version": (previous.manifest.get("model") or {}).get("version")},
-        "realized_for": str(stage.realized_from) if stage.realized_from else None,
-        "guard": stage.verdict.as_dict(),
-        "for_next_night": dict(stage.for_next_night),
-    }
+    return Quality(
+        previous=None if previous is None else PreviousRef(
+            date=str(previous.date), run=previous.published.run, run_id=previous.manifest.run_id, rows=previous.rows,
+            model_version=previous.manifest.model.version),
+        realized_for=str(stage.realized_from) if stage.realized_from else None,
+        guard=stage.verdict.as_dict(),
+        for_next_night=stage.for_next_night,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,10 +305,9 @@ def trend(cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
     for published in reversed(published_nights.recent_published(cfg.paths.output, TREND_NIGHTS - 1, before=date,
                                                                 table=table)):
         m = published.manifest
-        quality = m.get("quality") or {}
-        rows.append({"date": str(published.date), "verdict": (quality.get("guard") or {}).get("verdict"),
-                     "realized_for": quality.get("realized_for"),
-                     **{f: (m.get("metrics") or {}).get(f) for f in TREND_FIGURES}})
+        quality = m.quality or Quality()
+        rows.append({"date": str(published.date), "verdict": quality.guard.get("verdict"),
+                     "realized_for": quality.realized_for, **{f: m.metrics.get(f) for f in TREND_FIGURES}})
     rows.append({"date": str(date), "verdict": verdict, "realized_for": str(realized_from) if realized_from else None,
                  **{f: tonight.get(f) for f in TREND_FIGURES}})
     return rows

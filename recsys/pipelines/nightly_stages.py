@@ -36,6 +36,7 @@ from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
+from recsys.publish.manifest import Counts, FallbackList, Manifest, ModelRef, TrackingNote
 from recsys.publish.lock import DateLock
 from recsys.publish.publisher import PartitionLayout
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
@@ -399,40 +400,41 @@ def run_params(cfg: Config, date: dt.date, model: tracking.ResolvedModel, config
     }
 
 
-def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float], method: str) -> dict[str, Any]:
-    """The content of ``_manifest.json`` from the run and its stage results, finished (format fields,
-    redaction) by :func:`recsys.publish.manifest.finish`: written into the partition as it is published,
-    and logged to MLflow unchanged. The timings are the stage timer's at this moment (before publish)."""
+def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float], method: str) -> Manifest:
+    """``_manifest.json`` from the run and its stage results, finished (format fields, redaction) by
+    :func:`recsys.publish.manifest.finish`: written into the partition as it is published, and logged to
+    MLflow unchanged. The timings are the stage timer's at this moment (before publish)."""
     cfg, model, model_resolution_error, report = run.cfg, run.model, run.model_resolution_error, results.report
-    return manifest_file.finish({
-        "date": str(run.date),
-        "run_id": run.recorder.run_id,
-        "job_run": run.layout.run_key,
-        "publish_method": method,
-        "model": {"uri": model.uri, "name": model.name, "alias": model.alias, "version": model.version,
-                  "source": redact_uri(model.source),
-                  "resolution": f"remembered: {model_resolution_error}" if model_resolution_error else "registry"},
-        "catalog_snapshot": str(results.catalog.snapshot.date),
-        "config_digest": run.config_digest,
-        "counts": {
-            "rows": report.figures["rows"],
-            "users_in_window": int(metrics.get("users_in_window", 0)),
-            "model_users": int(metrics.get("users_scored", 0)),
-            "fallback_users": int(metrics.get("fallback_users", 0)),
-            "candidate_items": int(metrics.get("catalog_candidate_items", 0)),
-            "events_read": int(metrics.get("events_read", 0)),
-        },
-        "validation": report.as_dict()["violations"],
-        "fallback": {"name": results.fallback.fallback.name,    # what users without a row get (recsys export)
-                     "item_ids": [int(i) for i in results.fallback.fallback.item_ids],
-                     "scores": [float(x) for x in results.fallback.fallback.scores]},
-        "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-        "timings": {**run.timer.as_metrics(), **run.timer.shares()},
-        "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
-                     "error": run.recorder.error},
-        "workers": worker_summary(results.scored),
-        **({"quality": results.guard.manifest_section()} if results.guard is not None else {}),
-    })
+    fallback = results.fallback.fallback
+    return manifest_file.finish(Manifest(
+        date=run.date,
+        run_id=run.recorder.run_id,
+        job_run=run.layout.run_key,
+        publish_method=method,
+        model=ModelRef(uri=model.uri, name=model.name, alias=model.alias, version=model.version,
+                       source=redact_uri(model.source),
+                       resolution=f"remembered: {model_resolution_error}" if model_resolution_error else "registry"),
+        catalog_snapshot=results.catalog.snapshot.date,
+        config_digest=run.config_digest,
+        counts=Counts(
+            rows=report.figures["rows"],
+            users_in_window=int(metrics.get("users_in_window", 0)),
+            model_users=int(metrics.get("users_scored", 0)),
+            fallback_users=int(metrics.get("fallback_users", 0)),
+            candidate_items=int(metrics.get("catalog_candidate_items", 0)),
+            events_read=int(metrics.get("events_read", 0)),
+        ),
+        validation=report.as_dict()["violations"],
+        fallback=FallbackList(name=fallback.name,    # what users without a row get (recsys export)
+                              item_ids=tuple(int(i) for i in fallback.item_ids),
+                              scores=tuple(float(x) for x in fallback.scores)),
+        metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        timings={**run.timer.as_metrics(), **run.timer.shares()},
+        tracking=TrackingNote(uri=redact_uri(cfg.mlflow.tracking_uri), experiment=cfg.mlflow.experiment,
+                              error=run.recorder.error),
+        workers=tuple(worker_summary(results.scored)),
+        quality=results.guard.manifest_section() if results.guard is not None else None,
+    ))
 
 
 def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
@@ -449,7 +451,7 @@ def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
 SCORE_SAMPLE = 20_000   # scores (with their ranks) plotted in the score distribution
 
 
-def record(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Mapping[str, Any],
+def record(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Manifest,
            metrics: Mapping[str, float]) -> None:
     """Metrics, per-worker cache figures, artifacts and plots; each call degrades, never raises."""
     import yaml
@@ -463,12 +465,12 @@ def record(run: NightlyRun, results: StageResults, published_dir: str, published
     for step, w in enumerate(scored.worker.workers):   # one point per worker: a per-worker series in the UI
         recorder.log_metrics({"worker_model_misses": w.sums.model.misses, "worker_model_hits": w.sums.model.hits,
                               "worker_model_load_s": w.sums.model.load_s, "worker_tasks": w.tasks}, step=step)
-    recorder.log_dict(published_manifest, "manifest.json")
+    recorder.log_dict(published_manifest.as_dict(), "manifest.json")
     recorder.log_text(yaml.safe_dump(cfg.redacted_dict(), sort_keys=False), "config.yaml")
     recorder.log_dict({"workers": [w.as_dict() for w in scored.worker.workers]}, "worker_stats.json")
     recorder.log_dict(report.as_dict(), "validation_report.json")
     recorder.set_tags({tags.STATUS: RunStatus.PUBLISHED.value, tags.OUTPUT: redact_uri(published_dir),
-                       tags.MODEL_VERSION: published_manifest["model"]["version"]})
+                       tags.MODEL_VERSION: published_manifest.model.version})
     if recorder.failed or recorder.run_id is None:
         return
     # Samples from the first rows Spark reads (a limit without an order stops after the first file):
