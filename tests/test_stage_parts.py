@@ -123,6 +123,10 @@ def test_scoring_tasks_sizes_long_runs_and_keeps_small_ones_and_explicit_counts(
     assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=2) == 6
     # cores unknown (Spark Connect): just enough tasks
     assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=None) == 5
+    # the previous night's lists join the histories in an exchange anyway: at least one task per core
+    assert scoring_tasks(50_000, partitions=0, users_per_task=50_000, cores=2, exchange=True) == 2
+    assert scoring_tasks(10, partitions=0, users_per_task=50_000, cores=None, exchange=True) == 1
+    assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=2, exchange=True) == 6
 
 
 def test_candidate_index_dense_and_sparse_agree_with_a_plain_lookup():

@@ -22,7 +22,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pyspark.sql import SparkSession
 
@@ -36,16 +36,14 @@ from recsys.pipelines import nightly_compare as compare
 from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
-from recsys.publish.manifest import Manifest
-from recsys.publish import retention
 from recsys.publish.lock import DateLock, Holder
+from recsys.publish.manifest import Manifest
 from recsys.publish.published import find_published
-from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
-                                      recover, register_dates)
+from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish_method, recover,
+                                      register_dates)
 from recsys.publish.table import OutputTable, open_table
 from recsys.spark import metastore
-from recsys.scoring.shipping import ship_model
-from recsys.spark.session import default_parallelism, job_description
+from recsys.spark.session import job_description
 from recsys.spark.task_progress import LiveProgress
 from recsys.spark.workdir import check_executors_can_write
 from recsys.tracking import run_notes as run_record
@@ -53,6 +51,9 @@ from recsys.tracking import store as tracking
 from recsys.tracking import tags
 from recsys.tracking.last_model import resolve_or_remembered
 from recsys.uris import redact_text
+
+if TYPE_CHECKING:   # the export pipeline is imported where it runs: it imports this module (nightly.output_table)
+    from recsys.pipelines.export import ExportResult
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ class NightlyResult:
     status: RunStatus = RunStatus.PUBLISHED   # or SKIPPED: the date was already published the same way
     reason: str | None = None        # why it was skipped
     location: str | None = None      # the published run's directory (what output.table's partition points at)
-    export: Any = None               # the last stage's ExportResult when export.after_publish is set
+    export: ExportResult | None = None   # the last stage's result when export.after_publish is set
 
 
 def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, force: bool = False,
@@ -287,24 +288,21 @@ def _remove_stale_work_dirs(cfg: Config, date: dt.date, run_key: str) -> None:
 
 
 def _run(run: stages.NightlyRun) -> NightlyResult:
-    """The stages in the order data flows through them; each hands its frozen result to the next."""
-    spark, cfg, date, model, hooks = run.spark, run.cfg, run.date, run.model, run.hooks
-    timer, recorder = run.timer, run.recorder
+    """The stages in the order data flows through them; each takes the frozen results of the ones before."""
+    cfg, date, model, timer, recorder = run.cfg, run.date, run.model, run.timer, run.recorder
     recorder.log_params(stages.run_params(cfg, date, model, run.config_digest))
     with timer.stage("read_catalog", "read the latest catalog snapshot") as c:
-        catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, date, stages.load_vocabulary(model),
-                                      model.version)
+        catalog = stages.read_catalog(run.spark, cfg.paths, cfg.catalog.max_age_days, date,
+                                      stages.load_vocabulary(model), model.version)
         c.update(snapshot=str(catalog.snapshot.date), **catalog.figures)
     recorder.log_params({"catalog_snapshot": str(catalog.snapshot.date)})
 
     with timer.stage("previous", "find the previous published partition") as c:
         previous = compare.previous_night(cfg, date, run.table)
-        touched_since = compare.touched_since(previous, cfg.history, date)
-        c.update(previous=str(previous.date) if previous else "none")
+        c.update(previous=str(previous.previous.date) if previous.previous else "none")
 
     with timer.stage("histories", "read events and build histories") as c:
-        history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"),
-                                        touched_since=touched_since)
+        history = stages.read_histories(run, touched_since=previous.touched_since)
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:
@@ -312,15 +310,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         c.update(items=len(fallback.fallback.item_ids))
 
     with timer.stage("score", "score users", expected_users=history.figures["users_in_window"]) as c:
-        shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
-                             scratch=cfg.paths.driver_dir)
-        spec = compare.with_compare(stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks),
-                                    compare.compare_spec(previous, cfg))
-        cores = default_parallelism(spark)
-        tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
-                                     users_per_task=cfg.scoring.users_per_task, cores=cores)
-        to_score, tasks = compare.join_previous(history.histories, previous, tasks, cores)
-        scored = stages.score(to_score, spec, tasks, run.layout.staging_dir, hooks)
+        scored = stages.score(run, catalog, history, fallback, previous)
         w = scored.worker
         c.update(users=w.users, model_users=w.totals.chunks.model_users, fallback=w.totals.chunks.fallback_users,
                  users_per_s=round(scored.users_per_s), device=w.device, model_loads=w.totals.model.misses,
@@ -328,56 +318,35 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         if w.task_retries:
             log.warning("recommend %s: %d scoring task(s) succeeded only on a retry; their model was loaded again "
                         "(model_misses=%d)", date, w.task_retries, w.totals.model.misses)
-    hooks.pause("staged")
+    run.hooks.pause("staged")
 
     with timer.stage("validate", "validate staged output") as c:
         report = stages.validate(scored, history, catalog, date)
         c.update(passed=report.passed, rows=report.figures["rows"], coverage=round(report.figures["catalog_coverage"], 4))
 
     with timer.stage("guard", "judge the night against the previous one") as c:
-        guard = compare.guard_stage(cfg, date, previous=previous, realized_from=touched_since,
-                                    compare=scored.worker.compare, report_figures=report.figures,
-                                    item_counts=report.item_counts, candidate_ids=catalog.candidates.item_ids,
-                                    popularity=fallback.popularity, accept=run.accept_guard)
+        guard = compare.guard_stage(previous, scored.worker.compare, report, catalog.candidates.item_ids,
+                                    fallback.popularity, run.accept_guard)
         c.update(verdict=guard.verdict.verdict)
 
     results = stages.StageResults(catalog, history, fallback, scored, report, guard)
     metrics = stages.run_metrics(results)
-    method = publish_method(run.layout)
-    manifest = stages.manifest(run, results, metrics, method)
+    manifest = stages.manifest(run, results, metrics)
     with timer.stage("publish", "publish partition") as c:
-        run.lock.verify()
-        night = publish(run.layout, manifest, method, hooks, run.table)
-        published_dir = night.path
-        c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none", method=method)
+        night = stages.publish(run, manifest)
+        c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none",
+                 method=manifest.publish_method)
     with timer.stage("retention", "remove what output.keep_runs and output.retention_days no longer keep") as c:
-        removed = _retain(run)
+        removed = stages.retain(run)
         c.update(removed=len(removed))
 
     metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
     with timer.stage("record", "record the run"):
-        stages.record(run, results, published_dir, manifest, metrics)
-        compare.record(recorder, cfg, date, guard, report.figures["catalog_coverage"], run.table)
-        run_record.record(recorder, manifest.as_dict(), metrics, run_record.Inputs.of(cfg.paths, cfg.history))
+        stages.record(run, results, night, manifest, metrics)
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
-    log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
+    log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], night.path,
              timer.total, recorder.run_id or "untracked")
-    return NightlyResult(date, recorder.run_id, run.layout.final_dir, manifest, metrics, location=published_dir)
-
-
-def _retain(run: stages.NightlyRun) -> list[str]:
-    """Retention after a publish; a failure only warns: the night is published, the next one tries again."""
-    out, date = run.cfg.output, run.date
-    try:
-        notes = retention.trim_runs(run.cfg.paths.output, date, out.keep_runs, run.hooks)
-        notes += retention.retire_dates(run.cfg.paths.output, date, out.retention_days, run.table, run.layout.run_key,
-                                        run.hooks)
-    except Exception as exc:   # never worth failing a published night for
-        log.warning("recommend %s: retention stopped: %s; the next run tries again", date, first_line(exc, with_type=True))
-        return []
-    for note in notes:
-        log.info("recommend %s: %s", date, note)
-    return notes
+    return NightlyResult(date, recorder.run_id, run.layout.final_dir, manifest, metrics, location=night.path)
 
 
 def _cleanup(work_dir: str) -> None:

@@ -1,11 +1,14 @@
 """The stages of the nightly path, each a function with typed inputs and a small frozen result.
 
-    read_catalog -> read_histories -> popularity_fallback_stage -> score -> validate -> publish -> record
+    read_catalog -> (the previous night) -> read_histories -> popularity_fallback_stage -> score -> validate
+    -> (the guard) -> manifest -> publish -> retain -> record
 
 ``recsys.pipelines.nightly.run_nightly`` calls them in that order, one call each, under the date's lock and
-an MLflow run. An on-demand request for a few users calls the same functions: ``read_histories``
-takes a user filter, and ``scoring_spec`` + ``score_users`` score any histories DataFrame without
-writing or publishing anything. Data flows one way: a stage reads only the results handed to it.
+an MLflow run; the comparison with the previous night is one stage object
+(:class:`recsys.pipelines.nightly_compare.Comparison`) that the histories, the scoring pass and the guard
+use. An on-demand request for a few users calls the same functions: ``read_catalog``,
+``popularity_fallback_stage``, and ``scoring_spec`` + ``score_users`` score any histories DataFrame
+without writing or publishing anything. Data flows one way: a stage reads only the results handed to it.
 
 The figures of a run (MLflow metrics, the manifest's ``metrics`` and ``counts``) are assembled from
 the stage results in one place, :func:`run_metrics`; the per-stage log lines show the same numbers.
@@ -26,28 +29,37 @@ from pyspark.sql import functions as F
 
 from recsys import __version__
 from recsys import fs as rfs
-from recsys.config import Config, HistoryConfig, PathsConfig, ScoringConfig
+from recsys.config import Config, PathsConfig, ScoringConfig
 from recsys.data import history as hist
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
-from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed
+from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
+from recsys.pipelines import nightly_compare as compare
+from recsys.pipelines.nightly_compare import Comparison, GuardStage
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
-from recsys.publish.manifest import Counts, FallbackList, Manifest, ModelRef, TrackingNote
+from recsys.publish import retention
 from recsys.publish.lock import DateLock
-from recsys.publish.publisher import PartitionLayout
+from recsys.publish.manifest import Counts, FallbackList, Manifest, ModelRef, TrackingNote
+from recsys.publish.published import PublishedPartition
+from recsys.publish.publisher import PartitionLayout, publish_method
+from recsys.publish.publisher import publish as publish_partition
+from recsys.publish.table import OutputTable
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
+from recsys.scoring.compare import CompareSpec
 from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candidate_set, counts_per_candidate,
                                  popularity_fallback)
-from recsys.scoring.params import ScoringParams
-from recsys.scoring.shipping import ShippedModel
 from recsys.scoring.figures import WorkerFigures
+from recsys.scoring.params import ScoringParams
+from recsys.scoring.shipping import ShippedModel, ship_model
 from recsys.scoring.stage import score_histories, scoring_tasks, worker_figures
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
+from recsys.spark.session import default_parallelism
+from recsys.tracking import run_notes
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
 from recsys.uris import redact_text, redact_uri
@@ -76,7 +88,7 @@ class NightlyRun:
     recorder: tracking.RunRecorder
     timer: StageTimer
     hooks: Hooks = NO_HOOKS
-    table: Any = None                     # output.table (recsys.publish.table.OutputTable), None: the paths only
+    table: OutputTable | None = None      # output.table; None: the paths only
     accept_guard: bool = False            # publish even if the guard refuses the night (--accept-guard), recorded
 
     @property
@@ -143,15 +155,19 @@ class HistoryStage:
     window_start: dt.date             # first day of the window; the window ends before the run date
 
 
-def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConfig, date: dt.date, out_dir: str,
-                   users: Iterable[int] | None = None, touched_since: dt.date | None = None) -> HistoryStage:
-    """Events of the ``history.window_days`` days before ``date`` -> histories written to ``out_dir``.
+def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
+                   users: Iterable[int] | None = None) -> HistoryStage:
+    """Events of the ``history.window_days`` days before the run's date -> histories written to the run's
+    scratch directory (``histories``), read back from there.
 
-    ``users``: only these user ids (an on-demand request); None: every user with events in the window.
     ``touched_since``: the histories also hold each user's items touched from that day on
-    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits.
-    Refuses a window without usable events, naming the path and the settings to check.
+    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits
+    (:attr:`recsys.pipelines.nightly_compare.Comparison.touched_since`). ``users``: only these user ids;
+    None: every user with events in the window. Refuses a window without usable events, naming the path
+    and the settings to check.
     """
+    spark, paths, history, date = run.spark, run.cfg.paths, run.cfg.history, run.date
+    out_dir = rfs.join(run.work_dir, "histories")
     obs_events, obs_hist = Observation("events"), Observation("histories")
     raw = read_events_window(spark, paths.events, date, history.window_days, history.event_types)
     if users is not None:
@@ -220,9 +236,10 @@ def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_
 
 
 def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
-                 hooks: Hooks = NO_HOOKS) -> ScoringSpec:
+                 hooks: Hooks = NO_HOOKS, compare: CompareSpec | None = None) -> ScoringSpec:
     """What every scoring task needs, minted once on the driver; ``model``: the files handed to Spark
-    (:func:`recsys.scoring.shipping.ship_model`), never a driver path."""
+    (:func:`recsys.scoring.shipping.ship_model`), never a driver path; ``compare``: what the tasks compare
+    tonight's lists with (:attr:`recsys.pipelines.nightly_compare.Comparison.spec`), None: nothing."""
     return ScoringSpec(
         model=model,
         model_version=model.version,
@@ -234,6 +251,7 @@ def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback,
         fallback_name=fallback.name,
         params=ScoringParams.from_config(scoring),
         hooks=hooks,
+        compare=compare,
     )
 
 
@@ -252,20 +270,38 @@ class ScoreStage:
     output_dir: str
     worker: WorkerFigures
     write_seconds: float
-    rows: Mapping[str, Any]           # recsys.publish.validate.row_checks, observed on the rows as written
+    rows: Mapping[str, int]           # recsys.publish.validate.row_checks, observed on the rows as written
 
     @property
     def users_per_s(self) -> float:
         return self.worker.users / self.write_seconds if self.write_seconds > 0 else 0.0
 
 
-def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
-          hooks: Hooks = NO_HOOKS) -> ScoreStage:
-    """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten).
+def score(run: NightlyRun, catalog: CatalogStage, history: HistoryStage, fallback: FallbackStage,
+          previous: Comparison) -> ScoreStage:
+    """Score every user of the histories and write the rows to the run's staging directory (overwritten).
 
+    The scoring spec is built here, once: the model shipped through Spark, tonight's candidates and
+    fallback, and the comparison the tasks make (``previous.spec``). So is the number of tasks
+    (:func:`recsys.scoring.stage.scoring_tasks`): the histories are split by user into them, together
+    with the previous night's lists when there is one (``previous.join``, the same exchange).
     Validation happens in this pass: the tasks check their own rows (``recsys.scoring.checks``) and
     the row checks are observed on the rows as they are written; :func:`validate` only adds up.
     """
+    spark, cfg, model = run.spark, run.cfg, run.model
+    shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version, scratch=cfg.paths.driver_dir)
+    spec = scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, run.hooks, compare=previous.spec)
+    tasks = scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
+                          users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark),
+                          exchange=previous.joins)
+    if previous.joins:   # split into the tasks together with the previous lists: the scoring pass keeps that split
+        return _score_and_write(previous.join(history.histories, tasks), spec, 0, run.layout.staging_dir, run.hooks)
+    return _score_and_write(history.histories, spec, tasks, run.layout.staging_dir, run.hooks)
+
+
+def _score_and_write(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
+                     hooks: Hooks) -> ScoreStage:
+    """Score ``histories`` (split into ``partitions`` by user first; 0: as they are) and write the rows."""
     scored, observation = score_users(histories, spec, partitions)
     if hooks.holds_while_writing():
         scored = scored.mapInArrow(_hold_first_task_while_writing(hooks.pause_max_s), OUTPUT_SPARK_DDL)
@@ -281,7 +317,7 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
         raise ConfigError(f"the executors refused scoring.dtype={spec.params.dtype}: {refusal}") from None
     seconds = time.perf_counter() - started
     observed = _observed(rows, lambda: histories.sparkSession.read.parquet(output_dir).agg(*checks).first().asDict())
-    return ScoreStage(output_dir, worker_figures(observation), seconds, observed)
+    return ScoreStage(output_dir, worker_figures(observation), seconds, {k: int(v or 0) for k, v in observed.items()})
 
 
 def workers_refusal(exc: BaseException) -> str | None:
@@ -345,14 +381,14 @@ def validate(scored: ScoreStage, history: HistoryStage, catalog: CatalogStage, d
 
 @dataclass(frozen=True)
 class StageResults:
-    """What the stages up to validation handed on: everything the manifest and the record are made of."""
+    """What the stages up to the guard handed on: everything the manifest and the record are made of."""
 
     catalog: CatalogStage
     history: HistoryStage
     fallback: FallbackStage
     scored: ScoreStage
     report: ValidationReport
-    guard: Any = None                 # recsys.pipelines.nightly_compare.GuardStage: tonight against the last night
+    guard: GuardStage                 # tonight against the last night, judged
 
 
 def run_metrics(results: StageResults) -> dict[str, float]:
@@ -370,7 +406,7 @@ def run_metrics(results: StageResults) -> dict[str, float]:
         "users_per_s": results.scored.users_per_s,
         **worker.metrics(),
         **results.report.figures,
-        **(results.guard.metrics() if results.guard is not None else {}),
+        **results.guard.metrics(),
     }
 
 
@@ -400,17 +436,18 @@ def run_params(cfg: Config, date: dt.date, model: tracking.ResolvedModel, config
     }
 
 
-def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float], method: str) -> Manifest:
+def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float]) -> Manifest:
     """``_manifest.json`` from the run and its stage results, finished (format fields, redaction) by
-    :func:`recsys.publish.manifest.finish`: written into the partition as it is published, and logged to
-    MLflow unchanged. The timings are the stage timer's at this moment (before publish)."""
+    :func:`recsys.publish.manifest.finish`: written into the partition as it is published (by the method
+    it names, :func:`recsys.publish.publisher.publish_method`), and logged to MLflow unchanged. The timings
+    are the stage timer's at this moment (before publish)."""
     cfg, model, model_resolution_error, report = run.cfg, run.model, run.model_resolution_error, results.report
     fallback = results.fallback.fallback
     return manifest_file.finish(Manifest(
         date=run.date,
         run_id=run.recorder.run_id,
         job_run=run.layout.run_key,
-        publish_method=method,
+        publish_method=publish_method(run.layout),
         model=ModelRef(uri=model.uri, name=model.name, alias=model.alias, version=model.version,
                        source=redact_uri(model.source),
                        resolution=f"remembered: {model_resolution_error}" if model_resolution_error else "registry"),
@@ -433,7 +470,7 @@ def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float
         tracking=TrackingNote(uri=redact_uri(cfg.mlflow.tracking_uri), experiment=cfg.mlflow.experiment,
                               error=run.recorder.error),
         workers=tuple(worker_summary(results.scored)),
-        quality=results.guard.manifest_section() if results.guard is not None else None,
+        quality=results.guard.manifest_section(),
     ))
 
 
@@ -445,15 +482,54 @@ def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------------------------
+# publish, retention
+
+
+def publish(run: NightlyRun, published_manifest: Manifest) -> PublishedPartition:
+    """The validated, judged night published with its manifest, by the manifest's method, if this run
+    still holds the date's lock; returns what is now published (its path: the run directory)."""
+    run.lock.verify()
+    return publish_partition(run.layout, published_manifest, published_manifest.publish_method, run.hooks,
+                             run.table)
+
+
+def retain(run: NightlyRun) -> list[str]:
+    """Retention after a publish (``output.keep_runs``, ``output.retention_days``); what it removed.
+
+    A failure only warns: the night is published, the next run tries again."""
+    out, date = run.cfg.output, run.date
+    try:
+        notes = retention.trim_runs(run.cfg.paths.output, date, out.keep_runs, run.hooks)
+        notes += retention.retire_dates(run.cfg.paths.output, date, out.retention_days, run.table, run.layout.run_key,
+                                        run.hooks)
+    except Exception as exc:   # never worth failing a published night for
+        log.warning("recommend %s: retention stopped: %s; the next run tries again", date, first_line(exc, with_type=True))
+        return []
+    for note in notes:
+        log.info("recommend %s: %s", date, note)
+    return notes
+
+
+# ------------------------------------------------------------------------------------------------
 # record
 
 
 SCORE_SAMPLE = 20_000   # scores (with their ranks) plotted in the score distribution
 
 
-def record(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Manifest,
+def record(run: NightlyRun, results: StageResults, night: PublishedPartition, published_manifest: Manifest,
            metrics: Mapping[str, float]) -> None:
-    """Metrics, per-worker cache figures, artifacts and plots; each call degrades, never raises."""
+    """The run in MLflow: metrics, per-worker cache figures, artifacts and plots, the guard's report and
+    trend (:func:`recsys.pipelines.nightly_compare.record`), the run's note and input datasets
+    (:func:`recsys.tracking.run_notes.record`); each call degrades, never raises."""
+    _record_run(run, results, night.path, published_manifest, metrics)
+    compare.record(run.recorder, results.guard, results.report.figures["catalog_coverage"], run.table)
+    run_notes.record(run.recorder, published_manifest.as_dict(), metrics, run_notes.Inputs.of(run.cfg.paths,
+                                                                                              run.cfg.history))
+
+
+def _record_run(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Manifest,
+                metrics: Mapping[str, float]) -> None:
     import yaml
 
     from recsys.tracking import plots
@@ -515,5 +591,5 @@ def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users
 
 
 __all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "NightlyRun", "ScoreStage", "StageResults",
-           "load_vocabulary", "manifest", "popularity_fallback_stage", "read_catalog", "read_histories", "record", "run_metrics", "run_params",
-           "score", "score_users", "scoring_spec", "scoring_tasks", "validate"]
+           "load_vocabulary", "manifest", "popularity_fallback_stage", "publish", "read_catalog", "read_histories",
+           "record", "retain", "run_metrics", "run_params", "score", "score_users", "scoring_spec", "validate"]

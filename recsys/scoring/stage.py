@@ -14,10 +14,13 @@ from recsys.scoring.figures import WorkerFigures
 from recsys.scoring.udf import SCORED_DDL, STATS_COLUMN, ScoringSpec, make_partition_scorer
 
 
-def scoring_tasks(users: int, *, partitions: int, users_per_task: int, cores: int | None) -> int:
+def scoring_tasks(users: int, *, partitions: int, users_per_task: int, cores: int | None,
+                  exchange: bool = False) -> int:
     """How many tasks score ``users`` users: ``partitions`` when set, else enough for at most
     ``users_per_task`` users each, rounded up to a multiple of ``cores`` (when known) so the last
-    wave keeps every core busy. 0: keep Spark's split (small inputs: one task per file split).
+    wave keeps every core busy. 0: keep Spark's split (small inputs: one task per file split), unless
+    ``exchange``: the histories go through an exchange by user anyway (the previous night's lists are
+    brought next to them), which makes at least one task per core (one when the cores are unknown).
 
     Why not keep Spark's split always: reading the histories back, Spark packs files into one split
     per core, so a 2-core run scored 864,120 users in 2 tasks of 16 minutes each. Progress (tasks
@@ -28,7 +31,7 @@ def scoring_tasks(users: int, *, partitions: int, users_per_task: int, cores: in
     if partitions:
         return partitions
     if users <= users_per_task:
-        return 0
+        return max(1, cores or 1) if exchange else 0
     tasks = math.ceil(users / users_per_task)
     if cores and cores > 0:
         tasks = math.ceil(tasks / cores) * cores
