@@ -168,12 +168,12 @@ def _trained_model(data: Path, before: dt.date):
 
 @pytest.fixture(scope="module")
 def nights(spark, tmp_path_factory):
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
     from recsys.pipelines.nightly import run_nightly
 
     root = tmp_path_factory.mktemp("guard-sample")
     data = root / "data"
-    generate_sample(data, users=300, items=ITEMS, days=10, seed=5, end_date=D2)
+    generate_sample(data, SampleSpec(users=300, items=ITEMS, days=10, seed=5, end_date=D2))
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = load_config(overrides=_overrides(root, data, uri))
     _register(root, uri, cfg.mlflow.model_name, _trained_model(data, D1), np.arange(1, ITEMS + 1))

@@ -185,10 +185,10 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
                                    progress=log.info, overwrite=True)
         last = summary.last_date
     else:
-        from recsys.data.sample import generate_sample
+        from recsys.data.sample import SampleSpec, generate_sample
 
-        summary = generate_sample(root, users=source["users"], items=source["items"], days=source["days"],
-                                  seed=source["seed"], progress=log.info, overwrite=True)
+        spec = SampleSpec(users=source["users"], items=source["items"], days=source["days"], seed=source["seed"])
+        summary = generate_sample(root, spec, progress=log.info, overwrite=True)
         last = summary.last_date
     log.info("%s", summary)
     run_date = last + dt.timedelta(days=1)

@@ -241,12 +241,11 @@ def _dataset_root(cfg, out: Path | None) -> Path:
 
 
 def cmd_sample_data(args: argparse.Namespace) -> int:
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
 
     cfg = _config(args)
-    summary = generate_sample(_dataset_root(cfg, args.out), users=args.users, items=args.items, days=args.days,
-                              seed=args.seed, end_date=args.end_date, progress=log.info,
-                              overwrite=args.overwrite)
+    spec = SampleSpec(users=args.users, items=args.items, days=args.days, seed=args.seed, end_date=args.end_date)
+    summary = generate_sample(_dataset_root(cfg, args.out), spec, progress=log.info, overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
 

@@ -142,26 +142,33 @@ class SampleSummary:
         )
 
 
-def generate_sample(
-    out: Path,
-    *,
-    users: int,
-    items: int,
-    days: int,
-    seed: int,
-    end_date: dt.date | None = None,
-    events_per_user_day: float = 1.5,
-    progress: Callable[[str], None] | None = None,
-    overwrite: bool = False,
-) -> SampleSummary:
-    """Write ``days`` daily partitions ending at ``end_date`` (default: yesterday, UTC) under ``out``.
+@dataclass(frozen=True)
+class SampleSpec:
+    """What sample to write: ``days`` daily partitions ending at ``end_date`` (default: yesterday, UTC),
+    user ids ``1..users``, item ids ``1..items``; ``events_per_user_day`` is the mean over all users,
+    active or not. The same spec gives the same file contents. Refuses impossible values, naming them."""
 
-    ``out/events/dt=.../`` and ``out/catalog/dt=.../`` (one catalog snapshot a day). User ids are
-    ``1..users``, item ids ``1..items``. ``events_per_user_day`` is the mean over all users,
-    active or not. The same arguments give the same file contents. ``out`` must not hold date
-    partitions already unless ``overwrite`` (which replaces them all, see ``_output``).
+    users: int
+    items: int
+    days: int
+    seed: int
+    end_date: dt.date | None = None
+    events_per_user_day: float = 1.5
+
+    def __post_init__(self) -> None:
+        _check_args(users=self.users, items=self.items, days=self.days, seed=self.seed,
+                    events_per_user_day=self.events_per_user_day)
+
+
+def generate_sample(out: Path, spec: SampleSpec, *, progress: Callable[[str], None] | None = None,
+                    overwrite: bool = False) -> SampleSummary:
+    """Write the sample ``spec`` describes under ``out``: ``out/events/dt=.../`` and ``out/catalog/dt=.../``
+    (one catalog snapshot a day). ``out`` must not hold date partitions already unless ``overwrite``
+    (which replaces them all, see ``_output``).
     """
-    _check_args(users=users, items=items, days=days, seed=seed, events_per_user_day=events_per_user_day)
+    users, items, days, seed, events_per_user_day = (spec.users, spec.items, spec.days, spec.seed,
+                                                     spec.events_per_user_day)
+    end_date = spec.end_date
     if end_date is None:
         end_date = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     first_date = end_date - dt.timedelta(days=days - 1)
