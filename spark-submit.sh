@@ -12,8 +12,8 @@
 # - Spark settings: conf/spark-defaults.conf (override any with --conf key=value);
 # - the recsys package is zipped and shipped to the executors with --py-files; native
 #   dependencies (torch, pyarrow, numpy) must already be on the executors, or travel as a packed
-#   environment: --pack builds (once per environment digest, cached in .recsys/pack/ or
-#   $RECSYS_PACK_CACHE) an archive of this virtualenv and ships it with --archives
+#   environment: --pack builds (once per environment digest, cached in $RECSYS_PACK_CACHE or
+#   ~/.cache/recsys/pack/, shared by every checkout) an archive of this virtualenv and ships it with --archives
 #   ARCHIVE#environment, the executors running ./environment/bin/python; --pack=ARCHIVE ships an
 #   archive built before (docs/cluster.md);
 # - a spark:// master that does not answer within 5 s stops the script with one line and exit 1;
@@ -94,9 +94,9 @@ if [[ -n "$pack" ]]; then
   if [[ "$master" == local* ]]; then
     echo "spark-submit.sh: --pack ignored with master $master: local workers run $python" >&2
   else
-    pack_args=(--cache-dir "${RECSYS_PACK_CACHE:-$here/.recsys/pack}")
+    pack_args=()    # the cache: $RECSYS_PACK_CACHE, else ~/.cache/recsys/pack (recsys.spark.packing)
     [[ "$pack" == "build" ]] || pack_args+=(--archive "$pack")
-    archive="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.spark.packing "${pack_args[@]}")" || exit $?
+    archive="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.spark.packing ${pack_args[@]+"${pack_args[@]}"})" || exit $?
     packed=(--archives "$archive#environment" --conf "spark.pyspark.python=./environment/bin/python"
             --conf "spark.pyspark.driver.python=$PYSPARK_DRIVER_PYTHON")
   fi

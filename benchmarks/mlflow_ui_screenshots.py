@@ -19,24 +19,19 @@ import argparse
 import datetime as dt
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from recsys.processes import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 ML_VIEW = "workflowType=machine_learning"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars", "--force-device-scale-factor=1"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DEMO_DATE = dt.date(2018, 9, 25)   # the demo's night: the day after ml-latest-small's last rating
@@ -92,7 +87,7 @@ def main() -> int:
     store = args.workdir / ".recsys" / "mlflow.db"
     uri = f"sqlite:///{store}"
     runs = _runs(uri)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                                "--port", str(port), "--workers", "1"], cwd=args.workdir,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,

@@ -50,6 +50,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from recsys.config import load_config
+from recsys.processes import free_port
 from recsys.serve import backend
 
 
@@ -275,7 +276,7 @@ def main(argv=None) -> int:
                 print(f"backend {state.remote} up in {results['backend_start_s']}s", flush=True)
             elif mode not in ON_DEMAND_MODES:
                 extra = [f"serve.backend_dir={work / 'no-backend'}"]   # none recorded there: lists only
-            port = backend.free_port()
+            port = free_port()
             proc, started = start_frontend(args, overrides_common + [f"serve.max_wait_ms={wait_ms}",
                                                                      f"serve.store={store}", *extra], port,
                                            work / f"serve-{mode}.log")

@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from recsys.errors import ConfigError
 from recsys.model.configs import MODEL_CONFIGS
-from recsys.uris import is_local_path, local_path, redact_uri, validate_path
+from recsys import redaction
+from recsys.redaction import has_credentials, redact_text, redact_uri
+from recsys.uris import is_local_path, local_path, validate_path
 
 if TYPE_CHECKING:
     from recsys.hooks import Hooks
@@ -30,6 +32,17 @@ if TYPE_CHECKING:
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_credentials(path: str) -> str:
+    """A path is logged, recorded in MLflow (an artifact location in the tracking store's own tables), written
+    into manifests and quoted by every library that fails to read it: it is no place for a secret."""
+    if has_credentials(path):
+        raise ValueError("a path must not carry credentials (it is logged, recorded in MLflow and written into "
+                         "manifests): remove them and set storage.s3.credentials instead (default: the AWS chain "
+                         "of environment, profile or instance role; env: AWS_ACCESS_KEY_ID and "
+                         "AWS_SECRET_ACCESS_KEY), or your store's own Hadoop settings for other schemes")
+    return path
 
 
 class PathsConfig(_Section):
@@ -52,6 +65,7 @@ class PathsConfig(_Section):
         # Relative paths are made absolute against the working directory of the process that reads
         # the config: the JVM (and executors) may run elsewhere, and must see the same paths.
         value = validate_path(value)
+        _no_credentials(value)
         if is_local_path(value) and not value.startswith("file://"):
             return os.path.abspath(value)
         return value
@@ -72,17 +86,22 @@ class PathsConfig(_Section):
 
 class MlflowConfig(_Section):
     tracking_uri: str
-    artifact_location: str | None = None
+    artifact_location: str | None
     experiment: str = Field(min_length=1)
     model_name: str = Field(min_length=1)
     alias: str = Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+    @field_validator("artifact_location")
+    @classmethod
+    def _artifact_location_has_no_credentials(cls, value: str | None) -> str | None:
+        return None if value is None else _no_credentials(value)
 
 
 class HistoryConfig(_Section):
     window_days: int = Field(ge=1)
     max_items: int = Field(ge=1, le=100_000)
-    event_types: tuple[str, ...] = ()
-    tie_break_seed: int = 7
+    event_types: tuple[str, ...]
+    tie_break_seed: int
 
 
 class CatalogConfig(_Section):
@@ -92,8 +111,8 @@ class CatalogConfig(_Section):
 class ScoringConfig(_Section):
     top_n: int = Field(ge=1, le=10_000)
     chunk_size: int = Field(ge=1, le=1_000_000)
-    device: str = "auto"
-    dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
+    device: str
+    dtype: Literal["float32", "bfloat16", "float16", "int8"]
     arrow_batch_size: int = Field(ge=1, le=1_000_000)
     partitions: int = Field(ge=0)
     users_per_task: int = Field(ge=1)
@@ -107,6 +126,83 @@ class ScoringConfig(_Section):
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {value!r}")
         return value
+
+
+CatalogValue = str | int | float | bool
+
+
+def _catalog_rule(value: Any) -> dict[str, tuple[CatalogValue, ...]]:
+    """``{column: [values]}`` of a catalog rule, checked before pydantic sees it: one clear line per mistake
+    (a union type would answer a null value with one complaint per member)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must map catalog columns to lists of values, e.g. {{category: [out_of_stock]}}, got {value!r}")
+    rules = {}
+    for column, values in value.items():
+        if not isinstance(column, str) or not column.strip() or column != column.strip():
+            raise ValueError(f"column name {column!r} must be a catalog column's name (no surrounding spaces)")
+        if not isinstance(values, (list, tuple)) or not values:
+            raise ValueError(f"{column}: give a non-empty list of values, e.g. {column}: [value], got {values!r}")
+        bad = [v for v in values if v is None or not isinstance(v, (str, int, float, bool))]
+        if bad:
+            raise ValueError(f"{column}: values must be strings, numbers or booleans, got {bad[0]!r}")
+        rules[column] = tuple(values)
+    return rules
+
+
+class EventRule(_Section):
+    """Items the user had an ``event_type`` event with, ``within_days`` days before the night or less."""
+
+    event_type: str = Field(min_length=1)
+    within_days: int = Field(ge=1, le=36_600)
+
+
+class ExcludeConfig(_Section):
+    touched: bool                                          # every item the user had in the window
+    events: tuple[EventRule, ...]
+    catalog: dict[str, tuple[CatalogValue, ...]]           # column -> values: never candidates
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_rule(cls, value: Any) -> dict[str, tuple[CatalogValue, ...]]:
+        return _catalog_rule(value)
+
+    @field_validator("events")
+    @classmethod
+    def _each_type_once(cls, rules: tuple[EventRule, ...]) -> tuple[EventRule, ...]:
+        types = [r.event_type for r in rules]
+        twice = sorted({t for t in types if types.count(t) > 1})
+        if twice:
+            raise ValueError(f"event_type {twice[0]!r} is listed twice; keep one rule per event type (the longest "
+                             "within_days)")
+        return rules
+
+
+class IncludeConfig(_Section):
+    catalog: dict[str, tuple[CatalogValue, ...]]           # column -> values: the only candidates
+
+    @field_validator("catalog", mode="before")
+    @classmethod
+    def _catalog_rule(cls, value: Any) -> dict[str, tuple[CatalogValue, ...]]:
+        return _catalog_rule(value)
+
+
+class RecommendConfig(_Section):
+    """The rules operators set over every list (docs/rules.md): what is excluded per user and from the
+    candidates, the least number of items new to the user, and what fills a list a rule left short."""
+
+    exclude: ExcludeConfig
+    include: IncludeConfig
+    min_new_items: int = Field(ge=0, le=10_000)
+    fill: Literal["popularity", "none"]
+
+    @property
+    def catalog_columns(self) -> tuple[str, ...]:
+        """The catalog columns the rules read, each once."""
+        return tuple(dict.fromkeys([*self.exclude.catalog, *self.include.catalog]))
+
+    def summary(self) -> dict[str, Any]:
+        """The rules as plain values, for the manifest and MLflow."""
+        return self.model_dump(mode="json")
 
 
 class _ModelSection(_Section):
@@ -147,13 +243,21 @@ class ModelConfig(_Section):
     switching types is one key (``--set train.model.type=gru4rec``) and every section stays validated.
     ``recsys evaluate`` trains the types listed in ``evaluation.models`` from their sections."""
 
-    type: ModelType = "sasrec"
+    type: ModelType
     sasrec: SASRecSection
     gru4rec: GRU4RecSection
 
     def section(self, model_type: str | None = None) -> _Section:
         """The settings of ``model_type`` (default: the selected type)."""
         return getattr(self, model_type or self.type)
+
+
+class RepeatsConfig(_Section):
+    """The repeat blend training chooses (recsys.model.repeats): whether, and on which held-out days."""
+
+    learn: bool
+    validation_days: int = Field(ge=1, le=366)
+    max_rows: int = Field(ge=100, le=10_000_000)
 
 
 class TrainConfig(_Section):
@@ -164,22 +268,23 @@ class TrainConfig(_Section):
     learning_rate: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     patience: int = Field(ge=1)
-    warmup_epochs: float = Field(default=0.0, ge=0)
-    lr_decay: Literal["constant", "cosine"] = "constant"
-    window_offsets: Literal["fixed", "random"] = "fixed"
-    loss: Literal["full", "sampled"] = "full"
-    negatives: int = Field(default=8192, ge=1)
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    seed: int = 42
+    warmup_epochs: float = Field(ge=0)
+    lr_decay: Literal["constant", "cosine"]
+    window_offsets: Literal["fixed", "random"]
+    loss: Literal["full", "sampled"]
+    negatives: int = Field(ge=1)
+    precision: Literal["auto", "fp32", "bf16"]
+    seed: int
     min_item_count: int = Field(ge=1)
     history_items: int = Field(ge=2, le=1_000_000)
-    device: str = "auto"
-    refit: bool = True
+    device: str
+    refit: bool
     gate_tolerance: float = Field(ge=0)
     gate_min_users: int = Field(ge=1)
-    processes: int = Field(default=1, ge=1, le=4096)
-    shards: int = Field(default=0, ge=0, le=100_000)
-    max_users: int | None = Field(default=None, ge=1)
+    processes: int = Field(ge=1, le=4096)
+    shards: int = Field(ge=0, le=100_000)
+    max_users: int | None = Field(ge=1)
+    repeats: RepeatsConfig
 
     @property
     def shard_files(self) -> int:
@@ -205,7 +310,7 @@ class ALSGridConfig(_Section):
     reg_params: tuple[float, ...] = Field(min_length=1)
     alphas: tuple[float, ...] = Field(min_length=1)
     max_iter: int = Field(ge=1, le=100)
-    seed: int = 42
+    seed: int
 
     @field_validator("ranks", "reg_params", "alphas")
     @classmethod
@@ -218,12 +323,33 @@ class ALSGridConfig(_Section):
 EVALUATION_MODELS = ("popularity", "als", *MODEL_CONFIGS)
 
 
+class BacktestConfig(_Section):
+    """``recsys backtest``: the baselines measured beside the job's own lists (docs/quality.md, "The backtest").
+
+    Personal frequency weighs each of a user's past events by ``2 ** (-age_days / half_life_days)`` (age: from
+    the event to the start of the night), so an item edited yesterday counts about as much as one edited
+    twice a half-life ago. Recent popularity counts the users of each item in the ``popularity_days`` days
+    before the night. ALS is Spark's implicit ALS on each user's event counts, one point (no grid: the
+    backtest fits it every night).
+    """
+
+    half_life_days: float = Field(gt=0, le=3650)
+    popularity_days: int = Field(ge=1, le=3650)
+    als_rank: int = Field(ge=1, le=1024)
+    als_reg_param: float = Field(gt=0)
+    als_alpha: float = Field(gt=0)
+    als_max_iter: int = Field(ge=1, le=100)
+    max_bootstrap_pairs: int = Field(ge=100)   # (user, night) pairs the intervals draw from; beyond it a seeded
+                                               # sample of whole users
+
+
 class EvaluationConfig(_Section):
     ks: tuple[int, ...] = Field(min_length=1)
     models: tuple[str, ...] = Field(min_length=1)
     bootstrap_resamples: int = Field(ge=0, le=100_000)
-    bootstrap_seed: int = 0
+    bootstrap_seed: int
     als: ALSGridConfig
+    backtest: BacktestConfig
 
     @field_validator("ks")
     @classmethod
@@ -244,10 +370,10 @@ class EvaluationConfig(_Section):
 
 
 class SparkConfig(_Section):
-    master: str = "local[*]"
-    remote: str | None = None
-    app_name: str = "recsys"
-    conf: dict[str, str] = Field(default_factory=dict)
+    master: str
+    remote: str | None
+    app_name: str
+    conf: dict[str, str]
 
     @field_validator("conf", mode="before")
     @classmethod
@@ -258,7 +384,7 @@ class SparkConfig(_Section):
 
 
 class ProgressConfig(_Section):
-    interval_s: float = Field(default=30, ge=0)   # a progress line this often while a long stage runs; 0: none
+    interval_s: float = Field(ge=0)               # a progress line this often while a long stage runs; 0: none
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -273,14 +399,14 @@ def _redis_url(value: str, key: str) -> str:
 class ExportConfig(_Section):
     """``recsys export`` and the nightly job's last stage: the published lists into Redis (docs/export.md)."""
 
-    redis_url: str | None = None
-    after_publish: bool = False
-    prefix: str = Field(default="recsys", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    keep_versions: int = Field(default=2, ge=1, le=100)
-    batch_users: int = Field(default=1000, ge=1, le=100_000)
-    pipeline_users: int = Field(default=10_000, ge=1, le=1_000_000)
-    timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    lock_ttl_s: float = Field(default=60.0, ge=5, le=86_400)
+    redis_url: str | None
+    after_publish: bool
+    prefix: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    keep_versions: int = Field(ge=1, le=100)
+    batch_users: int = Field(ge=1, le=100_000)
+    pipeline_users: int = Field(ge=1, le=1_000_000)
+    timeout_s: float = Field(gt=0, le=3600)
+    lock_ttl_s: float = Field(ge=5, le=86_400)
 
     @field_validator("redis_url")
     @classmethod
@@ -332,9 +458,9 @@ class GuardThreshold(_Section):
 class GuardConfig(_Section):
     """The guard between validation and publishing (docs/operations.md, "The guard")."""
 
-    compare: bool = True
-    min_users: int = Field(default=50, ge=1)
-    thresholds: dict[str, GuardThreshold] = Field(default_factory=dict)
+    compare: bool
+    min_users: int = Field(ge=1)
+    thresholds: dict[str, GuardThreshold]
 
     @field_validator("thresholds")
     @classmethod
@@ -360,21 +486,21 @@ class ServeConfig(_Section):
     keys under ``export.prefix``), or ``none`` (every request goes to the on-demand backend).
     """
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    backend_dir: str = ".recsys/backend"
-    backend_port: int = Field(default=0, ge=0, le=65535)
-    max_wait_ms: int = Field(default=20, ge=0, le=60_000)
-    max_batch_users: int = Field(default=2000, ge=1, le=1_000_000)
-    max_concurrent_jobs: int = Field(default=2, ge=1, le=64)
-    max_queue_users: int = Field(default=50_000, ge=1)
-    max_request_users: int = Field(default=10_000, ge=1)
-    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)
-    backend_timeout_s: float = Field(default=10.0, gt=0, le=600)
-    refresh_s: float = Field(default=10.0, ge=0, le=86_400)
-    as_of: str | None = None
-    store: str = "embedded"
-    store_timeout_ms: int = Field(default=500, ge=1, le=60_000)
+    host: str
+    port: int = Field(ge=0, le=65535)
+    backend_dir: str
+    backend_port: int = Field(ge=0, le=65535)
+    max_wait_ms: int = Field(ge=0, le=60_000)
+    max_batch_users: int = Field(ge=1, le=1_000_000)
+    max_concurrent_jobs: int = Field(ge=1, le=64)
+    max_queue_users: int = Field(ge=1)
+    max_request_users: int = Field(ge=1)
+    request_timeout_s: float = Field(gt=0, le=3600)
+    backend_timeout_s: float = Field(gt=0, le=600)
+    refresh_s: float = Field(ge=0, le=86_400)
+    as_of: str | None
+    store: str
+    store_timeout_ms: int = Field(ge=1, le=60_000)
 
     @field_validator("store")
     @classmethod
@@ -409,10 +535,10 @@ class MetastoreConfig(_Section):
     server ``recsys metastore start`` runs on it. Sessions recsys starts get these settings; under
     spark-submit or Spark Connect the session's own catalog is used."""
 
-    dir: str = ".recsys/metastore"        # embedded Derby's database, derby.log, the warehouse directory
-    url: str | None = None                # JDBC URL of the metastore database (Derby network server, Postgres)
-    jars: tuple[str, ...] = ()            # that database's JDBC driver jars, put on the driver's class path
-    uris: str | None = None               # thrift://host:9083: a Hive metastore service (or Glue, docs/cluster.md)
+    dir: str                              # embedded Derby's database, derby.log, the warehouse directory
+    url: str | None                       # JDBC URL of the metastore database (Derby network server, Postgres)
+    jars: tuple[str, ...]                 # that database's JDBC driver jars, put on the driver's class path
+    uris: str | None                      # thrift://host:9083: a Hive metastore service (or Glue, docs/cluster.md)
 
     @field_validator("dir")
     @classmethod
@@ -423,21 +549,21 @@ class MetastoreConfig(_Section):
 class OutputConfig(_Section):
     """How a night is published: its run directory, the table that points at it, what is kept."""
 
-    table: str | None = Field(default="recsys.recommendations", pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
-    keep_runs: int = Field(default=2, ge=1, le=1000)
-    retention_days: int | None = Field(default=None, ge=1)
-    metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
+    table: str | None = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
+    keep_runs: int = Field(ge=1, le=1000)
+    retention_days: int | None = Field(ge=1)
+    metastore: MetastoreConfig
 
 
 class S3Config(_Section):
     """One object-store setting for Spark's S3A (``spark.hadoop.fs.s3a.*``) and the driver's pyarrow
     file systems alike (:mod:`recsys.storage`)."""
 
-    endpoint: str | None = None           # http(s)://host:port of an S3-compatible store; None: AWS
-    region: str | None = None
-    path_style: bool = False              # bucket in the path, not the host name (MinIO, moto, most on-prem stores)
-    credentials: Literal["default", "env", "anonymous"] = "default"
-    s3_as_s3a: bool = False               # map s3:// to Hadoop's S3A (plain Spark knows no s3:// file system)
+    endpoint: str | None                  # http(s)://host:port of an S3-compatible store; None: AWS
+    region: str | None
+    path_style: bool                      # bucket in the path, not the host name (MinIO, moto, most on-prem stores)
+    credentials: Literal["default", "env", "anonymous"]
+    s3_as_s3a: bool                       # map s3:// to Hadoop's S3A (plain Spark knows no s3:// file system)
 
     @field_validator("endpoint")
     @classmethod
@@ -448,7 +574,7 @@ class S3Config(_Section):
 
 
 class StorageConfig(_Section):
-    s3: S3Config = Field(default_factory=S3Config)
+    s3: S3Config
 
 
 class Config(_Section):
@@ -457,30 +583,58 @@ class Config(_Section):
     history: HistoryConfig
     catalog: CatalogConfig
     scoring: ScoringConfig
+    recommend: RecommendConfig
     train: TrainConfig
     evaluation: EvaluationConfig
     spark: SparkConfig
-    progress: ProgressConfig = ProgressConfig()
-    serve: ServeConfig = Field(default_factory=ServeConfig)
-    export: ExportConfig = Field(default_factory=ExportConfig)
-    output: OutputConfig = Field(default_factory=OutputConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    guard: GuardConfig = Field(default_factory=GuardConfig)
+    progress: ProgressConfig
+    serve: ServeConfig
+    export: ExportConfig
+    output: OutputConfig
+    storage: StorageConfig
+    guard: GuardConfig
+
+    @model_validator(mode="after")
+    def _rules_fit_the_job(self) -> "Config":
+        """The rules against the sections they depend on: each mistake named in one line at start-up."""
+        rules, history = self.recommend, self.history
+        if rules.min_new_items > self.scoring.top_n:
+            raise ValueError(f"recommend.min_new_items={rules.min_new_items} is more than scoring.top_n="
+                             f"{self.scoring.top_n}: a list holds top_n items; lower min_new_items")
+        for rule in rules.exclude.events:
+            if rule.within_days > history.window_days:
+                raise ValueError(f"recommend.exclude.events: {rule.event_type!r} within_days={rule.within_days} reaches "
+                                 f"before the history window (history.window_days={history.window_days}), whose "
+                                 "events are all the job reads; lower within_days or raise history.window_days")
+            if history.event_types and rule.event_type not in history.event_types:
+                raise ValueError(f"recommend.exclude.events: event_type {rule.event_type!r} is not among "
+                                 f"history.event_types {list(history.event_types)}, so the job never reads those "
+                                 "events; add it there or remove the rule")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
-        """A short stable hash of everything that shapes the output; tied to manifests.
+        """The first 16 hex digits of the SHA-256 of the sections ``paths``, ``mlflow``, ``history``,
+        ``catalog``, ``scoring``, ``recommend``, ``train``, ``evaluation`` and ``spark``, every key with its
+        resolved value (after the default, the --conf file and --set; paths made absolute; URIs as given,
+        credentials included: only their hash leaves), as JSON with sorted keys and no spaces. The manifest records
+        it, and a date already published with the same digest and model version is skipped: so a changed rule
+        (``recommend``: what is excluded, included, filled) makes the next run of a published date recompute it.
 
         ``progress``, ``serve``, ``export``, ``output``, ``storage`` and ``guard`` are left out: how often the
         log says how far a run is, how the frontend queues and batches, where the lists are exported, which table
         points at a night, how the stores are reached and where the guard draws its lines change no published
         row, and a partition published before those sections existed must still be skipped as up to date.
+        ``evaluation.backtest`` is left out for the same reason: it shapes only what the backtest measures
+        beside the job. Nor does it cover what is not configuration: the environment (:class:`LaunchSettings`),
+        the hooks, the model version (recorded next to it) or the input data.
         """
         data = self.to_dict()
         for section in ("progress", "serve", "export", "output", "storage", "guard"):
             data.pop(section, None)
+        data["evaluation"].pop("backtest", None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -505,6 +659,7 @@ class Config(_Section):
 # Environment variables the project honours, all read here and nowhere else (docs/configuration.md):
 SPARK_REMOTE_ENV = "SPARK_REMOTE"                       # Spark Connect URL when spark.remote is unset
 SHUFFLE_PARTITIONS_ENV = "RECSYS_SHUFFLE_PARTITIONS"    # spark.sql.shuffle.partitions of local sessions
+CONNECT_WAIT_ENV = "RECSYS_CONNECT_WAIT_S"             # how long an unanswering Spark Connect server is waited for
 
 
 class LaunchSettings(_Section):
@@ -516,17 +671,29 @@ class LaunchSettings(_Section):
 
     spark_remote: str | None = None
     shuffle_partitions: int = Field(default=8, ge=1)
+    connect_wait_s: float = Field(default=60.0, ge=0)
 
 
 def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSettings:
-    """``SPARK_REMOTE`` and ``RECSYS_SHUFFLE_PARTITIONS`` from the environment, validated."""
+    """``SPARK_REMOTE``, ``RECSYS_SHUFFLE_PARTITIONS`` and ``RECSYS_CONNECT_WAIT_S`` from the environment, validated."""
     env = os.environ if environ is None else environ
     raw = env.get(SHUFFLE_PARTITIONS_ENV, "").strip()
     try:
+        shuffle_partitions = int(raw) if raw else 8
+    except ValueError:
+        shuffle_partitions = 0
+    wait = env.get(CONNECT_WAIT_ENV, "").strip()
+    try:
+        connect_wait_s = float(wait) if wait else 60.0
+    except ValueError:
+        raise ConfigError(f"{CONNECT_WAIT_ENV}={wait!r} must be a number of seconds (0 or more)") from None
+    if shuffle_partitions < 1:
+        raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer")
+    try:
         return LaunchSettings(spark_remote=env.get(SPARK_REMOTE_ENV, "").strip() or None,
-                              shuffle_partitions=int(raw) if raw else 8)
-    except (ValueError, ValidationError):
-        raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer") from None
+                              shuffle_partitions=shuffle_partitions, connect_wait_s=connect_wait_s)
+    except ValidationError:
+        raise ConfigError(f"{CONNECT_WAIT_ENV}={wait!r} must be a number of seconds (0 or more)") from None
 
 
 def load_hooks(environ: Mapping[str, str] | None = None) -> "Hooks":
@@ -553,26 +720,33 @@ def default_config_text() -> str:
     return resources.files("recsys").joinpath("default.yaml").read_text()
 
 
-def load_config(conf_file: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+def load_config(conf_file: str | Path | None = None, overrides: Sequence[str] = (),
+                environ: Mapping[str, str] | None = None) -> Config:
     """Merge the embedded default, an optional YAML file and ``key=value`` overrides, then validate.
 
-    Raises ConfigError naming the offending key and value, so a scheduler log says what to fix.
+    Before validation, every secret the merged settings and the environment hold is registered with
+    :mod:`recsys.redaction`, so that no message from here on (this function's own errors included)
+    quotes one. Raises ConfigError naming the offending key and value, so a scheduler log says what to fix.
     """
     data = yaml.safe_load(default_config_text())
     if conf_file is not None:
         path = Path(conf_file)
         if not path.is_file():
             raise ConfigError(f"config file {str(path)!r} does not exist; pass an existing YAML file to --conf")
+        text = path.read_text()
+        redaction.register(redaction.collect(text, {}))   # before parsing: a YAML error quotes the line
         try:
-            user = yaml.safe_load(path.read_text()) or {}
+            user = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+            raise ConfigError(redact_text(f"config file {str(path)!r} is not valid YAML: {exc}")) from None
         if not isinstance(user, dict):
             raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(user).__name__}")
         data = _deep_merge(data, user, prefix="")
+    redaction.register(redaction.collect(list(overrides), {}))
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(data, key, value)
+    redaction.register(redaction.collect(data, os.environ if environ is None else environ))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -591,7 +765,7 @@ def _unknown_key(key: str, context: str) -> ConfigError:
 
 
 # Sections whose keys are names the user chooses (validated by the section's model), not fixed keys.
-OPEN_SECTIONS = frozenset({"guard.thresholds"})
+OPEN_SECTIONS = frozenset({"guard.thresholds", "recommend.exclude.catalog", "recommend.include.catalog"})
 
 
 def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -612,7 +786,7 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any], prefix: str) -> d
 
 def _parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key=value, e.g. scoring.top_n=50")
+        raise ConfigError(redact_text(f"override {item!r} must look like key=value, e.g. scoring.top_n=50"))
     key, raw = item.split("=", 1)
     key = key.strip()
     try:
@@ -644,5 +818,8 @@ def _describe_validation_error(exc: ValidationError, data: Mapping[str, Any]) ->
     problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
-        problems.append(f"config key {key!r} = {err.get('input')!r}: {err['msg']}")
-    return "invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set KEY=VALUE)"
+        message = err["msg"].removeprefix("Value error, ")   # pydantic's prefix for a validator's ValueError
+        # a check across sections (Config's own validator) names its keys itself; its input is the whole config
+        problems.append(f"config key {key!r} = {err.get('input')!r}: {message}" if key else message)
+    return redact_text("invalid configuration: " + "; ".join(problems) + " (fix it in the --conf file or with --set "
+                       "KEY=VALUE)")

@@ -124,5 +124,15 @@ class TrackingUnavailable(RecsysError):
     exit_code = ExitCode.UNEXPECTED_ERROR
 
 
+class SparkUnavailable(RecsysError):
+    """The Spark Connect server named by ``spark.remote`` (or ``SPARK_REMOTE``) does not answer.
+
+    An infrastructure fault: a retry can succeed (exit 1), but the cause is known, so one line says it
+    instead of the client's ten minutes of silent retries.
+    """
+
+    exit_code = ExitCode.UNEXPECTED_ERROR
+
+
 class TrackingFailed(RecsysError):
     exit_code = ExitCode.TRACKING_FAILED

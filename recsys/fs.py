@@ -8,6 +8,7 @@ so the driver can move, list and write small files (manifests, locks) without a 
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 from functools import lru_cache
 from pathlib import Path
@@ -64,18 +65,61 @@ def write_text_atomic(fs: pafs.FileSystem, path: str, text: str) -> None:
     """Write under a temporary name in the same directory, then rename: readers see all or nothing.
 
     On object stores one PUT already is all or nothing (S3 is strongly consistent since 2020), and a
-    "rename" would be a copy and a delete: the object is written once, in place.
+    "rename" would be a copy and a delete: the object is written once, in place. Local files are
+    :func:`write_local_atomic`'s (synced before the rename).
     """
     parent = path.rsplit("/", 1)[0]
     if is_object_store(fs):
         with fs.open_output_stream(path) as f:
             f.write(text.encode())
         return
+    if fs.type_name == "local":
+        write_local_atomic(path, text)
+        return
     tmp = f"{parent}/.{uuid.uuid4().hex}.tmp"
     fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(tmp) as f:
         f.write(text.encode())
     fs.move(tmp, path)
+
+
+def write_local_atomic(path: str | Path, text: str) -> None:
+    """Replace a local file's content in one step: the text is written in full and synced under a hidden
+    name in the same directory, then renamed over ``path``, so a reader (or a crash) sees the old content
+    or the new, never a part. The directory is created if needed."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _synced_temp(target, text)
+    try:
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)   # left only when the rename failed
+
+
+def create_local_exclusive(path: str | Path, text: str) -> bool:
+    """Create a local file holding ``text`` unless ``path`` exists: True if this call created it.
+
+    The file appears complete or not at all (written and synced under a hidden name, then hard-linked,
+    which fails if the name exists), so of two processes racing for the name exactly one wins.
+    """
+    target = Path(path)
+    tmp = _synced_temp(target, text)
+    try:
+        os.link(tmp, target)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink()
+
+
+def _synced_temp(target: Path, text: str) -> Path:
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
 
 
 def delete_dir_if_exists(fs: pafs.FileSystem, path: str) -> None:

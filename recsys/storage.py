@@ -7,7 +7,9 @@ Three clients touch ``s3://`` paths in a run, and each is configured its own way
 - the driver's pyarrow file systems (locks, manifests, publishing, retention: :mod:`recsys.fs`):
   an :class:`pyarrow.fs.S3FileSystem` built from the same values (:func:`s3_filesystem`);
 - boto3, which MLflow uses to download model files from an ``s3://`` artifact store: it reads only
-  the environment, so :func:`install` sets ``MLFLOW_S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``.
+  the environment, so :func:`install` sets ``MLFLOW_S3_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``; and which
+  recsys uses for the conditional writes pyarrow cannot send (:mod:`recsys.conditional`), through a client
+  built from the same values (:func:`s3_client`).
 
 :func:`install` is called once per process by the entry points (``recsys ...``, the jobs, the
 backend) right after the configuration is read: it is the one process-wide setting besides the
@@ -87,6 +89,34 @@ def s3_filesystem(store: ObjectStore) -> "pafs.S3FileSystem":
         options["anonymous"] = True
     # "default" and "env": the AWS SDK's default chain, whose first source is AWS_ACCESS_KEY_ID/SECRET/SESSION_TOKEN
     return pafs.S3FileSystem(**options)
+
+
+def s3_client(store: ObjectStore) -> Any:
+    """A boto3 S3 client for the same store as :func:`s3_filesystem` (raises ImportError without boto3).
+
+    A session of its own, so that building clients from several threads is safe (boto3's default session
+    is not); the client itself is thread-safe. Checksums are sent only where an operation requires them:
+    S3-compatible stores that predate S3's default CRC32 checksums refuse requests that carry one.
+    """
+    import boto3
+    import botocore
+    from botocore.config import Config as BotoConfig
+
+    options: dict[str, Any] = {
+        "s3": {"addressing_style": "path" if store.path_style else "virtual"},
+        "retries": {"mode": "standard", "max_attempts": 3},
+        "connect_timeout": 10, "read_timeout": 60,
+        "request_checksum_calculation": "when_required", "response_checksum_validation": "when_required",
+    }
+    if store.credentials == "anonymous":
+        options["signature_version"] = botocore.UNSIGNED
+    try:
+        config = BotoConfig(**options)
+    except TypeError:   # botocore before 1.36 knows no checksum settings (and sends none by default)
+        options.pop("request_checksum_calculation")
+        options.pop("response_checksum_validation")
+        config = BotoConfig(**options)
+    return boto3.session.Session().client("s3", endpoint_url=store.endpoint, region_name=store.region, config=config)
 
 
 def client_environment(store: ObjectStore) -> dict[str, str]:

@@ -18,20 +18,16 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jvmkit
+from recsys.processes import free_port
+
 CHECKOUT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def namespaces_work() -> bool:
@@ -147,7 +143,8 @@ def _killpg(proc: subprocess.Popen, sig: int) -> None:
 def _clean_env(spark_home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYSPARK_", "SPARK_", "RECSYS_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    env.update(SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1",
+               SPARK_DAEMON_JAVA_OPTS=jvmkit.C1_ONLY)   # Master and Workers: C1 only, as every test JVM (tests/jvmkit.py)
     return env
 
 

@@ -17,6 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests/toy_model.py and friends
 
 import checkout_guard  # noqa: E402  (found through the path above)
+import cores  # noqa: E402
+import cpu_durations  # noqa: E402
+import jvmkit  # noqa: E402
 
 # `make test` runs two pytest-xdist workers, a test module at a time each (--dist loadfile, in collection order:
 # --no-loadscope-reorder). The modules that take longest come first, so they start at once on different
@@ -25,6 +28,18 @@ import checkout_guard  # noqa: E402  (found through the path above)
 # is unchanged.
 SLOWEST_FIRST = ("test_cluster.py", "test_airflow_dag.py", "test_demo.py", "test_serve.py", "test_output_table.py",
                  "test_export.py", "test_job_faults.py")
+
+
+def pytest_addoption(parser):
+    cpu_durations.add_option(parser)
+
+
+def pytest_configure(config):
+    cpu_durations.configure(config)
+    # the JVMs of this process and of every process it starts: C1 only and a class-data archive (built here on the
+    # first run on a machine, before any xdist worker starts; the workers inherit the environment)
+    jvmkit.configure(build_missing=not hasattr(config, "workerinput"))
+    cores.apply()   # torch on this process's share of the cores: two xdist workers, one core each
 
 
 def pytest_collection_modifyitems(config, items):

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from recsys.config import Config, load_config
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
+from recsys.publish.manifest import Manifest, ModelRef
 
 RUN_DATE = dt.date(2024, 5, 8)
 METASTORE_URL: str | None = None   # the session's metastore service (conftest.metastore_service sets it)
@@ -83,6 +84,28 @@ def copy_dataset(source: Path, target: Path) -> Path:
     for name in ("events", "catalog"):
         shutil.copytree(source / name, target / name)
     return target
+
+
+def write_night(run_dir: str | Path, version: str, users: int) -> None:
+    """A run directory as Spark leaves it, without running the job: three Parquet files of the output schema
+    (users 0..users-1, one list each, model version ``version``) and ``_SUCCESS``. Publish it with
+    ``recsys.publish.publisher.publish(layout, night_manifest(...), ...)``."""
+    import pyarrow.parquet as pq
+
+    from recsys.data.contracts import OUTPUT_SCHEMA
+
+    out = Path(run_dir)
+    out.mkdir(parents=True)
+    for part in range(3):
+        rows = [{"user_id": u, "recommendations": [{"item_id": 1, "score": 1.0}], "source": "model",
+                 "model_version": version} for u in range(part, users, 3)]
+        pq.write_table(pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA), out / f"part-{part:05d}.parquet")
+    (out / "_SUCCESS").write_bytes(b"")
+
+
+def night_manifest(run: str, version: str) -> Manifest:
+    """The least manifest publishing needs for a :func:`write_night` run."""
+    return Manifest(run_id=f"mlflow-{run}", job_run=run, model=ModelRef(version=version), config_digest="d")
 
 
 def table_name(root: Path) -> str:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import pyarrow.fs as pafs
 
 from recsys import fs as rfs
 from recsys import storage
+from recsys.processes import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -75,7 +77,7 @@ class MotoServer:
     """moto's S3-compatible HTTP server on 127.0.0.1 (a real server process speaking the S3 REST API)."""
 
     def __init__(self, directory: Path):
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = open(directory / "moto.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
@@ -113,14 +115,93 @@ class MotoServer:
         self.log.close()
 
 
+class S3Proxy:
+    """A proxy on 127.0.0.1 in front of moto's server that passes requests through byte for byte, but for
+    the conditional headers it drops and the methods it refuses. A context manager.
+
+    ``drop_conditions_on``: the requests whose ``If-None-Match`` / ``If-Match`` headers are dropped: by
+    default PUT and DELETE, an S3-compatible store that predates conditional writes (the dangerous kind:
+    it answers every conditional write as a plain one); ``(b"DELETE",)``: a store with conditional writes
+    but no conditional deletes. ``refuse``: methods answered 403 AccessDenied (``(b"PUT", b"POST",
+    b"DELETE")``: read-only credentials). One request per connection (``Connection: close``), so that only
+    request heads need parsing, whatever framing the body uses.
+    """
+
+    CONDITIONS = (b"if-none-match:", b"if-match:")
+    HOP = (b"connection:", b"keep-alive:")
+    DENIED = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+              b"<Message>Access Denied</Message></Error>")
+
+    def __init__(self, server: MotoServer, drop_conditions_on: tuple[bytes, ...] = (b"PUT", b"DELETE"),
+                 refuse: tuple[bytes, ...] = ()):
+        self.drop_conditions_on = drop_conditions_on
+        self.refuse = refuse
+        self.target = ("127.0.0.1", server.port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.object_store = storage.ObjectStore(endpoint=self.endpoint, path_style=True, region="us-east-1")
+        self.dropped = 0      # conditional headers dropped
+        self.refused = 0      # requests refused
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> "S3Proxy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept() below (closing alone does not, on Linux)
+        except OSError:
+            pass
+        self.listener.close()
+        self._thread.join(timeout=10)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        with client:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            head, rest = head.split(b"\r\n\r\n", 1)
+            lines = head.split(b"\r\n")
+            method = lines[0].split(b" ", 1)[0]
+            if method in self.refuse:
+                self.refused += 1
+                client.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: "
+                               + str(len(self.DENIED)).encode() + b"\r\nConnection: close\r\n\r\n" + self.DENIED)
+                return
+            dropped = self.HOP + (self.CONDITIONS if method in self.drop_conditions_on else ())
+            kept = [lines[0]] + [h for h in lines[1:] if not h.lower().startswith(dropped)]
+            self.dropped += sum(1 for h in lines[1:] if h.lower().startswith(dropped[2:]))
+            with socket.create_connection(self.target) as upstream:
+                upstream.sendall(b"\r\n".join(kept + [b"Connection: close"]) + b"\r\n\r\n" + rest)
+                back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+                back.start()
+                _pipe(client, upstream)
+                back.join(timeout=60)
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while chunk := source.recv(65536):
+            sink.sendall(chunk)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
 def _boto_credentials() -> dict[str, str]:
     return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def kill_at(argv: list[str], point: str, env: dict[str, str], timeout_s: float = 120) -> None:

@@ -23,6 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import clusterkit
+import jvmkit
+from recsys.spark import packing
 
 # the module's fixture runs every job (a few minutes on an idle 2-core machine; much longer on a busy one)
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(3600)]
@@ -34,15 +36,17 @@ SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machi
 
 
 LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
-# --pack's archive (about 510 MiB, 40 s to build) is kept between sessions, but never in the checkout's
-# .recsys/pack/, which is the user's (tests/checkout_guard.py)
-PACK_CACHE = Path(os.environ.get("RECSYS_PACK_CACHE") or Path.home() / ".cache" / "recsys-pack")
+# --pack's archive (about 510 MiB, 40 s to build; minutes on a busy machine) is kept between sessions and fresh
+# clones: the default cache is outside the checkout and keyed by the environment's content (recsys.spark.packing)
+PACK_CACHE = packing.default_cache_dir()
 
 
 def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
     cmd = [str(CHECKOUT / "spark-submit.sh"), *args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_"))}
     full_env.update(SPARK_LOCAL_IP="127.0.0.1", RECSYS_PACK_CACHE=str(PACK_CACHE), **(env or {}))
+    if "SPARK_SUBMIT_OPTS" in os.environ:     # the drivers' JVM options of every test JVM (tests/jvmkit.py)
+        full_env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
     if not wait:
         return subprocess.Popen(cmd, cwd=CHECKOUT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -111,7 +115,8 @@ def runs(tmp_path_factory):
     spark_conf = ["--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.memory=1g",
                   "--conf", "spark.executor.memory=1g", "--conf", "spark.task.maxFailures=4",
                   "--conf", "spark.cores.max=2", "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
-                  "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=120s"]
+                  "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=120s",
+                  "--conf", f"spark.executor.extraJavaOptions={jvmkit.C1_ONLY}"]     # as every test JVM (tests/jvmkit.py)
     out: dict = {"root": root, "shared": shared, "private": private, "secret": secret, "times": {}}
     hidden = [CHECKOUT, Path(sys.prefix), private]
     with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only], fake_gpus=True) as cluster:

@@ -116,3 +116,87 @@ def test_model_types_and_their_sections_come_from_the_one_registry():
         section = ModelConfig.model_fields[name].annotation
         model_fields = {f.name for f in dataclasses.fields(config_cls)} - {"num_items"}
         assert set(section.model_fields) == model_fields, name
+
+
+# --- one home for defaults: recsys/default.yaml (docs/architecture.md) -----------------------------------------
+
+def _class_keys(model, prefix=""):
+    """(dotted key, field) of every setting the configuration classes define, sections walked into."""
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            yield from _class_keys(field.annotation, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", field
+
+
+def _yaml_keys(data, prefix=""):
+    """Dotted keys of the embedded default; open sections (names the user chooses, spark.conf) count as one key."""
+    from recsys.config import OPEN_SECTIONS
+
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict) and key not in OPEN_SECTIONS and key != "spark.conf":
+            yield from _yaml_keys(value, f"{key}.")
+        else:
+            yield key
+
+
+def test_the_embedded_default_is_the_one_home_of_every_default():
+    """The classes hold no default, so no code path can get a value the yaml does not give (a class default
+    once trained with fixed windows where the yaml said random); the yaml names every key the classes define."""
+    import yaml
+
+    from recsys.config import Config, default_config_text
+
+    keys = dict(_class_keys(Config))
+    assert len(keys) > 60
+    assert [key for key, field in keys.items() if not field.is_required()] == [], \
+        "a configuration class has a default: put it in recsys/default.yaml only (docs/architecture.md)"
+    assert sorted(_yaml_keys(yaml.safe_load(default_config_text()))) == sorted(keys)
+
+
+def test_every_guard_threshold_of_the_default_states_both_levels():
+    """GuardThreshold's levels keep a default (null: that level off) for figures a user adds, which no yaml
+    row can name in advance; the default's own thresholds state both levels, so that default never decides."""
+    import yaml
+
+    from recsys.config import default_config_text
+
+    thresholds = yaml.safe_load(default_config_text())["guard"]["thresholds"]
+    assert thresholds and all(set(levels) == {"warn", "fail"} for levels in thresholds.values())
+
+
+def test_the_core_s_own_defaults_are_the_embedded_configuration_s():
+    """The model config dataclasses keep defaults for code that runs without a configuration (the core, the GPU
+    bench); they must be the yaml's. (ScoringParams: test_scoring_params_defaults_are_the_embedded_configuration_s.)"""
+    import dataclasses
+
+    from recsys.model.configs import MODEL_CONFIGS
+
+    model = load_config().train.model
+    for name, config_cls in MODEL_CONFIGS.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(config_cls) if f.default is not dataclasses.MISSING}
+        assert defaults and defaults == {key: getattr(model.section(name), key) for key in defaults}, name
+
+
+def test_the_digest_covers_exactly_the_sections_its_docstring_names():
+    import hashlib
+    import json
+
+    from recsys.config import Config
+
+    covered = ("paths", "mlflow", "history", "catalog", "scoring", "recommend", "train", "evaluation", "spark")
+    left_out = ("progress", "serve", "export", "output", "storage", "guard")
+    assert set(Config.model_fields) == {*covered, *left_out}, "a new section: decide whether the digest covers it"
+    doc = " ".join(Config.digest.__doc__.split())
+    assert all(f"``{name}``" in doc for name in covered + left_out)
+    cfg = load_config(overrides=["scoring.top_n=7"])
+    data = {k: v for k, v in cfg.to_dict().items() if k in covered}
+    data["evaluation"].pop("backtest")                       # the docstring names it: only the backtest reads it
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    assert "``evaluation.backtest``" in doc
+    assert cfg.digest() == hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    assert cfg.digest() == load_config(overrides=["scoring.top_n=7", "guard.min_users=3", "serve.port=9",
+                                                  "evaluation.backtest.half_life_days=3"]).digest()

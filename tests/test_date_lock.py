@@ -1,4 +1,8 @@
-"""The per-date lock: exclusive, stale locks detected and taken over by exactly one run. No Spark."""
+"""The per-date lock: exclusive, stale locks detected and taken over by exactly one run. No Spark.
+
+The races at the end run on the local file system and on S3 (moto's server, whose conditional writes make
+the lock a compare-and-set there): the `store` fixture runs each twice.
+"""
 import datetime as dt
 import json
 import os
@@ -10,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from recsys import fs as rfs
 from recsys.errors import ExitCode, LockHeld
 from recsys.publish.lock import DateLock, lock_path
 
@@ -190,3 +195,133 @@ def test_a_lock_written_before_it_recorded_mlflow_runs_is_still_read_and_taken_o
     with DateLock(str(tmp_path), DATE, "rerun") as lock:
         assert lock.took_over.run == "other-run"
         assert lock.took_over.mlflow_run_id is None and lock.took_over.tracking_store is None
+
+
+# -- races, on the local file system and on S3 (moto's server: conditional writes) ---------------------------------
+
+
+def _race(n: int, take) -> list[tuple[str, object]]:
+    """``take(i)`` in ``n`` threads released together; each outcome is ("won", lock) or ("lost", LockHeld)."""
+    import threading
+
+    start = threading.Barrier(n, timeout=30)
+    outcomes: list = [None] * n
+
+    def run(i: int) -> None:
+        try:
+            start.wait()
+            outcomes[i] = ("won", take(i))
+        except LockHeld as exc:
+            outcomes[i] = ("lost", exc)
+        except BaseException as exc:   # reported, not lost in the thread
+            outcomes[i] = ("error", exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(o is not None and o[0] != "error" for o in outcomes), outcomes
+    return outcomes
+
+
+def _lock_data(store, output: str) -> dict:
+    fs, path = rfs.resolve(lock_path(output, DATE))
+    return json.loads(rfs.read_text(fs, path))
+
+
+def _plant_stale(store, output: str) -> None:
+    """The lock of a run on a host that died 15 minutes ago: stale by its heartbeat, for any host."""
+    path = lock_path(output, DATE)
+    store.write(path, json.dumps({"run": "dead-run", "token": "dead-token", "host": "node-that-died", "pid": 12345,
+                                  "started_at": "2024-05-08T02:15:00+00:00", "ttl_s": 0.001}).encode())
+    if store.name == "local":
+        os.utime(path, (time.time() - 900, time.time() - 900))
+    # on S3 the heartbeat is the object's Last-Modified: older than the ttl of 1 ms by the time anyone reads it
+
+
+def test_race_of_8_takers_for_one_date_on_local_and_s3_one_holds_it_the_others_get_lock_held_naming_it(store):
+    out = store.root()
+    locks = [DateLock(out, DATE, f"taker-{i}") for i in range(8)]
+    outcomes = _race(8, lambda i: locks[i].acquire())
+    try:
+        won = [lock for kind, lock in outcomes if kind == "won"]
+        assert len(won) == 1, outcomes
+        assert _lock_data(store, out)["token"] == won[0].token           # and the lock is the winner's
+        assert won[0].kind == ("exclusive" if store.name == "local" else "compare-and-set")
+        for kind, exc in outcomes:
+            if kind == "lost":
+                assert exc.exit_code == ExitCode.LOCK_HELD == 4
+                assert f"dt=2024-05-08 is locked by run {won[0].run} (pid {os.getpid()}" in str(exc)
+                assert "\n" not in str(exc)                               # one line, naming the holder
+    finally:
+        for kind, lock in outcomes:
+            if kind == "won":
+                lock.release()
+    assert not store.exists(lock_path(out, DATE))
+    with DateLock(out, DATE, "next-night"):                                # free again once released
+        pass
+
+
+def test_race_of_4_takers_for_a_stale_lock_on_local_and_s3_exactly_one_takes_it_over(store, monkeypatch):
+    """Every taker judges the stale lock before any of them acts: the worst interleaving, forced by a barrier."""
+    import threading
+
+    from recsys.publish import lock as lock_module
+
+    out = store.root()
+    _plant_stale(store, out)
+    judged, judge = threading.Barrier(4, timeout=30), lock_module.stale_reason
+
+    def judge_then_wait(holder, **kw):
+        reason = judge(holder, **kw)
+        judged.wait()
+        return reason
+
+    monkeypatch.setattr(lock_module, "stale_reason", judge_then_wait)
+    locks = [DateLock(out, DATE, f"taker-{i}") for i in range(4)]
+    outcomes = _race(4, lambda i: locks[i].acquire())
+    try:
+        won = [lock for kind, lock in outcomes if kind == "won"]
+        assert len(won) == 1, outcomes
+        assert won[0].took_over.run == "dead-run" and "no heartbeat" in won[0].took_over_reason
+        assert _lock_data(store, out)["token"] == won[0].token
+        for kind, exc in outcomes:
+            if kind == "lost":
+                assert exc.exit_code == 4 and "\n" not in str(exc)
+                assert "taking over the stale lock of run dead-run" in str(exc)
+    finally:
+        for kind, lock in outcomes:
+            if kind == "won":
+                lock.release()
+
+
+def test_race_lost_on_local_and_s3_a_holder_whose_lock_was_taken_over_stops_before_publishing(store, monkeypatch):
+    """A holder on another host stalls past its ttl; a run here takes its lock over; the stalled one then
+    tries to publish through the real publish step and is stopped before switching anything."""
+    from recsys.publish.manifest import Manifest
+    from recsys.publish.publisher import PartitionLayout, publish
+    from recsys.publish.published import pointer_path
+
+    out = store.root()
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-a")
+    stalled = DateLock(out, DATE, "stalled-run", ttl_s=0.001).acquire()
+    monkeypatch.undo()
+    stalled._stop_heartbeat()                                            # stalled: no more heartbeats
+    if store.name == "local":
+        os.utime(stalled.path, (time.time() - 900, time.time() - 900))
+    layout = PartitionLayout(out, DATE, "stalled-run")
+    store.write(f"{layout.run_dir}/part-00000.parquet", b"rows")
+    store.write(f"{layout.run_dir}/_SUCCESS", b"")
+    with DateLock(out, DATE, "next-run") as taker:
+        assert taker.took_over.run == "stalled-run"
+        with pytest.raises(LockHeld, match=r"lost the lock on dt=2024-05-08 \(now held by run next-run .*nothing was "
+                                           r"published") as err:
+            publish(layout, Manifest(job_run="stalled-run"), "copy" if store.name == "s3" else None,
+                    still_ours=stalled.verify)
+        assert err.value.exit_code == 4
+        assert not store.exists(pointer_path(out, DATE)) and not store.exists(layout.final_dir)   # nothing switched
+        assert stalled.annotate(mlflow_run_id="m", tracking_store="s") is False   # nor written into the new lock
+        stalled.release()                                                # leaves the new holder's lock alone
+        assert _lock_data(store, out)["token"] == taker.token
+        taker.verify()

@@ -18,7 +18,8 @@ def _dotted_keys(node: dict, prefix: str = "") -> list[str]:
     for key, value in node.items():
         dotted = f"{prefix}{key}"
         # spark.conf is free-form; an open section's entries (guard.thresholds.<figure>) are one row each
-        if isinstance(value, dict) and dotted != "spark.conf" and prefix[:-1] not in config.OPEN_SECTIONS:
+        # an empty open section (recommend.exclude.catalog: {}) is one row too
+        if isinstance(value, dict) and value and dotted != "spark.conf" and prefix[:-1] not in config.OPEN_SECTIONS:
             keys += _dotted_keys(value, f"{dotted}.")
         else:
             keys.append(dotted)

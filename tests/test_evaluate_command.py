@@ -203,6 +203,9 @@ def test_evaluate_command_line_and_its_errors(tmp_path):
     assert build_parser().parse_args(["evaluate", "--data", "d"]).protocol == "loo"
     # a directory that is not a dataset fails with exit code 2 and says what --data must be
     assert main(["evaluate", "--data", str(tmp_path), "--set", "spark.master=local[1]"]) == ExitCode.BAD_INPUT
+    # loo and temporal need --data (the backtest reads the configured paths instead), --from/--to are the backtest's
+    assert main(["evaluate", "--protocol", "loo"]) == ExitCode.BAD_INPUT
+    assert main(["evaluate", "--data", "d", "--from", "2024-01-02", "--to", "2024-01-03"]) == ExitCode.BAD_INPUT
 
 
 def test_a_bf16_row_ranks_the_same_model_through_the_jobs_core(spark, dataset):

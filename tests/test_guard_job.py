@@ -173,7 +173,10 @@ def nights(spark, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("guard-sample")
     data = root / "data"
-    generate_sample(data, SampleSpec(users=300, items=ITEMS, days=10, seed=5, end_date=D2))
+    # The data this test was written on (repeat_rate=None: repeats by chance only, no planted returns). The
+    # model trained here masks every item a user had, as the job's scoring does, and the guard judges it
+    # against popularity: on the sample's default returns masked lists fall below popularity and warn.
+    generate_sample(data, SampleSpec(users=300, items=ITEMS, days=10, seed=5, end_date=D2, repeat_rate=None))
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = load_config(overrides=_overrides(root, data, uri))
     _register(root, uri, cfg.mlflow.model_name, _trained_model(data, D1), np.arange(1, ITEMS + 1))

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pytest
 import jobkit
 from jobkit import N_USERS, RUN_DATE
 from recsys.errors import ExitCode
+from recsys.processes import free_port   # nothing listens there: an unreachable server
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -147,17 +147,11 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     assert len(jobkit.runs(out)) == 2 and f"{PART}/run={result.manifest.job_run}" in jobkit.runs(out)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
         spark, base, tmp_path, monkeypatch, caplog, capsys):
     from recsys.tracking.last_model import recall, remember
 
-    uri = f"http://bob:s3cret@127.0.0.1:{_closed_port()}/"
+    uri = f"http://bob:s3cret@127.0.0.1:{free_port()}/"
     # what the previous night left in paths.driver_scratch, when this server answered: the version the
     # module's run resolved, bound to this store (the memo is only used with the store it came from)
     model, why = recall(base.data / "driver", base.store.model_name, "champion", base.store.tracking_uri)
@@ -194,7 +188,7 @@ def test_a_model_remembered_from_another_tracking_store_is_never_published_when_
     target.parent.mkdir(parents=True)
     shutil.copy(memo, target)
     before = _with_old_partition(base, tmp_path)
-    uri = f"http://127.0.0.1:{_closed_port()}/"
+    uri = f"http://127.0.0.1:{free_port()}/"
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE), "--force",
                                            *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
                                                                   inputs=base.data)])
@@ -212,7 +206,7 @@ def test_a_model_remembered_from_another_tracking_store_is_never_published_when_
 
 def test_an_unreachable_mlflow_without_a_remembered_model_fails_in_one_line(spark, base, tmp_path, monkeypatch,
                                                                            caplog):
-    uri = f"http://127.0.0.1:{_closed_port()}/"
+    uri = f"http://127.0.0.1:{free_port()}/"
     code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
                                            *jobkit.recommend_args(tmp_path, base.store, f"mlflow.tracking_uri={uri}",
                                                                   inputs=base.data)])

@@ -15,21 +15,23 @@ from recsys.tracking import tags
 DATE = "2024-05-08"
 
 
-@pytest.fixture()
-def store(tmp_path):
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One sqlite store for the module (setting one up costs seconds): each test has runs of its own."""
     from mlflow import MlflowClient
 
     from recsys.tracking.store import setup
 
+    tmp_path = tmp_path_factory.mktemp("killed-runs")
     cfg = load_config(overrides=[f"mlflow.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
                                  f"mlflow.artifact_location={tmp_path / 'artifacts'}",
                                  f"paths.output={tmp_path / 'recommendations'}"])
     experiment_id = setup(cfg.mlflow)
     client = MlflowClient()
 
-    def start(job_run: str):
-        return client.create_run(experiment_id, run_name=f"recommend {DATE}", tags={
-            tags.JOB: tags.NIGHTLY_JOB, tags.DATE: DATE, tags.JOB_RUN: job_run}).info.run_id
+    def start(job_run: str, date: str = DATE):
+        return client.create_run(experiment_id, run_name=f"recommend {date}", tags={
+            tags.JOB: tags.NIGHTLY_JOB, tags.DATE: date, tags.JOB_RUN: job_run}).info.run_id
 
     return cfg, client, start
 
@@ -52,7 +54,7 @@ def test_the_dead_run_s_mlflow_run_is_killed_with_who_found_it_and_when(store):
     assert before <= dt.datetime.fromisoformat(t[tags.FOUND_DEAD_AT]) <= dt.datetime.now(dt.timezone.utc)
     assert "its process 4242 on node-1 is gone" in t[tags.ERROR] and "20240508T030000Z-next0001" in t[tags.NOTE]
 
-    [row] = list_runs(cfg, date=dt.date.fromisoformat(DATE))
+    [row] = [r for r in list_runs(cfg, date=dt.date.fromisoformat(DATE)) if r["run_id"] == dead]
     assert (row["status"], row["exit_code"], row["found_dead_by"]) == ("killed", None, "20240508T030000Z-next0001")
     line = format_table([row]).splitlines()[1]
     assert line.split()[:2] == [DATE, "killed"] and "found dead by run 20240508T030000Z-next0001" in line
@@ -72,3 +74,20 @@ def test_without_an_id_in_the_lock_the_run_is_found_by_its_run_key_and_ended_run
     assert end_killed_run(cfg.mlflow, mlflow_run_id=other, job_run="x", found_by="y", why="z") is None
     assert client.get_run(other).info.status == "FINISHED" and tags.FOUND_DEAD_BY not in client.get_run(other).data.tags
     assert end_killed_run(cfg.mlflow, job_run="x' or tags.`recsys.job` = 'nightly", **kwargs) is None   # never a filter
+
+
+def test_recsys_runs_names_a_run_whose_date_lock_was_best_effort(store):
+    from recsys.cli.runs import format_run, format_table, list_runs, show_run
+
+    cfg, client, start = store
+    date = "2024-05-09"                                        # a date of its own in the module's store
+    weak, strong = start("20240509T021500Z-weak0001", date), start("20240509T031500Z-strong01", date)
+    client.set_tag(weak, tags.LOCK, "best effort")
+    client.set_tag(strong, tags.LOCK, "compare-and-set")
+    for run in (weak, strong):
+        client.set_terminated(run, "FINISHED")
+    rows = {r["run_id"]: r for r in list_runs(cfg, date=dt.date.fromisoformat(date))}
+    assert len(rows) == 2 and rows[weak]["lock"] == "best effort" and rows[strong]["lock"] == "compare-and-set"
+    table = format_table([rows[strong], rows[weak]]).splitlines()
+    assert table[2].endswith("lock: best effort") and "lock:" not in table[1]   # only the weak lock is worth a word
+    assert "lock: best effort (the store has no conditional writes" in format_run(show_run(cfg, weak))

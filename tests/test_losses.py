@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from cores import SHARE
 from recsys.model.losses import (full_softmax_loss, item_log_q, sampled_softmax_loss, training_loss,
                                  vocabulary_counts)
 from recsys.model.sasrec import SASRecConfig
@@ -141,7 +142,7 @@ def test_a_model_trained_with_sampled_softmax_ranks_nearly_as_well_as_with_the_f
     the full softmax's, both far above a random ranking's (about 0.02)."""
     train, valid = skewed_successor_task()
     config = SASRecConfig(num_items=NUM_ITEMS, dim=32, layers=1, heads=2, max_len=10, dropout=0.1)
-    full = TrainSettings(epochs=5, batch_size=64, learning_rate=5e-3, patience=3, seed=3, num_threads=2)
+    full = TrainSettings(epochs=5, batch_size=64, learning_rate=5e-3, patience=3, seed=3, num_threads=SHARE)
     by_full = fit(train, config, full, valid=valid).best_metrics["ndcg@10"]
     by_sampled = fit(train, config, replace(full, loss="sampled", negatives=32), valid=valid).best_metrics["ndcg@10"]
     assert by_full > 0.6 and by_sampled > 0.6, (by_full, by_sampled)
@@ -151,7 +152,7 @@ def test_a_model_trained_with_sampled_softmax_ranks_nearly_as_well_as_with_the_f
 def test_training_with_sampled_softmax_repeats_for_a_seed():
     train, _ = skewed_successor_task(users=200)
     config = SASRecConfig(num_items=NUM_ITEMS, dim=16, layers=1, heads=1, max_len=10, dropout=0.1)
-    settings = TrainSettings(epochs=1, batch_size=32, seed=5, num_threads=2, loss="sampled", negatives=32)
+    settings = TrainSettings(epochs=1, batch_size=32, seed=5, num_threads=SHARE, loss="sampled", negatives=32)
     a, b = (fit(train, config, settings).model.state_dict() for _ in range(2))
     c = fit(train, config, replace(settings, seed=6)).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -176,7 +177,7 @@ def test_training_from_streamed_shards_samples_from_their_item_counts(tmp_path):
                              "newest_first_us": pa.array(np.zeros(len(lists)), pa.int64())}), path)
     vocab = Vocabulary(np.unique(ids))
     config = SASRecConfig(num_items=len(vocab), dim=16, layers=1, heads=1, max_len=10, dropout=0.1)
-    settings = TrainSettings(epochs=3, batch_size=32, learning_rate=5e-3, seed=5, num_threads=2,
+    settings = TrainSettings(epochs=3, batch_size=32, learning_rate=5e-3, seed=5, num_threads=SHARE,
                              loss="sampled", negatives=32)
 
     def run():

@@ -111,6 +111,7 @@ def _current() -> Manifest:
         model=ModelRef(uri="models:/m@champion", name="m", alias="champion", version="7",
                        source="s3://key:secret@bucket/models/7", resolution="registry"),
         catalog_snapshot=dt.date(2024, 5, 6), config_digest="d",
+        rules={"exclude": {"touched": False, "events": [{"event_type": "purchase", "within_days": 3}]}, "fill": "none"},
         counts=Counts(rows=3, users_in_window=3, model_users=2, fallback_users=1, candidate_items=9, events_read=12),
         validation={"missing_users": 0}, fallback=FallbackList(name="popularity", item_ids=(5, 4), scores=(0.6, 0.4)),
         metrics={"rows": 3, "users_per_s": 10.5}, timings={"stage_score_s": 1.25},

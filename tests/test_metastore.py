@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recsys.config import MetastoreConfig
+from recsys.config import load_config
 from recsys.spark import metastore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ def test_recsys_metastore_start_runs_a_server_that_every_process_on_the_director
                                                                                             capsys):
     from recsys.cli.main import main
 
-    cfg = MetastoreConfig(dir=str(tmp_path))
+    cfg = load_config(overrides=[f"output.metastore.dir={tmp_path}"]).output.metastore
     assert metastore.resolve(cfg).embedded
     args = ["metastore", "{}", "--set", f"output.metastore.dir={tmp_path}"]
     assert main([a if a != "{}" else "start" for a in args]) == 0

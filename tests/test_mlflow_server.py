@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,23 +23,18 @@ import pytest
 import jobkit
 from jobkit import N_USERS, RUN_DATE
 from recsys.errors import ExitCode
+from recsys.processes import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
 PART = f"dt={RUN_DATE}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class MlflowServer:
     """``mlflow server`` on 127.0.0.1: started, stopped and restarted on the same port and stores."""
 
     def __init__(self, root: Path):
-        self.root, self.port = root, _free_port()
+        self.root, self.port = root, free_port()
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -110,3 +110,141 @@ def test_the_model_is_downloaded_from_an_s3_artifact_store(s3, s3_server, tmp_pa
     assert error is None and model.version == str(version)
     assert model.local_dir.is_relative_to(tmp_path / "driver")            # downloaded, not read in place
     assert files_digest(model.local_dir) == files_digest(local)
+
+
+def test_s3_race_for_the_pointer_of_runs_that_read_the_same_pointer_exactly_one_switches_it(s3):
+    """Two runs read the date's pointer, pass their lock check, then switch it together (the check is the
+    barrier both wait at): one write succeeds, the other names a pointer that changed and raises LockHeld."""
+    import threading
+
+    from recsys.publish.published import read_pointer
+
+    from recsys import conditional
+
+    out = s3.root()
+    conditional.support(lock_path(out, DATE))                 # as setting up the date's lock does in every writer
+    history: list[str] = []
+    for round_ in range(2):                                   # a first pointer (If-None-Match: *), then If-Match
+        layouts = [PartitionLayout(out, DATE, f"r{round_}-{c}") for c in "ab"]
+        for layout in layouts:
+            s3.write(f"{layout.run_dir}/part-00000.parquet", layout.run_key.encode())
+            s3.write(f"{layout.run_dir}/_SUCCESS", b"")
+        both_checked = threading.Barrier(2, timeout=30)
+        outcomes: dict[str, object] = {}
+
+        def run(layout: PartitionLayout) -> None:
+            try:
+                publish(layout, manifest_file.Manifest(job_run=layout.run_key), "copy", still_ours=lambda: both_checked.wait() and None)
+                outcomes[layout.run_key] = "published"
+            except LockHeld as exc:
+                outcomes[layout.run_key] = exc
+
+        threads = [threading.Thread(target=run, args=(layout,)) for layout in layouts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        winners = [k for k, v in outcomes.items() if v == "published"]
+        assert len(winners) == 1, outcomes
+        [loser] = [v for v in outcomes.values() if v != "published"]
+        assert loser.exit_code == 4
+        assert (f"the pointer of dt=2024-05-08 changed since this run read it (it now names run {winners[0]})"
+                in str(loser))
+        history += winners
+        pointer = read_pointer(out, DATE)
+        assert pointer.run == winners[0] and [e.run for e in pointer.history] == history   # the loser is in none
+        assert manifest_file.read(out, DATE).job_run == winners[0]
+
+
+def test_a_store_that_ignores_conditional_writes_is_named_once_and_its_lock_is_best_effort(s3_server, caplog):
+    """``recsys runs`` names such a lock: tests/test_killed_runs.py."""
+    with storekit.S3Proxy(s3_server) as proxy:
+        previous = storage.install(proxy.object_store, environ={})
+        try:
+            out = f"s3://{s3_server.bucket()}/t/recommendations"
+            with caplog.at_level("INFO"):
+                with DateLock(out, DATE, "run-a") as lock:
+                    assert lock.kind == "best effort"
+                    with pytest.raises(LockHeld, match="is locked by run run-a"):
+                        DateLock(out, DATE, "run-b").acquire()
+                    lock.verify()
+                with DateLock(out, DATE + dt.timedelta(days=1), "run-c") as other:
+                    assert other.kind == "best effort"
+        finally:
+            storage.install(previous, environ={})
+    assert proxy.dropped > 0                                   # the probe did send conditional writes
+    said = [r.getMessage() for r in caplog.records if "conditional writes" in r.getMessage()]
+    assert len(said) == 1 and "If-None-Match ignored" in said[0] and "best effort" in said[0], said
+    assert said[0].startswith(out.split("/t/")[0]) and "docs/operations.md" in said[0]
+
+
+def test_s3_race_for_a_released_lock_on_a_store_without_conditional_deletes_one_run_takes_it(s3_server, caplog):
+    """Where deletes are not conditional, a release replaces the lock with a marker (still conditionally):
+    the next run takes the marker like an absent lock, and of two racing for it exactly one does."""
+    import threading
+
+    with storekit.S3Proxy(s3_server, drop_conditions_on=(b"DELETE",)) as proxy:
+        previous = storage.install(proxy.object_store, environ={})
+        try:
+            out = f"s3://{s3_server.bucket()}/t/recommendations"
+            with caplog.at_level("INFO"):
+                with DateLock(out, DATE, "run-a") as lock:
+                    assert lock.kind == "compare-and-set"
+            assert "no conditional delete: released locks stay as markers" in caplog.text
+            fs, path = rfs.resolve(lock_path(out, DATE))
+            marker = json.loads(rfs.read_text(fs, path))
+            assert marker["released"] is True and marker["run"] == "run-a"
+            start, outcomes = threading.Barrier(2, timeout=30), {}
+            locks = {name: DateLock(out, DATE, name) for name in ("run-b", "run-c")}
+
+            def take(name: str) -> None:
+                start.wait()
+                try:
+                    outcomes[name] = locks[name].acquire()
+                except LockHeld as exc:
+                    outcomes[name] = exc
+
+            threads = [threading.Thread(target=take, args=(name,)) for name in locks]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+            won = [v for v in outcomes.values() if isinstance(v, DateLock)]
+            assert len(won) == 1 and won[0].took_over is None, outcomes      # a released lock is free, not stale
+            [lost] = [v for v in outcomes.values() if not isinstance(v, DateLock)]
+            assert f"is locked by run {won[0].run}" in str(lost)
+            assert json.loads(rfs.read_text(fs, path))["token"] == won[0].token
+            won[0].release()
+        finally:
+            storage.install(previous, environ={})
+
+
+def test_a_reader_with_read_only_credentials_finds_the_published_night_on_s3_without_writing(s3_installed):
+    """Readers of published nights (the guard, recsys serve) never write, not even the conditional-writes probe."""
+    from recsys import conditional
+    from recsys.publish.published import find_published
+
+    out = f"s3://{s3_installed.bucket()}/t/recommendations"
+    layout = PartitionLayout(out, DATE, "r1")
+    with DateLock(out, DATE, "r1"):
+        storekit.Store("s3", out).write(f"{layout.run_dir}/part-00000.parquet", b"x")
+        storekit.Store("s3", out).write(f"{layout.run_dir}/_SUCCESS", b"")
+        publish(layout, manifest_file.Manifest(job_run="r1"), "copy")
+    conditional.forget()                                      # a fresh reader process
+    with storekit.S3Proxy(s3_installed, drop_conditions_on=(), refuse=(b"PUT", b"POST", b"DELETE")) as read_only:
+        previous = storage.install(read_only.object_store, environ={})
+        try:
+            night = find_published(out, DATE)
+        finally:
+            storage.install(previous, environ={})
+    assert night is not None and night.run == "r1" and read_only.refused == 0
+
+
+def test_without_boto3_the_lock_on_s3_is_best_effort_and_says_how_to_get_the_strong_one(s3, monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)           # import boto3 raises ImportError
+    with caplog.at_level("WARNING"):
+        with DateLock(s3.root(), DATE, "run-a") as lock:
+            assert lock.kind == "best effort"
+    assert "boto3 is not installed: pip install 'recsys[s3]'" in caplog.text

@@ -18,15 +18,12 @@ import sys
 import threading
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import jobkit
 import storekit
-from recsys.data.contracts import OUTPUT_SCHEMA
 from recsys.errors import ConfigError
-from recsys.publish.manifest import Manifest, ModelRef
 from recsys.publish.published import published, read_pointer
 from recsys.publish.publisher import PartitionLayout, publish, recover
 from recsys.publish.table import OutputTable, open_table
@@ -39,19 +36,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _night(layout: PartitionLayout, version: str, users: int) -> None:
-    """A run directory as Spark leaves it: three Parquet files of the output schema, and _SUCCESS."""
-    out = Path(layout.run_dir)
-    out.mkdir(parents=True)
-    for part in range(3):
-        ids = range(part, users, 3)
-        rows = [{"user_id": u, "recommendations": [{"item_id": 1, "score": 1.0}], "source": "model",
-                 "model_version": version} for u in ids]
-        pq.write_table(pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA), out / f"part-{part:05d}.parquet")
-    (out / "_SUCCESS").write_bytes(b"")
+    jobkit.write_night(layout.run_dir, version, users)
 
 
-def _manifest(run: str, version: str) -> Manifest:
-    return Manifest(run_id=f"mlflow-{run}", job_run=run, model=ModelRef(version=version), config_digest="d")
+_manifest = jobkit.night_manifest
 
 
 def _answer(spark, table: str) -> tuple:

@@ -1,6 +1,8 @@
 """The packed environment: its cache key, and refusing archives that cannot work before submitting."""
 from __future__ import annotations
 
+import os
+import sys
 import tarfile
 
 import pytest
@@ -35,6 +37,48 @@ def test_the_environment_digest_is_stable_and_covers_the_installed_distributions
     assert packing.environment_digest(venv) == added    # the project itself travels with --py-files, not in the archive
     install("recsys", "0.2")
     assert packing.environment_digest(venv) == added    # so a new version of it packs nothing
+
+
+def test_the_digest_follows_the_files_content_and_not_where_the_virtualenv_lives(tmp_path):
+    """Two clones' virtualenvs with the same distributions share one archive; a distribution whose files
+    changed under the same version (a patched or rebuilt wheel) gets a new one."""
+    def venv(at: str, module_hash: str, script_hash: str = "sha256=s1") -> str:
+        dist = tmp_path / at / "lib" / "python3.11" / "site-packages" / "torch-2.0.dist-info"
+        dist.mkdir(parents=True, exist_ok=True)
+        python = tmp_path / at / "bin" / "python"             # as `python -m venv` makes it: a link to the base
+        if not python.is_symlink():
+            python.parent.mkdir(exist_ok=True)
+            python.symlink_to(os.path.realpath(sys.executable))
+        (dist / "METADATA").write_text("Name: torch\nVersion: 2.0\n")
+        (dist / "RECORD").write_text(f"torch/__init__.py,{module_hash},120\n"
+                                     f"../../../bin/torchrun,{script_hash},230\n"      # its #! line names the venv
+                                     "torch-2.0.dist-info/RECORD,,\n")
+        return packing.environment_digest(tmp_path / at)
+
+    first = venv("clone-a/.venv", "sha256=m1")
+    assert venv("elsewhere/clone-b/.venv", "sha256=m1", script_hash="sha256=s2") == first
+    assert venv("clone-a/.venv", "sha256=m2") != first
+
+
+def test_the_cache_is_outside_the_checkout_and_keeps_the_most_recently_used_archives(tmp_path, monkeypatch):
+    monkeypatch.delenv("RECSYS_PACK_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert packing.default_cache_dir() == tmp_path / "xdg" / "recsys" / "pack"
+    monkeypatch.setenv("RECSYS_PACK_CACHE", str(tmp_path / "mine"))
+    assert packing.default_cache_dir() == tmp_path / "mine"
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    archives = []
+    for age, name in enumerate("abcde"):           # a: the newest use, e: the oldest
+        archive = cache / f"recsys-env-{name}.tar.gz"
+        archive.write_bytes(b"x")
+        (cache / f"{archive.name}.sha256").write_text("x\n")
+        os.utime(archive, (1_000_000 - age, 1_000_000 - age))
+        archives.append(archive)
+    packing._prune(cache, keep=archives[-1])       # the one just built stays, whatever its time
+    left = sorted(p.name for p in cache.iterdir())
+    assert left == sorted([f"recsys-env-{n}.tar.gz{s}" for n in "abe" for s in ("", ".sha256")])
 
 
 def test_a_missing_archive_is_refused_naming_it(tmp_path):

@@ -9,6 +9,7 @@ need the catalog table are in tests/test_output_table.py. No Spark here.
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,8 @@ from recsys.errors import ConfigError
 from recsys.publish import publisher, retention, swap
 from recsys.publish.manifest import Manifest, ModelRef, to_text
 from recsys.publish.manifest import read as read_manifest
-from recsys.publish.published import kept_runs, published as published_night, published_dates, read_pointer
+from recsys.publish.published import (kept_runs, new_run_key, published as published_night, published_dates,
+                                     read_pointer)
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, recover,
                                       roll_back)
 
@@ -353,3 +355,13 @@ def test_separate_directories_are_accepted(tmp_path):
                                  f"paths.work={tmp_path}/work", f"paths.output={tmp_path}/recommendations"])
     check_output_location(cfg.paths)
     assert publisher.STAGING_DIR.startswith("_") and publisher.TRASH_DIR.startswith("_")  # skipped by readers
+
+
+def test_run_keys_start_with_their_utc_start_time_name_their_kind_and_never_repeat():
+    before = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    nightly, rollback = new_run_key(), new_run_key("rollback")
+    assert re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{8}", nightly)
+    assert re.fullmatch(r"\d{8}T\d{6}Z-rollback-[0-9a-f]{8}", rollback)
+    started = dt.datetime.strptime(nightly[:16], "%Y%m%dT%H%M%SZ").replace(tzinfo=dt.timezone.utc)
+    assert before <= started <= dt.datetime.now(dt.timezone.utc)
+    assert len({new_run_key() for _ in range(100)}) == 100

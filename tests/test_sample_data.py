@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA
-from recsys.data.sample import SampleSpec, generate_sample
+from recsys.data.sample import REPEAT_RATE, SampleSpec, generate_sample
 from recsys.errors import InputDataError
 
 END = dt.date(2024, 5, 10)
@@ -326,3 +326,127 @@ def test_refuses_to_mix_with_existing_partitions_unless_asked_to_overwrite(tmp_p
     generate_sample(tmp_path, SampleSpec(users=30, items=20, days=2, seed=1, end_date=END), overwrite=True)
     assert len(list((tmp_path / "events").iterdir())) == 2
     assert len(list((tmp_path / "catalog").iterdir())) == 2
+
+
+# ----------------------------------------------------------------------------- returns (repeats)
+
+
+def _views_with_earlier_days(events: pd.DataFrame) -> pd.DataFrame:
+    """Views of returning users (active on an earlier day), flagged ``repeat`` when the user had the item
+    on an earlier day."""
+    views = events[events["event_type"] == "view"]
+    first_day_of_user = views.groupby("user_id")["dt"].transform("min")
+    first_day_of_pair = views.groupby(["user_id", "item_id"])["dt"].transform("min")
+    returning = views["dt"] > first_day_of_user
+    return views[returning].assign(repeat=first_day_of_pair[returning] < views.loc[returning, "dt"])
+
+
+def test_returning_users_come_back_to_earlier_items_at_the_default_rate(sample):
+    _, events, _, _, _ = sample
+    views = _views_with_earlier_days(events)
+    assert len(views) > 10_000
+    # a little below the rate: a user whose only earlier item is the one on screen discovers instead
+    assert REPEAT_RATE - 0.05 < views["repeat"].mean() <= REPEAT_RATE + 0.01
+
+
+def test_the_repeat_rate_can_be_set(tmp_path):
+    generate_sample(tmp_path, SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=0.3))
+    views = _views_with_earlier_days(_read_dataset(tmp_path / "events"))
+    assert len(views) > 2000
+    assert 0.25 < views["repeat"].mean() <= 0.31
+
+
+def test_with_repeat_rate_zero_no_user_looks_at_an_item_twice(tmp_path):
+    generate_sample(tmp_path, SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=0.0))
+    events = _read_dataset(tmp_path / "events")
+    views = events[events["event_type"] == "view"]
+    assert len(views) > 5000 and views.groupby("user_id")["dt"].nunique().max() > 1
+    assert not views.duplicated(["user_id", "item_id"]).any()
+
+
+def test_users_come_back_more_to_items_they_used_recently_and_often(sample):
+    """On the last day, of the items each active user had before: the share they came back to, by how many
+    days ago they last used it and by how often."""
+    _, events, _, _, _ = sample
+    views = events[events["event_type"] == "view"]
+    last = views["dt"].max()
+    before, today = views[views["dt"] < last], views[views["dt"] == last]
+    had = (before[before["user_id"].isin(today["user_id"])].groupby(["user_id", "item_id"])
+           .agg(uses=("dt", "size"), last_used=("dt", "max")).reset_index())
+    came_back = today[["user_id", "item_id"]].drop_duplicates().assign(back=True)
+    had = had.merge(came_back, on=["user_id", "item_id"], how="left").fillna({"back": False})
+    days_ago = had["last_used"].map(lambda d: (last - d).days)
+    assert had.loc[days_ago == 1, "back"].mean() > 2 * had.loc[days_ago > 3, "back"].mean()
+    assert had.loc[had["uses"] > 3, "back"].mean() > 2 * had.loc[had["uses"] == 1, "back"].mean()
+
+
+def test_each_users_most_used_item_is_a_good_guess_for_tomorrow_but_not_a_sure_one(sample):
+    """Personal frequency is a real baseline on this data (a learned model has to beat it), yet it misses often."""
+    _, events, _, _, _ = sample
+    views = events[events["event_type"] == "view"]
+    last = views["dt"].max()
+    before, today = views[views["dt"] < last], views[views["dt"] == last]
+    counts = before.groupby(["user_id", "item_id"]).size().rename("uses").reset_index()
+    counts = counts[counts["user_id"].isin(today["user_id"])]
+    rng = np.random.default_rng(0)
+    counts["noise"] = rng.random(len(counts))
+    tomorrow = set(map(tuple, today[["user_id", "item_id"]].to_numpy()))
+
+    def hit_rate(order: list[str]) -> float:
+        top = counts.sort_values(["user_id", *order], ascending=False).drop_duplicates("user_id")
+        return float(np.mean([(u, i) in tomorrow for u, i in zip(top["user_id"], top["item_id"])]))
+
+    most_used, any_known = hit_rate(["uses", "noise"]), hit_rate(["noise"])
+    assert most_used > 1.3 * any_known
+    assert most_used < 0.8
+
+
+def test_items_new_to_the_user_still_follow_the_previous_item(sample):
+    """Discoveries keep the order a sequence model learns: the successor table of the order test, scored on
+    the steps to an item new to the user only."""
+    _, events, _, _, _ = sample
+    views = events[events["event_type"] == "view"].sort_values(["user_id", "ts"])
+    shuffled = views.assign(ts=np.random.default_rng(0).permutation(len(views))).sort_values(["user_id", "ts"])
+
+    def hit_rate(frame: pd.DataFrame) -> float:
+        pairs = frame.assign(prev=frame.groupby("user_id")["item_id"].shift(),
+                             new=~frame.duplicated(["user_id", "item_id"])).dropna()
+        pairs = pairs[pairs["new"]].astype({"prev": "int64"})
+        train, test = pairs[pairs["user_id"] % 2 == 0], pairs[pairs["user_id"] % 2 == 1]
+        top = (train.groupby(["prev", "item_id"]).size().rename("n").reset_index()
+               .sort_values(["prev", "n"], ascending=[True, False]).drop_duplicates("prev")
+               .set_index("prev")["item_id"])
+        return float((test["prev"].map(top) == test["item_id"]).mean())
+
+    ordered, control = hit_rate(views), hit_rate(shuffled)
+    assert ordered > 0.15
+    assert ordered > 2 * control
+
+
+def test_without_a_repeat_rate_users_meet_items_again_by_chance_only(tmp_path):
+    """``repeat_rate=None``: the generator before returns were planted (its data reproduces figures measured
+    then): discoveries may fall on items the user had, and nothing else brings users back."""
+    generate_sample(tmp_path / "chance",
+                    SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=None))
+    generate_sample(tmp_path / "planted", SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END))
+    chance = _views_with_earlier_days(_read_dataset(tmp_path / "chance" / "events"))["repeat"].mean()
+    planted = _views_with_earlier_days(_read_dataset(tmp_path / "planted" / "events"))["repeat"].mean()
+    assert 0.05 < chance < planted - 0.2
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan"), True])
+def test_rejects_a_repeat_rate_outside_0_to_1(tmp_path, rate):
+    with pytest.raises(InputDataError, match="repeat_rate"):
+        generate_sample(tmp_path, SampleSpec(users=10, items=10, days=1, seed=0, end_date=END, repeat_rate=rate))
+    assert not (tmp_path / "events").exists()
+
+
+def test_the_command_refuses_a_bad_repeat_rate_with_exit_2(tmp_path, caplog):
+    from recsys.cli.main import main
+    from recsys.errors import ExitCode
+
+    code = main(["sample-data", "--out", str(tmp_path), "--users", "10", "--items", "10", "--days", "1",
+                 "--repeat-rate", "1.5"])
+    assert code == ExitCode.BAD_INPUT
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"repeat_rate must be a share from 0 to 1 (default {REPEAT_RATE}), got 1.5"]

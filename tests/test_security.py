@@ -78,7 +78,7 @@ def test_credentials_in_uris_never_reach_run_parameters_or_the_stored_config():
     from recsys.tracking.store import ResolvedModel
 
     cfg = load_config(overrides=["mlflow.tracking_uri=https://bob:s3cret@mlflow.example.com/?token=t0ken",
-                                 "paths.events=s3://AKIAKEY:s3cret@bucket/events",
+                                 "export.redis_url=redis://:s3cret@127.0.0.1:6379/0",
                                  "spark.remote=sc://bob:s3cret@spark:15002/;token=t0ken"])
     model = ResolvedModel("m", "champion", "3", None, "s3://AKIAKEY:s3cret@bucket/model", Path("/tmp/m"))
     params = run_params(cfg, dt.date(2024, 5, 8), model, cfg.digest())

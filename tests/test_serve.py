@@ -30,16 +30,13 @@ pytest.importorskip("fastapi")
 
 from recsys.config import load_config  # noqa: E402
 from recsys.data.contracts import EVENTS_SCHEMA, write_partition  # noqa: E402
+from recsys.processes import free_port  # noqa: E402
 from recsys.serve import backend  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 MAX_WAIT_MS, MAX_BATCH, MAX_QUEUE = 2500, 10, 24
 UNKNOWN_USER = 10 ** 12
-
-
-def _free_port() -> int:
-    return backend.free_port()
 
 
 def _output_section(root):
@@ -77,7 +74,7 @@ def stack(tmp_path_factory, metastore_service):
     front = None
     try:
         backend.start(cfg, properties_file=None)
-        front = Frontend(root, conf, _free_port())
+        front = Frontend(root, conf, free_port())
         _until(front.ready, 600, "the frontend to be ready")
         yield {"root": root, "cfg": cfg, "front": front, "store": store}
     finally:
@@ -178,7 +175,7 @@ def test_with_a_store_listed_users_come_from_it_and_the_backend_answers_the_rest
     exporting = load_config(root / "serve.yaml", [f"export.redis_url={redis_server.url}", f"export.prefix={prefix}"])
     assert run_export(spark, exporting, RUN_DATE).version == "v1"
     published = {r["user_id"]: r for r in pq.read_table(Path(cfg.paths.output) / f"dt={RUN_DATE}").to_pylist()}
-    listed = Frontend(root, root / "serve.yaml", _free_port(),
+    listed = Frontend(root, root / "serve.yaml", free_port(),
                       (f"serve.store={redis_server.url}", f"export.prefix={prefix}", "serve.max_wait_ms=20"))
     try:
         _until(lambda: listed.ready() and listed.readyz()["on_demand"]["ready"], 300, "the store and the backend")
@@ -275,7 +272,7 @@ def test_a_full_queue_answers_429_with_retry_after(stack):
     conf["serve"]["max_wait_ms"] = 60_000
     patient_conf = root / "serve-patient.yaml"
     patient_conf.write_text(yaml.safe_dump(conf))
-    front = Frontend(root, patient_conf, _free_port())
+    front = Frontend(root, patient_conf, free_port())
     pool = ThreadPoolExecutor(1)
     try:
         _until(front.ready, 180, "the patient frontend to be ready")
@@ -331,7 +328,7 @@ def test_a_dtype_the_executors_refuse_keeps_the_frontend_not_ready_and_says_why(
     conf["scoring"].update({"dtype": "float16", "device": "cpu"})
     bad_conf = root / "serve-float16.yaml"
     bad_conf.write_text(yaml.safe_dump(conf))
-    bad = Frontend(root, bad_conf, _free_port())
+    bad = Frontend(root, bad_conf, free_port())
     try:
         def refused() -> str:
             try:

@@ -31,7 +31,7 @@ from servekit import Frontend, until
 pytest.importorskip("fastapi")
 
 from recsys.errors import ExitCode  # noqa: E402
-from recsys.export.local_redis import free_port  # noqa: E402
+from recsys.processes import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent

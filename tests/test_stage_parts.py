@@ -179,7 +179,7 @@ def test_task_checks_count_items_over_chunks_with_equal_candidate_arrays():
                        candidate_ids_sorted=np.arange(1, 11), top_n=2, fallback_name="popularity", fallback_len=2)
     figures = task.finish()
     assert figures["item_counts"] == [[3, 4, 99], [3, 2, 1]]      # 99: not a candidate, still counted
-    assert figures["unavailable_items"] == 1 and figures["seen_items"] == 0
+    assert figures["unavailable_items"] == 1 and figures["excluded_items"] == 0
     with pytest.raises(ValueError, match="candidate set changed"):
         task.add_chunk(np.array([7]), pa.array([[1]], pa.list_(pa.int64())), chunk([7], [[3, 4]]),
                        candidate_ids_sorted=np.arange(1, 12), top_n=2, fallback_name="popularity", fallback_len=2)

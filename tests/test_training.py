@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from cores import SHARE
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.model.training import FitCallbacks, TrainSettings, ValidationSet, fit, training_windows
@@ -29,7 +30,7 @@ def successor_task(users: int = 150, seed: int = 0) -> tuple[Sequences, Validati
 
 
 CONFIG = SASRecConfig(num_items=NUM_ITEMS, dim=32, layers=1, heads=2, max_len=10, dropout=0.1)
-FAST = TrainSettings(epochs=12, batch_size=32, learning_rate=5e-3, patience=3, seed=3, num_threads=2)
+FAST = TrainSettings(epochs=12, batch_size=32, learning_rate=5e-3, patience=3, seed=3, num_threads=SHARE)
 
 
 def test_windows_tile_each_sequence_backwards_from_the_newest_item():
@@ -88,17 +89,17 @@ def test_learns_a_pattern_that_needs_more_than_the_last_item():
         targets.append(seq[-1])
     train = Sequences.from_lists(runs)
     config = SASRecConfig(num_items=NUM_ITEMS, dim=32, layers=2, heads=2, max_len=10, dropout=0.1)
-    result = fit(train, config, TrainSettings(epochs=8, batch_size=32, learning_rate=5e-3, seed=3, num_threads=2))
+    result = fit(train, config, TrainSettings(epochs=8, batch_size=32, learning_rate=5e-3, seed=3, num_threads=SHARE))
     nothing = Sequences.from_lists([[]] * len(train))
     assert evaluate_ranking(result.model, train, np.array(targets), exclude=nothing)["ndcg@10"] > 0.8
 
 
 def test_same_seed_same_weights_and_a_different_seed_differs():
     train, _ = successor_task(users=40)
-    settings = TrainSettings(epochs=2, batch_size=16, seed=11, num_threads=2)
+    settings = TrainSettings(epochs=2, batch_size=16, seed=11, num_threads=SHARE)
     a = fit(train, CONFIG, settings).model.state_dict()
     b = fit(train, CONFIG, settings).model.state_dict()
-    c = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, seed=12, num_threads=2)).model.state_dict()
+    c = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, seed=12, num_threads=SHARE)).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
@@ -107,21 +108,21 @@ def test_early_stopping_keeps_the_best_epochs_weights():
     """Once validation NDCG stops improving, training stops after `patience` epochs and the model
     is exactly the one a run stopped at the best epoch would give (validation consumes no randomness)."""
     train, valid = successor_task()
-    settings = TrainSettings(epochs=30, batch_size=32, learning_rate=5e-3, patience=2, seed=3, num_threads=2)
+    settings = TrainSettings(epochs=30, batch_size=32, learning_rate=5e-3, patience=2, seed=3, num_threads=SHARE)
     result = fit(train, CONFIG, settings, valid=valid)
     scores = [row["ndcg@10"] for row in result.curve]
     assert result.best_epoch == 1 + int(np.argmax(scores))
     assert len(result.curve) == result.best_epoch + 2 < 30
     assert max(scores[result.best_epoch:]) <= scores[result.best_epoch - 1]
     shorter = fit(train, CONFIG, TrainSettings(epochs=result.best_epoch, batch_size=32, learning_rate=5e-3,
-                                               seed=3, num_threads=2))
+                                               seed=3, num_threads=SHARE))
     best, again = result.model.state_dict(), shorter.model.state_dict()
     assert all(torch.equal(best[k], again[k]) for k in best)
 
 
 def test_without_validation_the_last_epoch_is_kept():
     train, _ = successor_task(users=20)
-    result = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, num_threads=2))
+    result = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, num_threads=SHARE))
     assert result.best_epoch == 2 and result.best_metrics == {}
     assert [set(row) for row in result.curve] == [{"epoch", "train_loss", "seconds"}] * 2
 
@@ -164,11 +165,11 @@ def test_stop_after_repeats_the_first_epochs_of_the_full_schedule_step_for_step(
     """What a refit relies on: stopping after 2 of 5 cosine epochs trains exactly as the first 2 epochs
     of the 5-epoch run (same losses), which is not what a 2-epoch schedule would do."""
     train, _ = successor_task(users=40)
-    settings = TrainSettings(epochs=5, batch_size=16, learning_rate=5e-3, seed=11, num_threads=2,
+    settings = TrainSettings(epochs=5, batch_size=16, learning_rate=5e-3, seed=11, num_threads=SHARE,
                              warmup_epochs=1, lr_decay="cosine")
     full = fit(train, CONFIG, settings)
     stopped = fit(train, CONFIG, settings, stop_after=2)
-    short = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, learning_rate=5e-3, seed=11, num_threads=2,
+    short = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, learning_rate=5e-3, seed=11, num_threads=SHARE,
                                              warmup_epochs=1, lr_decay="cosine"))
     assert len(stopped.curve) == 2 and stopped.best_epoch == 2
     assert [r["train_loss"] for r in stopped.curve] == [r["train_loss"] for r in full.curve[:2]]

@@ -45,13 +45,25 @@ from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+# The job's exit codes are recsys.errors.ExitCode's, taken from recsys where this Airflow can import it.
+# Airflow usually runs in a virtualenv of its own, without recsys: there the copy below is used, and
+# tests/test_airflow_dag_codes.py fails as soon as it and ExitCode differ.
+try:
+    from recsys.errors import ExitCode
+
+    EXIT_CODES = {code.name: int(code) for code in ExitCode}
+except ImportError:
+    EXIT_CODES = {"OK": 0, "UNEXPECTED_ERROR": 1, "BAD_INPUT": 2, "VALIDATION_FAILED": 3, "LOCK_HELD": 4,
+                  "TRACKING_FAILED": 5, "INTERRUPTED": 130}
+
 TRAIN_IS_NOT_BLOCKING = ("tonight's recommend runs with the version that holds the model alias; "
                          "the next due night trains again")
 NOT_RETRIED = {
-    2: "bad input data or configuration: fix the input or the config, then clear the task",
-    3: "the output failed validation, nothing was published: investigate, then clear the task",
+    EXIT_CODES["BAD_INPUT"]: "bad input data or configuration: fix the input or the config, then clear the task",
+    EXIT_CODES["VALIDATION_FAILED"]: "the output failed validation, nothing was published: investigate, then clear "
+                                     "the task",
 }
-PUBLISHED_NOT_RECORDED = 5
+PUBLISHED_NOT_RECORDED = EXIT_CODES["TRACKING_FAILED"]
 
 
 class RecsysJobOperator(BashOperator):
@@ -78,8 +90,8 @@ class NightlyJobOperator(RecsysJobOperator):
         if code in NOT_RETRIED:
             raise AirflowFailException(f"recsys exited with code {code}, not retried: {NOT_RETRIED[code]}") from None
         if code == PUBLISHED_NOT_RECORDED:
-            self.log.warning("recsys exited with code 5: recommendations published, but the MLflow run could not "
-                             "be recorded (the partition's _manifest.json holds the figures); not rerun")
+            self.log.warning("recsys exited with code %s: recommendations published, but the MLflow run could not "
+                             "be recorded (the partition's _manifest.json holds the figures); not rerun", code)
             return None
         raise AirflowException(f"recsys exited with code {code}: retried")   # 1, 4 and anything else
 
@@ -90,8 +102,9 @@ class ExportJobOperator(NightlyJobOperator):
 
     def on_failure(self, code):
         if code == PUBLISHED_NOT_RECORDED:
-            self.log.warning("recsys export exited with code 5: the lists are exported and served, but their figures "
-                             "could not be recorded in MLflow (they are in Redis, with the version); not rerun")
+            self.log.warning("recsys export exited with code %s: the lists are exported and served, but their "
+                             "figures could not be recorded in MLflow (they are in Redis, with the version); not "
+                             "rerun", code)
             return None
         return super().on_failure(code)
 

@@ -200,7 +200,7 @@ def _spark_systems(opts: BenchOptions, user_ids: np.ndarray, seqs, net, int8_set
     warm_path = root / "warm-up"
     warm_rows = min(len(user_ids), 2 * opts.cores * opts.scoring.chunk_size)
     spark_bench.write_histories(warm_path, user_ids[:warm_rows], seqs.take(np.arange(warm_rows)), files=2 * opts.cores)
-    spark_cfg = SparkConfig(master=f"local[{opts.cores}]", app_name="recsys-bench",
+    spark_cfg = SparkConfig(master=f"local[{opts.cores}]", remote=None, app_name="recsys-bench",
                             conf={"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": str(4 * opts.cores),
                                   "spark.ui.enabled": "false"})
     spark = build_session(spark_cfg, opts.arrow_batch_size)

@@ -98,7 +98,7 @@ def _lookup_through_serve(cfg: Config, result) -> None:
 
     import yaml
 
-    from recsys.export.local_redis import free_port
+    from recsys.processes import free_port
 
     out = local_path(cfg.paths.output).parent
     conf = out / "demo-serve.yaml"
@@ -155,17 +155,25 @@ def _dataset_root(cfg: Config) -> Path:
     return events.parent
 
 
+def _synthetic_source() -> dict:
+    """The demo's synthetic data, as recorded in its marker: data written by an older generator (another
+    repeat rate) is generated again, not reused."""
+    from recsys.data.sample import REPEAT_RATE
+
+    return {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7, "repeat_rate": REPEAT_RATE}
+
+
 def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
     """Import (or generate) the demo data once; later demos reuse it. Returns the date to run for."""
     marker = root / IMPORT_MARKER
     if synthetic:
-        source = {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7}
+        source = _synthetic_source()
     else:
         movielens = data.resolve() if data else find_movielens()
         if movielens is None:
             log.warning("MovieLens not found (looked in %s); using synthetic sample data",
                         ", ".join(str(p) for p in MOVIELENS_CANDIDATES))
-            source = {"kind": "synthetic", "users": 2000, "items": 1000, "days": 28, "seed": 7}
+            source = _synthetic_source()
         else:
             ratings = movielens / "ratings.csv"
             source = {"kind": "movielens", "ratings": str(ratings), "size": ratings.stat().st_size}
@@ -187,7 +195,8 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
     else:
         from recsys.data.sample import SampleSpec, generate_sample
 
-        spec = SampleSpec(users=source["users"], items=source["items"], days=source["days"], seed=source["seed"])
+        spec = SampleSpec(users=source["users"], items=source["items"], days=source["days"], seed=source["seed"],
+                          repeat_rate=source["repeat_rate"])
         summary = generate_sample(root, spec, progress=log.info, overwrite=True)
         last = summary.last_date
     log.info("%s", summary)

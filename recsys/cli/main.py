@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from recsys.errors import ConfigError, ExitCode, RecsysError, RunStatus, first_line
+from recsys.redaction import redact_text
 from recsys.scoring.params import ScoringParams
 
 log = logging.getLogger("recsys")
@@ -27,6 +28,24 @@ def _date(value: str) -> dt.date:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _instant(value: str) -> dt.datetime:
+    """YYYY-MM-DD or an ISO 8601 instant; UTC unless it says otherwise."""
+    try:
+        instant = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a date (YYYY-MM-DD) or an ISO 8601 instant") from None
+    return instant if instant.tzinfo else instant.replace(tzinfo=dt.timezone.utc)
+
+
+def _repeat_rate(value: str) -> float | str:
+    if value == "chance":
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a share (e.g. 0.75) nor 'chance'") from None
+
+
 def _today() -> dt.date:
     return dt.datetime.now(dt.timezone.utc).date()
 
@@ -35,6 +54,29 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conf", metavar="FILE", help="YAML config merged over the embedded default")
     p.add_argument("--set", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
                    help="override one config key, e.g. --set scoring.top_n=50 (repeatable)")
+
+
+def _add_backtest_args(p: argparse.ArgumentParser, *, within_evaluate: bool) -> None:
+    """The backtest's options, on `recsys backtest` and on `recsys evaluate --protocol backtest` alike."""
+    only = " (--protocol backtest)" if within_evaluate else ""
+    p.add_argument("--from", dest="start", type=_date, default=None, required=not within_evaluate, metavar="D1",
+                   help=f"first night{only}: its lists come from the events before it, and are measured on the "
+                        "events of that day")
+    p.add_argument("--to", dest="end", type=_date, default=None, required=not within_evaluate, metavar="D2",
+                   help=f"last night, inclusive{only}; the data must hold events on that day")
+    p.add_argument("--work", type=Path, default=Path(".recsys/backtest"), metavar="DIR",
+                   help=f"where the replay writes{only}: its published partitions, MLflow store and registry, scratch "
+                        "and figures; the configured output and tracking store are never written "
+                        "(default: .recsys/backtest). The same DIR and settings again resume")
+    p.add_argument("--train-every", type=int, default=None, metavar="N",
+                   help=f"train every N nights{only} as `recsys train --if-due` would (default: train.every_nights); "
+                        "N at least the number of nights trains once, on the first")
+    p.add_argument("--model-uri", default=None, metavar="URI",
+                   help=f"score every night with this one model and train nothing{only}: models:/NAME@ALIAS or "
+                        "models:/NAME/VERSION of the configured tracking store (read only), or a model directory. "
+                        "Quick, but a model trained after --from has seen nights it is judged on (the table says so)")
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"start again in a --work that holds a backtest with other settings{only}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--days", type=int, default=28)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--end-date", type=_date, help="last day with events (default: yesterday, UTC)")
+    p.add_argument("--repeat-rate", type=_repeat_rate, default=None, metavar="SHARE",
+                   help="share of a returning user's items that are items they had on an earlier day "
+                        "(re-buys, re-views), 0-1; 0: every item new to its user; chance: no planted returns, "
+                        "the data of the generator before returns (default: 0.75)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_sample_data)
@@ -61,6 +107,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
     _add_config_args(p)
     p.set_defaults(func=cmd_import_movielens)
+
+    p = sub.add_parser("import-interactions", help="convert any interaction log (CSV, plain or compressed) to the "
+                                                    "input layout, bad rows counted and reported")
+    p.add_argument("--csv", type=Path, required=True,
+                   help="the log: one interaction a line (.gz, .bz2, .zst read as such)")
+    p.add_argument("--out", type=Path, help="dataset root; default: the parent of paths.events")
+    p.add_argument("--user", metavar="COLUMN", help="user column (default: recognised from the header, e.g. user_id)")
+    p.add_argument("--item", metavar="COLUMN", help="item column (default: recognised, e.g. item_id, page_id)")
+    p.add_argument("--time", metavar="COLUMN", help="time column (default: recognised, e.g. timestamp, seconds)")
+    p.add_argument("--time-format", choices=("auto", "s", "ms", "us", "iso"), default="auto",
+                   help="Unix seconds, milliseconds or microseconds, or ISO 8601 (default: auto, decided on the "
+                        "first block and logged)")
+    p.add_argument("--time-origin", type=_instant, metavar="DATE",
+                   help="numeric timestamps count from this date or ISO instant, UTC (default: 1970-01-01)")
+    kind = p.add_mutually_exclusive_group()
+    kind.add_argument("--event-type-column", metavar="COLUMN",
+                      help="event type column (default: one named event_type, event or action, if any)")
+    kind.add_argument("--event-type", metavar="VALUE", help="one event type for every row (default: interaction)")
+    p.add_argument("--title", metavar="COLUMN", help="item title column, for the catalog (default: none; string "
+                                                     "item ids are their own title)")
+    p.add_argument("--category", metavar="COLUMN", help="item category column, for the catalog (default: none)")
+    p.add_argument("--user-ids", choices=("auto", "int", "string"), default="auto",
+                   help="int: whole numbers kept; string: mapped to stable 60-bit ids, dictionary in ids/ "
+                        "(default: auto, int when the first block's are all whole numbers)")
+    p.add_argument("--item-ids", choices=("auto", "int", "string"), default="auto", help="the same, for items")
+    p.add_argument("--delimiter", help="field delimiter, \\t for tab (default: sniffed among , tab ; |)")
+    p.add_argument("--no-header", action="store_true", help="the first line is data: columns are named 1, 2, ...")
+    p.add_argument("--encoding", default="utf8", help="the file's text encoding (default: utf8)")
+    p.add_argument("--max-bad-share", type=float, default=0.01, metavar="SHARE",
+                   help="fail (exit 2, nothing written) when more than this share of rows is bad (default: 0.01)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset under --out")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_import_interactions)
 
     p = sub.add_parser("train", help="train a model on events before a date, register it, move the alias if it is not worse")
     p.add_argument("--date", type=_date, default=None, help="train on events strictly before this date (default: today, UTC)")
@@ -110,6 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_metastore)
 
+    p = sub.add_parser("sql", help="SQL on the table the job publishes to (output.table, in output.metastore; "
+                                   "storage.s3), printed as tables; without a statement, a shell reading statements "
+                                   "ended by ;")
+    p.add_argument("statement", nargs="?", help="the statement(s) to run, e.g. \"select count(*) from "
+                                                "recsys.recommendations where dt = '2024-05-01'\"")
+    p.add_argument("--print-conf", action="store_true",
+                   help="print the Spark settings of that catalog and store for your own spark-sql or pyspark "
+                        "(a --properties-file) and exit")
+    p.add_argument("--max-rows", type=int, default=1000, help="rows printed of each result (default: 1000)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_sql)
+
     p = sub.add_parser("runs", help="list nightly runs from the tracking store, or show one (runs show DATE|RUN_ID)")
     p.add_argument("action", nargs="?", choices=("list", "show"), default="list", help="list (default) or show")
     p.add_argument("which", nargs="?", metavar="DATE|RUN_ID", help="show: a run date (its newest run) or a run id")
@@ -121,11 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="compare the models and baselines (popularity, Spark ALS) on a protocol; "
                                         "print the table, log it to MLflow")
-    p.add_argument("--data", type=Path, required=True,
-                   help="dataset root in the input layout (events/ and catalog/), e.g. from import-movielens --out")
-    p.add_argument("--protocol", choices=("loo", "temporal"), default="loo",
+    p.add_argument("--data", type=Path, default=None,
+                   help="dataset root in the input layout (events/ and catalog/), e.g. from import-movielens --out "
+                        "(required for loo and temporal; backtest: default paths.events and paths.catalog)")
+    p.add_argument("--protocol", choices=("loo", "temporal", "backtest"), default="loo",
                    help="loo: leave the last item out per user (the second-to-last validates); temporal: train "
-                        "before --split-date, test on the following --test-days (default: loo)")
+                        "before --split-date, test on the following --test-days; backtest: the job itself, night "
+                        "by night (the same as `recsys backtest`, with --from/--to) (default: loo)")
     p.add_argument("--k", type=int, action="append", default=None, metavar="K",
                    help="metric cut-off, repeatable (default: evaluation.ks, i.e. 10)")
     p.add_argument("--tie-seed", type=int, default=None,
@@ -138,8 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train each sequence model N times (seeds train.seed, train.seed + 1, ...): the table shows "
                         "the mean over seeds, and its intervals resample seeds as well as users (default: 1)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the table's figures as JSON")
+    _add_backtest_args(p, within_evaluate=True)
     _add_config_args(p)
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("backtest", help="replay nights through the job (training on its schedule, then the nightly "
+                                        "stages) into a scratch area, and measure each night's lists on what users "
+                                        "did that day, beside the baselines (docs/quality.md)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="dataset root in the input layout (events/ and catalog/); default: paths.events and "
+                        "paths.catalog")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the figures as JSON")
+    _add_backtest_args(p, within_evaluate=False)
+    _add_config_args(p)
+    p.set_defaults(func=cmd_backtest)
 
     p = sub.add_parser("demo", help="data -> train -> recommend on the bundled MovieLens sample, then show the results")
     p.add_argument("--data", type=Path, help="a MovieLens directory (ratings.csv + movies.csv); default: "
@@ -172,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from recsys.serve.cli import add_commands  # recsys backend start|stop|status, recsys serve
 
-    add_commands(sub, _add_config_args)
+    add_commands(sub, _add_config_args, _config)
     return parser
 
 
@@ -241,10 +346,12 @@ def _dataset_root(cfg, out: Path | None) -> Path:
 
 
 def cmd_sample_data(args: argparse.Namespace) -> int:
-    from recsys.data.sample import SampleSpec, generate_sample
+    from recsys.data.sample import REPEAT_RATE, SampleSpec, generate_sample
 
     cfg = _config(args)
-    spec = SampleSpec(users=args.users, items=args.items, days=args.days, seed=args.seed, end_date=args.end_date)
+    repeat_rate = {None: REPEAT_RATE, "chance": None}.get(args.repeat_rate, args.repeat_rate)
+    spec = SampleSpec(users=args.users, items=args.items, days=args.days, seed=args.seed, end_date=args.end_date,
+                      repeat_rate=repeat_rate)
     summary = generate_sample(_dataset_root(cfg, args.out), spec, progress=log.info, overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
@@ -260,11 +367,27 @@ def cmd_import_movielens(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_import_interactions(args: argparse.Namespace) -> int:
+    from recsys.data.interactions import ColumnMapping, ImportOptions, import_interactions
+
+    cfg = _config(args)
+    delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
+    columns = ColumnMapping(user=args.user, item=args.item, time=args.time, event_type_column=args.event_type_column,
+                            event_type=args.event_type, title=args.title, category=args.category)
+    options = ImportOptions(time_format=args.time_format, time_origin=args.time_origin, user_ids=args.user_ids,
+                            item_ids=args.item_ids, delimiter=delimiter, header=not args.no_header,
+                            encoding=args.encoding, max_bad_share=args.max_bad_share)
+    summary = import_interactions(args.csv, _dataset_root(cfg, args.out), columns=columns, options=options,
+                                  progress=log.info, overwrite=args.overwrite)
+    print(summary)
+    return ExitCode.OK
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
     from recsys.pipelines.train import run_training, training_due
     from recsys.spark.session import build_session
 
-    cfg = _config(args)
     date = args.date or _today()
     if args.if_due:
         reason = training_due(cfg, date)
@@ -299,13 +422,13 @@ def recommend_dates(args: argparse.Namespace) -> list[dt.date]:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from recsys.pipelines.nightly import overall_exit_code, run_dates
-    from recsys.spark.session import build_session
-
     dates = recommend_dates(args)
     if args.accept_guard and len(dates) != 1:
         raise ConfigError("--accept-guard accepts one night on purpose: give it with --date, not with a backfill range")
-    cfg = _config(args)
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
+    from recsys.pipelines.nightly import overall_exit_code, run_dates
+    from recsys.spark.session import build_session
+
     hooks = _hooks()
     spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-nightly", launch=_launch(),
                           output=cfg.output, storage=cfg.storage)
@@ -329,10 +452,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
     from recsys.pipelines.export import run_export
     from recsys.spark.session import build_session
 
-    cfg = _config(args)
     date = args.date or _today()
     if args.if_configured and not cfg.export.redis_url:
         args.outcome = "skipped, export.redis_url is not set"
@@ -403,6 +526,47 @@ def cmd_metastore(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def cmd_sql(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    from recsys.cli import sql
+    from recsys.spark import metastore
+    from recsys.spark.session import build_session
+
+    cfg = _config(args)
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)   # pyspark's page per failed statement:
+    if args.print_conf:                                                      # the command says it in one line
+        if args.statement is not None:
+            raise ConfigError("--print-conf prints settings and runs nothing: give it without a statement")
+        sql.print_conf(cfg, sys.stdout)
+        return ExitCode.OK
+    if args.max_rows < 1:
+        raise ConfigError(f"--max-rows {args.max_rows} must be at least 1")
+    statements = None
+    if args.statement is not None:
+        statements, _ = sql.split_statements(args.statement + ";")
+        if not statements:
+            raise ConfigError(f"no statement in {args.statement!r}; leave it out for a shell reading standard input")
+    if cfg.output.table is None:
+        log.warning("output.table is null: the session has no metastore, so no table of the job's is there")
+    hint = metastore.resolve(cfg.output.metastore).hint() if cfg.output.table is not None else ""
+    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-sql", launch=_launch(), output=cfg.output,
+                          storage=cfg.storage)
+    try:
+        run = partial(sql.run_statement, spark, out=sys.stdout, max_rows=args.max_rows, hint=hint)
+        if statements is not None:
+            for statement in statements:
+                run(statement)
+            return ExitCode.OK
+        interactive = sys.stdin.isatty()
+        if interactive:
+            where = metastore.resolve(cfg.output.metastore).describe() if cfg.output.table is not None else "no metastore"
+            print(f"recsys sql on {where}: end each statement with ;, quit to leave", file=sys.stderr)
+        return sql.shell(run, sys.stdin, interactive=interactive)
+    finally:
+        spark.stop()
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from recsys.cli import runs
 
@@ -411,12 +575,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if not args.which:
             raise ConfigError("recsys runs show needs a date (YYYY-MM-DD) or a run id")
         run = runs.show_run(cfg, args.which)
-        print(runs.to_json(run) if args.json else runs.format_run(run))
+        text = runs.to_json(run) if args.json else runs.format_run(run)
     else:
         if args.which:
             raise ConfigError(f"unexpected {args.which!r}; did you mean `recsys runs show {args.which}`?")
         rows = runs.list_runs(cfg, last=args.last, date=args.date)
-        print(runs.to_json(rows) if args.json else runs.format_table(rows))
+        text = runs.to_json(rows) if args.json else runs.format_table(rows)
+    # runs recorded before a secret was known to be one (or by an older version) are masked on the way out too
+    print(redact_text(text))
     return ExitCode.OK
 
 
@@ -424,6 +590,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from recsys.evaluation.evaluate import EvaluationRequest, check_dataset_root, run_evaluation
     from recsys.spark.session import build_session
 
+    if args.protocol == "backtest":
+        if args.k or args.split_date or args.seeds != 1:
+            raise ConfigError("--k, --split-date and --seeds do not apply to --protocol backtest (it measures HR and "
+                              "NDCG at 10 and recall at scoring.top_n of the job's own lists)")
+        return cmd_backtest(args)
+    if args.start is not None or args.end is not None:
+        raise ConfigError(f"--from/--to belong to --protocol backtest, not {args.protocol}")
+    if args.data is None:
+        raise ConfigError(f"--protocol {args.protocol} needs --data DIR (a dataset root in the input layout)")
     cfg = _config(args)
     check_dataset_root(args.data)
     spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-evaluate", launch=_launch(), storage=cfg.storage)
@@ -437,6 +612,36 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(result.table)
     if result.run_id:
         print(f"\nlogged to MLflow run {result.run_id} (experiment {cfg.mlflow.experiment}-evaluation)")
+    return ExitCode.OK
+
+
+def cmd_backtest(args: argparse.Namespace) -> int:
+    from recsys.cli.backtest import BacktestRequest, check_request, run_backtest, scratch_config, with_data
+    from recsys.spark.session import build_session
+
+    if args.start is None or args.end is None:
+        raise ConfigError("the backtest needs --from D1 and --to D2 (the nights, inclusive), e.g. --from 2024-01-25 "
+                          "--to 2024-01-31")
+    cfg = _config(args)
+    if args.data is not None:
+        from recsys.evaluation.evaluate import check_dataset_root
+
+        check_dataset_root(args.data)
+        cfg = with_data(cfg, args.data)
+    request = BacktestRequest(args.start, args.end, args.work, train_every=args.train_every, model_uri=args.model_uri,
+                              json_path=args.json, overwrite=args.overwrite)
+    nights = check_request(cfg, request)          # before Spark starts: a bad range costs nothing
+    scratch = scratch_config(cfg, request.work)   # the session's settings: no output table, no metastore
+    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-backtest",
+                          launch=_launch(), output=scratch.output, storage=cfg.storage)
+    try:
+        result = run_backtest(spark, cfg, request)
+    finally:
+        spark.stop()
+    print(result.table)
+    print(f"\n{len(nights)} night(s) in {result.seconds:.0f} s. Logged to MLflow run {result.run_id or '(not recorded)'}, "
+          f"experiment {result.experiment}, in the backtest's own store: mlflow ui --backend-store-uri "
+          f"{result.tracking_uri}")
     return ExitCode.OK
 
 

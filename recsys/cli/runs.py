@@ -25,6 +25,7 @@ from typing import Any
 
 from recsys.config import Config
 from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line
+from recsys.publish.lock import BEST_EFFORT
 from recsys.publish.manifest import Manifest
 from recsys.publish.manifest import parse as parse_manifest
 from recsys.publish.manifest import read as read_manifest
@@ -106,6 +107,7 @@ def summarise(run: Any, manifest: Manifest | None = None) -> dict[str, Any]:
         "found_dead_at": run_tags.get(tags.FOUND_DEAD_AT),
         "guard": run_tags.get(tags.GUARD),                   # the guard's verdict, and what crossed a threshold
         "guard_crossed": run_tags.get(tags.GUARD_CROSSED),
+        "lock": run_tags.get(tags.LOCK),                     # what the date's lock promised (absent in older runs)
         **{name: _round(metrics.get(name)) for name in TREND_METRICS},
     }
 
@@ -171,11 +173,16 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             r["model_version"] or "", "" if r["users"] is None else f"{r['users']:,}",
             "" if r["users_per_s"] is None else f"{r['users_per_s']:,.0f}",
             "" if r["wall_s"] is None else f"{r['wall_s']:.1f}", r["run_id"][:8], stages,
-            r["error"] or problems,
+            "; ".join(x for x in (r["error"] or problems, _lock_warning(r)) if x),
         ])
     widths = [max(len(row[i]) for row in lines) for i in range(len(header) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
                      for row in lines).rstrip()
+
+
+def _lock_warning(r: dict[str, Any]) -> str:
+    """What the table says about a run's lock: only a best-effort one is worth a word there."""
+    return f"lock: {r['lock']}" if r.get("lock") == BEST_EFFORT else ""
 
 
 def show_run(cfg: Config, which: str) -> dict[str, Any]:
@@ -279,6 +286,9 @@ def format_run(run: dict[str, Any]) -> str:
         lines += ["", run["note"]]
     if run.get("error"):
         lines += ["", f"error: {run['error']}"]
+    if run.get("lock"):
+        lines += ["", f"lock: {run['lock']}" + (" (the store has no conditional writes: runs of one date must not "
+                                                  "overlap there)" if run["lock"] == BEST_EFFORT else "")]
     if run.get("guard"):
         lines += ["", f"guard: {run['guard']}" + (f" ({run['guard_crossed']})" if run.get("guard_crossed") else "")]
     if run.get("trend"):

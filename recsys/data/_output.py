@@ -18,8 +18,12 @@ EVENTS_DIRNAME = "events"
 CATALOG_DIRNAME = "catalog"
 
 
-def prepare_dataset_dirs(out: Path, *, overwrite: bool) -> tuple[Path, Path]:
-    """Return ``(out/events, out/catalog)``, created and free of partitions from earlier runs."""
+def check_dataset_dirs(out: Path, *, overwrite: bool) -> list[Path]:
+    """The date partitions under ``out`` that writing would replace; raises unless ``overwrite`` allows it.
+
+    An importer that reads for minutes calls this first, so that a refusal costs nothing, and
+    :func:`prepare_dataset_dirs` again when it has everything to write.
+    """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputDataError(f"output {out} is a file, not a directory: pass a directory path")
@@ -30,6 +34,14 @@ def prepare_dataset_dirs(out: Path, *, overwrite: bool) -> tuple[Path, Path]:
             f"output {out} already holds {len(existing)} date partitions (e.g. {existing[0]}): "
             "choose an empty directory, or overwrite to replace them"
         )
+    return existing
+
+
+def prepare_dataset_dirs(out: Path, *, overwrite: bool) -> tuple[Path, Path]:
+    """Return ``(out/events, out/catalog)``, created and free of partitions from earlier runs."""
+    out = Path(out)
+    existing = check_dataset_dirs(out, overwrite=overwrite)
+    dirs = (out / EVENTS_DIRNAME, out / CATALOG_DIRNAME)
     for part in existing:
         shutil.rmtree(part) if part.is_dir() else part.unlink()
     for d in dirs:

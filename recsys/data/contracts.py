@@ -60,11 +60,18 @@ OUTPUT_SPARK_DDL = (
 # column, array<bigint> of external item ids, oldest first. Internal, but shared by history building,
 # scoring and validation, so it is defined once here.
 HISTORY_COLUMN = "history"
+# Aligned with it, element by element: how many events the user had with each item in the window, and
+# when the latest was (epoch microseconds, UTC): what repeats say, for the repeat blend (recsys.model.repeats).
+HISTORY_COUNTS_COLUMN = "history_counts"
+HISTORY_LAST_US_COLUMN = "history_last_us"
 # Beside it, when the nightly job compares with the previous published partition (recsys.scoring.compare):
 # the user's list there (item ids, best first; null: the user had none) and the distinct items of the
 # user's events since that partition's date. Internal too.
 PREVIOUS_COLUMN = "previous_items"
 TOUCHED_COLUMN = "touched_items"
+# Beside it too, when the operators' rules exclude items by event (recommend.exclude.events): the distinct items
+# each user had such an event with recently enough, whether or not the history kept them. Internal.
+EXCLUDED_COLUMN = "excluded_items"
 
 SOURCE_MODEL = "model"
 SOURCE_POPULARITY = "popularity"

@@ -4,7 +4,10 @@ One definition, used by ``recsys train`` and the nightly job alike, so the model
 the kind of sequence it was trained on:
 
 - events with a null user, item or timestamp are dropped (and counted through an observation);
-- repeated interactions with an item collapse to the latest one;
+- repeated interactions with an item collapse to the latest one in the sequence, and what the repeats
+  said is kept beside it: how many events the user had with the item, and when the latest was
+  (``history_counts``, ``history_last_us``, aligned with ``history``), which the repeat blend scores
+  known items by (:mod:`recsys.model.repeats`);
 - items are ordered by that latest time, ties broken by a seeded hash of (user, item) —
   never by item id, whose order would leak into a sequential model;
 - the most recent ``max_items`` items are kept, oldest first, as external item ids.
@@ -16,16 +19,20 @@ the scoring core and in training.
 from __future__ import annotations
 
 import datetime as dt
+from functools import reduce
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from recsys.data.contracts import HISTORY_COLUMN, TOUCHED_COLUMN
+from recsys.data.contracts import (EXCLUDED_COLUMN, HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN,
+                                   TOUCHED_COLUMN)
 from recsys.sequences import Sequences
 
-__all__ = ["ENTRIES_COLUMN", "HISTORY_COLUMN", "build_histories", "drop_null_ids", "entries_to_events",
+__all__ = ["ENTRIES_COLUMN", "EXCLUDED_COLUMN", "HISTORY_COLUMN", "HISTORY_COUNTS_COLUMN", "HISTORY_LAST_US_COLUMN", "WEIGHT_COLUMN",
+           "build_histories", "drop_null_ids", "entries_to_events",
            "entries_to_histories", "histories_to_sequences", "history_metrics", "input_quality_metrics",
            "newest_entries"]
 
@@ -44,24 +51,34 @@ def drop_null_ids(events: DataFrame) -> DataFrame:
     return events.filter(F.col("user_id").isNotNull() & F.col("item_id").isNotNull() & F.col("ts").isNotNull())
 
 
+ExcludeSince = Sequence[tuple[str, dt.datetime]]   # (event_type, since): recommend.exclude.events at a night
+
+
 def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int,
-                    touched_since: dt.datetime | None = None) -> DataFrame:
-    """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items).
+                    touched_since: dt.datetime | None = None, exclude: ExcludeSince = ()) -> DataFrame:
+    """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items), and aligned
+    with it history_counts (array<bigint>: events per item) and history_last_us (array<bigint>: the latest).
 
     ``touched_since``: also ``touched_items``, the distinct items whose latest event is at or after that
     time (every one of them, not only the newest ``max_items``), from the same aggregation: what the
     nightly job measures the previous night's lists against without a second pass over the events.
+    ``exclude``: also ``excluded_items``, the distinct items the user had an event of one of the types with at or
+    after its time (events need ``event_type``), every one of them, from the same aggregation: the operators'
+    exclusions hold for items the history's ``max_items`` let go.
     """
     return entries_to_histories(newest_entries(events, max_items=max_items, tie_break_seed=tie_break_seed,
-                                               touched_since=touched_since))
+                                               touched_since=touched_since, exclude=exclude))
 
 
-ENTRIES_COLUMN = "_entries"   # array<struct<ts, tie, item_id>>, newest first
+ENTRIES_COLUMN = "_entries"   # array<struct<ts, tie, item_id, n>>, newest first
+WEIGHT_COLUMN = "_events"     # optional on events: how many events one row stands for (entries_to_events)
 
 
 def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
-                   touched_since: dt.datetime | None = None) -> DataFrame:
+                   touched_since: dt.datetime | None = None, keys: tuple[str, ...] = ("user_id",),
+                   exclude: ExcludeSince = ()) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
+    ``keys``: what one history is of (default: a user; the repeat blend's validation: a user on a day).
 
     The ranking of a history, kept with its keys (latest time, seeded tie-break hash) so that newer
     events can be merged on top and ranked again exactly: the on-demand service caches these for
@@ -71,34 +88,48 @@ def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
     # One shuffle by user serves both aggregations below (per user and item, then per user); left to
     # itself Spark shuffles twice, by (user, item) and then by user. Measured on 21M events (the 1M-user
     # scale test's window, 2 cores): 22-33 s -> 11-12 s, the same histories.
-    latest = events.repartition("user_id").groupBy("user_id", "item_id").agg(F.max("ts").alias("ts"))
+    count = F.sum(WEIGHT_COLUMN) if WEIGHT_COLUMN in events.columns else F.count(F.lit(1))
+    excluded = ([F.bool_or(reduce(lambda a, b: a | b, [(F.col("event_type") == F.lit(event_type)) &
+                                                        (F.col("ts") >= F.lit(since)) for event_type, since in exclude]))
+                 .alias("_excluded")] if exclude else [])
+    latest = events.repartition("user_id").groupBy(*keys, "item_id").agg(F.max("ts").alias("ts"),
+                                                                          count.cast("bigint").alias("n"), *excluded)
     tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
-    entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"))
+    entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"), F.col("n"))
     touched = ([F.collect_list(F.when(F.col("ts") >= F.lit(touched_since), F.col("item_id"))).alias(TOUCHED_COLUMN)]
                if touched_since is not None else [])
-    return latest.groupBy("user_id").agg(
+    if exclude:
+        touched.append(F.collect_list(F.when(F.col("_excluded"), F.col("item_id"))).alias(EXCLUDED_COLUMN))
+    return latest.groupBy(*keys).agg(
         F.slice(F.sort_array(F.collect_list(entry), asc=False), 1, max_items).alias(ENTRIES_COLUMN), *touched)
 
 
 def entries_to_histories(entries: DataFrame) -> DataFrame:
-    """user_id, _entries -> user_id, history (item ids, oldest first)."""
-    history = F.transform(F.reverse(ENTRIES_COLUMN), lambda e: e["item_id"])
-    extra = [TOUCHED_COLUMN] if TOUCHED_COLUMN in entries.columns else []
-    return entries.select("user_id", history.alias(HISTORY_COLUMN), *extra)
+    """user_id, _entries -> user_id, history (item ids, oldest first), history_counts, history_last_us."""
+    oldest_first = F.reverse(ENTRIES_COLUMN)
+    history = F.transform(oldest_first, lambda e: e["item_id"])
+    counts = F.transform(oldest_first, lambda e: e["n"])
+    last_us = F.transform(oldest_first, lambda e: F.unix_micros(e["ts"]))
+    extra = [c for c in entries.columns if c not in ("user_id", ENTRIES_COLUMN)]   # touched/excluded items, a day
+    return entries.select("user_id", history.alias(HISTORY_COLUMN), counts.alias(HISTORY_COUNTS_COLUMN),
+                          last_us.alias(HISTORY_LAST_US_COLUMN), *extra)
 
 
 def entries_to_events(entries: DataFrame) -> DataFrame:
-    """user_id, _entries -> user_id, item_id, ts: one row per kept item, at its latest time."""
+    """user_id, _entries -> user_id, item_id, ts, _events: one row per kept item, at its latest time, standing
+    for as many events as the user had with it (so that merging newer events keeps the counts)."""
     return entries.select("user_id", F.explode(ENTRIES_COLUMN).alias("e")).select(
-        "user_id", F.col("e.item_id").alias("item_id"), F.col("e.ts").alias("ts"))
+        "user_id", F.col("e.item_id").alias("item_id"), F.col("e.ts").alias("ts"), F.col("e.n").alias(WEIGHT_COLUMN))
 
 
-def history_metrics() -> list[Column]:
-    """Observed on the histories as they are written."""
+def history_metrics(excluded: bool = False) -> list[Column]:
+    """Observed on the histories as they are written; ``excluded``: they hold ``excluded_items`` (the rules')."""
     return [
         F.count(F.lit(1)).alias("users_in_window"),
         F.sum(F.size(HISTORY_COLUMN)).alias("history_items"),
         F.max(F.size(HISTORY_COLUMN)).alias("history_max_len"),
+        *([F.sum(F.size(EXCLUDED_COLUMN)).alias("rule_excluded_pairs"),
+           F.count_if(F.size(EXCLUDED_COLUMN) > 0).alias("rule_excluded_users")] if excluded else []),
     ]
 
 

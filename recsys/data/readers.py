@@ -69,7 +69,7 @@ _FILE_IN_MESSAGE = re.compile(r"(?:file|File) (\S+\.parquet)")
 class CatalogSnapshot:
     date: dt.date
     frame: DataFrame   # the contract's columns (+ descriptive ones), for that one date
-    table: pa.Table    # item_id int64, available bool: the same rows, read on the driver (small)
+    table: pa.Table    # item_id int64, available bool (+ the columns asked for): the same rows, read on the driver
 
 
 def check_files(fs: pafs.FileSystem, files: list[str], expected: dict[str, _ArrowCheck], name: str) -> None:
@@ -191,8 +191,12 @@ def events_window(events: DataFrame, date: dt.date, window_days: int, event_type
     return window.select("user_id", "item_id", "event_type", "ts")
 
 
-def read_catalog_snapshot(spark: SparkSession, root: str, date: dt.date, max_age_days: int = 0) -> CatalogSnapshot:
-    """The newest catalog partition on or before ``date``: the catalog as the business saw it then."""
+def read_catalog_snapshot(spark: SparkSession, root: str, date: dt.date, max_age_days: int = 0,
+                          columns: tuple[str, ...] = ()) -> CatalogSnapshot:
+    """The newest catalog partition on or before ``date``: the catalog as the business saw it then.
+
+    ``columns``: descriptive columns read into ``table`` too (the operators' catalog rules), those the snapshot
+    has: whoever asked judges a missing one (its name is in the frame's columns or not)."""
     fs, parts = list_partitions(root, "catalog")
     snapshot = None
     for part in reversed([p for p in parts if p.date <= date]):
@@ -213,10 +217,11 @@ def read_catalog_snapshot(spark: SparkSession, root: str, date: dt.date, max_age
     check_files(fs, snapshot.files, CATALOG_FILE_COLUMNS, "catalog")
     frame = spark.read.parquet(snapshot.path)
     frame = check_columns(frame.drop(PARTITION_COLUMN), CATALOG_COLUMNS, "catalog", root)
-    return CatalogSnapshot(snapshot.date, frame, _catalog_table(fs, snapshot.files, root))
+    extra = tuple(c for c in columns if c in frame.columns and c not in CATALOG_COLUMNS)
+    return CatalogSnapshot(snapshot.date, frame, _catalog_table(fs, snapshot.files, root, extra))
 
 
-def _catalog_table(fs: pafs.FileSystem, files: list[str], root: str) -> pa.Table:
+def _catalog_table(fs: pafs.FileSystem, files: list[str], root: str, extra: tuple[str, ...] = ()) -> pa.Table:
     """The snapshot's ``item_id`` and ``available`` columns, read with pyarrow on the driver.
 
     A snapshot is one row per catalog item (tens of thousands): reading it here takes milliseconds,
@@ -226,14 +231,20 @@ def _catalog_table(fs: pafs.FileSystem, files: list[str], root: str) -> pa.Table
     parts = []
     for path in files:
         try:
-            t = pq.read_table(path, filesystem=fs, columns=["item_id", "available"])
+            t = pq.read_table(path, filesystem=fs, columns=["item_id", "available", *extra])
         except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
             raise InputDataError(f"catalog: cannot read {redact_text(path)} under {redact_uri(root)!r} ({exc}); rewrite or remove the file "
                                  f"and rerun") from None
         parts.append(pa.table({"item_id": t.column("item_id").cast(pa.int64()),
-                               "available": t.column("available").cast(pa.bool_())}))
-    return pa.concat_tables(parts) if parts else pa.table({"item_id": pa.array([], pa.int64()),
-                                                            "available": pa.array([], pa.bool_())})
+                               "available": t.column("available").cast(pa.bool_()),
+                               **{c: t.column(c) for c in extra}}))
+    if not parts:
+        return pa.table({"item_id": pa.array([], pa.int64()), "available": pa.array([], pa.bool_())})
+    try:
+        return pa.concat_tables(parts, promote_options="permissive")   # a rule column typed differently per file
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputDataError(f"catalog: the files under {redact_uri(root)!r} disagree on a column's type ({first_line(exc)}); "
+                             f"rewrite them with one type") from None
 
 
 def catalog_figures(catalog: CatalogSnapshot, root: str) -> tuple[dict[str, int], np.ndarray]:

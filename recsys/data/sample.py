@@ -14,9 +14,17 @@ plants each of these, on purpose and deterministically for a seed:
 - **users**: 1-3 taste clusters (categories) each, whose weights drift linearly from one set
   to another over the window; lognormal activity (a few very active users, many light ones),
   and a user is active on a day only with a per-user probability;
-- **order**: within a user's stream (across days too), the next item is often the fixed
-  "related item" of the previous one (``P_FOLLOW_RELATED``) or from its category
-  (``P_SAME_CATEGORY``): a sequence model can learn this, popularity cannot;
+- **returns**: real users come back to what they know (re-buys, re-views): a returning user's
+  item (a user with items from earlier days) is one of those with probability ``repeat_rate``
+  (default ``REPEAT_RATE``). The return is drawn from the user's ``MEMORY_SLOTS`` most used items,
+  in proportion to uses halved every ``RECENCY_HALF_LIFE_DAYS`` days and to how much the user
+  likes the item's category today; after an item whose related item the user had, usually that
+  one (``P_RETURN_FOLLOW``). So each user's most frequent items are a strong baseline, but not
+  a perfect one;
+- **discovery**: every other item is new to its user (rate 0 gives no repeats at all) and follows
+  the user's stream (across days too): it is often the fixed "related item" of the previous one
+  (``P_FOLLOW_RELATED``) or from its category (``P_SAME_CATEGORY``), else from a taste cluster:
+  a sequence model can learn this, popularity cannot. A draw the user already had is drawn again;
 - **funnel**: every item a user looks at gets a ``view``; some go on to ``click``,
   ``add_to_cart`` and ``purchase`` (``FUNNEL_DEPTH_P``), each a later event on the same item, so
   views are many and purchases few and every purchase has its view, click and cart before it;
@@ -30,11 +38,11 @@ Timestamps: each active user has one session a day, placed at a uniform random t
 day, its events a few seconds to minutes apart, all inside the partition's day, ties between a
 user's events impossible. Each day's file is sorted by time.
 
-Memory and speed: the generator keeps O(users + items) state and builds one day at a time, then
+Memory and speed: the generator keeps O(users + items) state, plus every (user, item) pair seen
+(8 bytes each, what keeps discoveries new to their user), and builds one day at a time, then
 writes it and lets it go; every step is a numpy operation over all of a day's sessions at once
 (the only Python loop over a day runs over positions within a session, a few hundred at most).
-Measured on 2 shared cores: 200k users x 20k items x 7 days (2.1M events, 19 MB of Parquet) in
-1.5 s with a peak RSS of 280 MB; time and memory grow linearly with users and events a day.
+Time and memory grow linearly with users and events a day (figures: docs/data-contracts.md).
 """
 from __future__ import annotations
 
@@ -106,6 +114,14 @@ P_FOLLOW_RELATED = 0.40
 P_SAME_CATEGORY = 0.20
 P_EXPLORE = 0.05                  # an item from the whole catalog; the rest come from the user's tastes
 FUNNEL_DEPTH_P = (0.72, 0.18, 0.06, 0.04)  # deepest stage reached: view, click, add_to_cart, purchase
+# Returns. 0.75 makes about 70% of a day's (user, item) pairs of returning users repeats on the
+# default sample, as on the Wikipedia edit log (docs/data-contracts.md, "Sample data").
+REPEAT_RATE = 0.75                # a returning user's item is one they had on an earlier day
+MEMORY_SLOTS = 16                 # items a user can come back to: their most used, recency-weighted
+RECENCY_HALF_LIFE_DAYS = 2.0      # a use's weight in the return draw halves every this many days
+RETURN_TASTE_FLOOR = 0.02         # weight of a category outside the user's tastes (theirs: their share, 0-1)
+P_RETURN_FOLLOW = 0.95            # a return after an item goes to its related item, if the user had that one
+DISCOVERY_TRIES = 16              # redraws of the discovery model, at once, before the fallback picks an unknown item
 STEP_GAP_S = 60.0                 # mean seconds between items in a session
 FUNNEL_GAP_S = 15.0               # mean seconds between funnel stages on one item
 
@@ -146,7 +162,12 @@ class SampleSummary:
 class SampleSpec:
     """What sample to write: ``days`` daily partitions ending at ``end_date`` (default: yesterday, UTC),
     user ids ``1..users``, item ids ``1..items``; ``events_per_user_day`` is the mean over all users,
-    active or not. The same spec gives the same file contents. Refuses impossible values, naming them."""
+    active or not. ``repeat_rate`` is the probability that an item a returning user looks at is one
+    they had on an earlier day (slightly less in the data, when a user has nothing else to come back
+    to): 0 gives no repeats at all, every item new to its user. ``None`` plants no returns and lets
+    discoveries fall on items the user had (repeats by chance only): the generator before returns
+    were planted, whose data the figures measured before then used (the same seed, the same data).
+    The same spec gives the same file contents. Refuses impossible values, naming them."""
 
     users: int
     items: int
@@ -154,10 +175,11 @@ class SampleSpec:
     seed: int
     end_date: dt.date | None = None
     events_per_user_day: float = 1.5
+    repeat_rate: float | None = REPEAT_RATE
 
     def __post_init__(self) -> None:
         _check_args(users=self.users, items=self.items, days=self.days, seed=self.seed,
-                    events_per_user_day=self.events_per_user_day)
+                    events_per_user_day=self.events_per_user_day, repeat_rate=self.repeat_rate)
 
 
 def generate_sample(out: Path, spec: SampleSpec, *, progress: Callable[[str], None] | None = None,
@@ -168,7 +190,7 @@ def generate_sample(out: Path, spec: SampleSpec, *, progress: Callable[[str], No
     """
     users, items, days, seed, events_per_user_day = (spec.users, spec.items, spec.days, spec.seed,
                                                      spec.events_per_user_day)
-    end_date = spec.end_date
+    end_date, repeat_rate = spec.end_date, spec.repeat_rate
     if end_date is None:
         end_date = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     first_date = end_date - dt.timedelta(days=days - 1)
@@ -177,13 +199,14 @@ def generate_sample(out: Path, spec: SampleSpec, *, progress: Callable[[str], No
 
     world_seed, *day_seeds = np.random.SeedSequence(seed).spawn(days + 1)
     world = _build_world(np.random.default_rng(world_seed), users, items, days, events_per_user_day)
+    memory = _Memory.empty(users, items, repeat_rate)
     events_per_day, available, listed = [], [], []
     ever_active = np.zeros(users, dtype=bool)
     for d, day_seed in enumerate(day_seeds):
         date = first_date + dt.timedelta(days=d)
         catalog = _catalog_table(world, d)
         write_partition(catalog, catalog_dir, date)
-        events, day_users = _events_table(world, d, days, np.random.default_rng(day_seed), date)
+        events, day_users = _events_table(world, memory, d, days, np.random.default_rng(day_seed), date)
         write_partition(events, events_dir, date)
         ever_active[day_users] = True
         events_per_day.append(events.num_rows)
@@ -201,7 +224,8 @@ def generate_sample(out: Path, spec: SampleSpec, *, progress: Callable[[str], No
     )
 
 
-def _check_args(*, users: int, items: int, days: int, seed: int, events_per_user_day: float) -> None:
+def _check_args(*, users: int, items: int, days: int, seed: int, events_per_user_day: float,
+                repeat_rate: float | None) -> None:
     for name, value in (("users", users), ("items", items), ("days", days)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InputDataError(f"{name} must be a whole number >= 1, got {value!r}")
@@ -210,6 +234,9 @@ def _check_args(*, users: int, items: int, days: int, seed: int, events_per_user
     if not (isinstance(events_per_user_day, (int, float)) and math.isfinite(events_per_user_day)
             and events_per_user_day > 0):
         raise InputDataError(f"events_per_user_day must be a number > 0, got {events_per_user_day!r}")
+    if repeat_rate is not None and (isinstance(repeat_rate, bool) or not isinstance(repeat_rate, (int, float))
+                                    or not 0.0 <= repeat_rate <= 1.0):
+        raise InputDataError(f"repeat_rate must be a share from 0 to 1 (default {REPEAT_RATE}), got {repeat_rate!r}")
 
 
 # --------------------------------------------------------------------------- static world
@@ -406,12 +433,13 @@ def _day_weights(world: _World, d: int) -> np.ndarray:
     return world.base_weight * boost * available
 
 
-def _events_table(world: _World, d: int, days: int, rng: np.random.Generator,
+def _events_table(world: _World, memory: _Memory, d: int, days: int, rng: np.random.Generator,
                   date: dt.date) -> tuple[pa.Table, np.ndarray]:
     """One day's events (sorted by time) and the users active that day."""
     weight = _day_weights(world, d)
     sampler = _Sampler(weight, world.cat_order, world.cat_bounds)
     n_users = len(world.p_active)
+    memory.new_day()
     active = np.flatnonzero(rng.random(n_users) < world.p_active)
     if sampler.empty or len(active) == 0:
         return EVENTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.int64)
@@ -422,8 +450,11 @@ def _events_table(world: _World, d: int, days: int, rng: np.random.Generator,
     offsets = np.zeros(len(users) + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     t = d / (days - 1) if days > 1 else 1.0
-    items = _session_items(world, sampler, weight > 0, _Sessions(users, lens, offsets), t, rng)
+    sessions = _Sessions(users, lens, offsets)
+    items = _session_items(world, memory, _Day(sampler, weight, t), sessions, rng)
     world.last_item[users] = items[offsets[1:] - 1]
+    if memory.kept:
+        memory.remember(np.repeat(users, lens), items)
 
     # Funnel: step s emits depth[s] + 1 events on its item, one per stage reached.
     depth = np.searchsorted(np.cumsum(FUNNEL_DEPTH_P), rng.random(len(items)), side="right")
@@ -458,42 +489,225 @@ class _Sessions:
     offsets: np.ndarray
 
 
-def _session_items(world: _World, sampler: _Sampler, available: np.ndarray, sessions: _Sessions, t: float,
-                   rng: np.random.Generator) -> np.ndarray:
-    """The item index of every step of every session, flat in session order; ``t`` is the day's place
-    in the period (0 the first day, 1 the last), which drifts each user's taste.
+@dataclass
+class _Memory:
+    """What each user has had, for returns and for discoveries: O(users x slots + user-item pairs).
 
-    Sessions are sorted longest first, so the sessions still running at position k are a prefix
-    and each position is one vectorised draw over them.
+    ``items``/``score`` hold, per user, the ``MEMORY_SLOTS`` items a return draws from, each with
+    its recency-weighted use count (+1 a use, halved every ``RECENCY_HALF_LIFE_DAYS``); a new item
+    takes the slot with the lowest score (``use``, at the end of each day, so that a return is to an
+    item of an earlier day). ``known`` holds every (user, item) pair of earlier days
+    as sorted keys ``user * n_items + item``, so a discovery can be kept new to its user exactly,
+    not only new to the slots.
+    """
+
+    items: np.ndarray          # [U, K] int32 item index, -1: empty slot
+    score: np.ndarray          # [U, K] float32
+    known: np.ndarray          # [pairs] int64, sorted
+    n_items: int
+    repeat_rate: float | None  # None: no returns, no memory kept (repeats by chance only)
+
+    @classmethod
+    def empty(cls, users: int, items: int, repeat_rate: float | None) -> "_Memory":
+        if repeat_rate is None:
+            return cls(items=np.zeros((0, 0), dtype=np.int32), score=np.zeros((0, 0), dtype=np.float32),
+                       known=np.zeros(0, dtype=np.int64), n_items=items, repeat_rate=None)
+        return cls(items=np.full((users, MEMORY_SLOTS), -1, dtype=np.int32),
+                   score=np.zeros((users, MEMORY_SLOTS), dtype=np.float32),
+                   known=np.zeros(0, dtype=np.int64), n_items=items, repeat_rate=float(repeat_rate))
+
+    @property
+    def kept(self) -> bool:
+        return self.repeat_rate is not None
+
+    def new_day(self) -> None:
+        self.score *= np.float32(0.5 ** (1.0 / RECENCY_HALF_LIFE_DAYS))
+
+    def knew(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Whether each user had each item on an earlier day."""
+        keys = users.astype(np.int64) * self.n_items + items
+        pos = np.minimum(np.searchsorted(self.known, keys), max(len(self.known) - 1, 0))
+        return (self.known[pos] == keys) if len(self.known) else np.zeros(len(keys), dtype=bool)
+
+    def remember(self, users: np.ndarray, items: np.ndarray) -> None:
+        """At the end of a day: its (user, item) pairs join ``known`` (a merge of two sorted runs)."""
+        keys = np.sort(users.astype(np.int64) * self.n_items + items)
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+        keys = keys[~self.knew(keys // self.n_items, keys % self.n_items)]
+        merged = np.concatenate((self.known, keys))
+        merged.sort(kind="stable")
+        self.known = merged
+
+    def returns(self, users: np.ndarray, prev: np.ndarray, affinity: np.ndarray, item_cat: np.ndarray,
+                available: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One returning item per user, drawn in proportion to the slots' scores times the user's
+        ``affinity`` [n, categories] to the item's category today (tastes drift, and so do returns),
+        among available items other than the user's previous one (``prev``: coming back is to
+        something else than what is on screen); -1 for a user with nothing to come back to."""
+        slots = self.items[users]                                                   # [n, K]
+        usable = (slots >= 0) & (slots != prev[:, None]) & available[np.maximum(slots, 0)]
+        liking = np.take_along_axis(affinity, item_cat[np.maximum(slots, 0)].astype(np.int64), axis=1)
+        weight = self.score[users] * liking * usable
+        cum = np.cumsum(weight, axis=1)
+        total = cum[:, -1]
+        slot = (cum <= (rng.random(len(users)) * total)[:, None]).sum(axis=1)
+        picked = slots[np.arange(len(users)), np.minimum(slot, MEMORY_SLOTS - 1)].astype(np.int64)
+        return np.where(total > 0, picked, -1)
+
+    def use(self, users: np.ndarray, items: np.ndarray) -> None:
+        """Count one use of each item by its user (users distinct): +1 in its slot, or the weakest slot."""
+        hit = self.items[users] == items[:, None]                                   # [n, K]
+        held = hit.any(axis=1)
+        self.score[users[held], hit[held].argmax(axis=1)] += 1.0
+        fresh = users[~held]
+        weakest = np.argmin(self.score[fresh], axis=1)                              # an empty slot scores 0
+        self.items[fresh, weakest] = items[~held]
+        self.score[fresh, weakest] = 1.0
+
+
+@dataclass(frozen=True)
+class _Day:
+    """What one day's draws share: the sampler over its available items, their weights, the taste drift ``t``
+    (0 on the first day, 1 on the last)."""
+
+    sampler: _Sampler
+    weight: np.ndarray
+    t: float
+
+    @property
+    def available(self) -> np.ndarray:
+        return self.weight > 0
+
+
+def _session_items(world: _World, memory: _Memory, day: _Day, sessions: _Sessions,
+                   rng: np.random.Generator) -> np.ndarray:
+    """The item index of every step of every session, flat in session order.
+
+    A returning user (one with items from earlier days) comes back to one of those
+    (``memory.returns``) with probability ``memory.repeat_rate``; every other step is a discovery
+    (``_discover``), redrawn until it is an item new to the user, today included. Sessions are
+    sorted longest first, so the sessions still running at position k are a prefix and each
+    position is one vectorised draw over them. Today's items join the memory when the day is over.
     """
     users, lens, offsets = sessions.users, sessions.lens, sessions.offsets
-    logits = (1.0 - t) * world.logit_start[users] + t * world.logit_end[users]       # [n, 3]
+    logits = (1.0 - day.t) * world.logit_start[users] + day.t * world.logit_end[users]   # [n, 3]
     prob = np.exp(logits - logits.max(axis=1, keepdims=True))
-    cum_taste = np.cumsum(prob / prob.sum(axis=1, keepdims=True), axis=1)            # [n, 3]
+    prob /= prob.sum(axis=1, keepdims=True)
     taste_cat = world.taste_cat[users].astype(np.int64)                              # [n, 3]
+    affinity = np.full((len(users), len(CATEGORY_NAMES)), RETURN_TASTE_FLOOR, dtype=np.float32)
+    np.add.at(affinity, (np.arange(len(users))[:, None], taste_cat), prob.astype(np.float32))
+    taste = _Tastes(np.cumsum(prob, axis=1), taste_cat, affinity)
     running = np.searchsorted(-lens, -np.arange(int(lens[0])), side="left")          # sessions with len > k
+    available = day.available
 
     out = np.empty(int(offsets[-1]), dtype=np.int64)
     for k, m in enumerate(running):
         at = offsets[:m] + k
-        prev = world.last_item[users[:m]].astype(np.int64) if k == 0 else out[at - 1]
-        has_prev = prev >= 0
-        r = rng.random(m)
-        follow = has_prev & (r < P_FOLLOW_RELATED)
-        same = has_prev & ~follow & (r < P_FOLLOW_RELATED + P_SAME_CATEGORY)
-        explore = r >= 1.0 - P_EXPLORE
-
-        slot = (rng.random(m)[:, None] > cum_taste[:m]).sum(axis=1)
-        cats = taste_cat[np.arange(m), np.minimum(slot, 2)]
-        prev_cat = world.item_cat[np.maximum(prev, 0)].astype(np.int64)
-        cats = np.where(follow | same, prev_cat, cats)      # an unavailable related item falls back here
-        draw = sampler.in_category(cats, rng.random(m), rng)
-        if explore.any():
-            draw[explore] = sampler.overall(rng.random(int(explore.sum())))
-        rel = world.related[np.maximum(prev, 0)].astype(np.int64)
-        use_rel = follow & available[rel]
-        draw[use_rel] = rel[use_rel]
+        who = users[:m]
+        prev = world.last_item[who].astype(np.int64) if k == 0 else out[at - 1]
+        draw = np.full(m, -1, dtype=np.int64)
+        if memory.kept and memory.repeat_rate > 0:
+            back = np.flatnonzero(rng.random(m) < memory.repeat_rate)
+            draw[back] = memory.returns(who[back], prev[back], taste.affinity[back], world.item_cat,
+                                        available, rng)               # -1: nothing to come back to
+            # Returns keep the order too: to the previous item's related one, when the user had it.
+            rel = world.related[np.maximum(prev[back], 0)].astype(np.int64)
+            follow = (prev[back] >= 0) & (rng.random(len(back)) < P_RETURN_FOLLOW) & available[rel]
+            follow[follow] = memory.knew(who[back[follow]], rel[follow])
+            draw[back[follow]] = rel[follow]
+        new = np.flatnonzero(draw < 0)
+        draw[new] = _discover(world, day, taste, new, prev[new], rng)
+        if not memory.kept:
+            out[at] = draw
+            continue
+        new = new[_had(memory, out, offsets, who, new, draw[new], k)]
+        if len(new):                  # redraws, all at once: the first one new to the user wins
+            again = np.repeat(new, DISCOVERY_TRIES)
+            tries = _discover(world, day, taste, again, prev[again], rng)
+            fresh = ~_had(memory, out, offsets, who, again, tries, k).reshape(len(new), DISCOVERY_TRIES)
+            found = fresh.any(axis=1)
+            draw[new[found]] = tries.reshape(len(new), DISCOVERY_TRIES)[found, fresh[found].argmax(axis=1)]
+            new = new[~found]
+        if len(new):                  # the model keeps drawing items the user had: pick among the others
+            draw[new] = _unknown_items(world, memory, day, taste.cats[new], who[new],
+                                       out[offsets[new][:, None] + np.arange(k)], draw[new], rng)
         out[at] = draw
+    for k, m in enumerate(running if memory.kept else ()):   # today's items join the memory after the day
+        memory.use(users[:m], out[offsets[:m] + k])
+    return out
+
+
+@dataclass(frozen=True)
+class _Tastes:
+    """The day's sessions' taste clusters: cumulative weight and category of each of 3 slots, [n, 3]; and
+    how much each user likes each category today, [n, categories] (a floor for the others)."""
+
+    cum: np.ndarray
+    cats: np.ndarray
+    affinity: np.ndarray
+
+
+def _discover(world: _World, day: _Day, taste: _Tastes, rows: np.ndarray, prev: np.ndarray,
+              rng: np.random.Generator) -> np.ndarray:
+    """The discovery model, for the sessions ``rows`` whose previous items are ``prev`` (-1: none):
+    the previous item's related item or category, else a taste category, sometimes the whole catalog."""
+    m = len(rows)
+    has_prev = prev >= 0
+    r = rng.random(m)
+    follow = has_prev & (r < P_FOLLOW_RELATED)
+    same = has_prev & ~follow & (r < P_FOLLOW_RELATED + P_SAME_CATEGORY)
+    explore = r >= 1.0 - P_EXPLORE
+
+    slot = (rng.random(m)[:, None] > taste.cum[rows]).sum(axis=1)
+    cats = taste.cats[rows, np.minimum(slot, 2)]
+    prev_cat = world.item_cat[np.maximum(prev, 0)].astype(np.int64)
+    cats = np.where(follow | same, prev_cat, cats)      # an unavailable related item falls back here
+    draw = day.sampler.in_category(cats, rng.random(m), rng)
+    if explore.any():
+        draw[explore] = day.sampler.overall(rng.random(int(explore.sum())))
+    rel = world.related[np.maximum(prev, 0)].astype(np.int64)
+    use_rel = follow & day.available[rel]
+    draw[use_rel] = rel[use_rel]
+    return draw
+
+
+def _had(memory: _Memory, out: np.ndarray, offsets: np.ndarray, users: np.ndarray, rows: np.ndarray,
+         items: np.ndarray, k: int) -> np.ndarray:
+    """Whether the sessions ``rows`` had ``items`` before: on an earlier day, or earlier in the session."""
+    had = memory.knew(users[rows], items)
+    if k:
+        earlier = out[offsets[rows][:, None] + np.arange(k)]                      # [n, k]
+        had |= (earlier == items[:, None]).any(axis=1)
+    return had
+
+
+def _unknown_items(world: _World, memory: _Memory, day: _Day, taste_cats: np.ndarray, users: np.ndarray,
+                   today: np.ndarray, fallback: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """For each user (row), an available item they never had, by popularity, from their taste categories
+    if one is left there; ``fallback`` (a repeat) only for a user who has had every available item.
+    ``today`` [n, k]: the items of each user's session so far. Row by item masks, in chunks."""
+    n_items = len(day.weight)
+    out = fallback.copy()
+    chunk = max(1, (1 << 22) // n_items)
+    for start in range(0, len(users), chunk):
+        rows = slice(start, start + chunk)
+        u = users[rows].astype(np.int64)
+        new = np.repeat(day.available[None, :], len(u), axis=0)                     # [r, I]
+        lo = np.searchsorted(memory.known, u * n_items)
+        hi = np.searchsorted(memory.known, (u + 1) * n_items)
+        counts = hi - lo
+        which = np.repeat(np.arange(len(u)), counts)
+        pos = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)
+        new[which, memory.known[pos] - u[which] * n_items] = False
+        new[np.repeat(np.arange(len(u)), today.shape[1]), today[rows].ravel()] = False
+        liked = np.zeros((len(u), len(CATEGORY_NAMES)), dtype=bool)
+        liked[np.arange(len(u))[:, None], taste_cats[rows]] = True
+        in_taste = new & liked[:, world.item_cat]
+        pool = np.where(in_taste.any(axis=1)[:, None], in_taste, new)
+        cum = np.cumsum(np.where(pool, day.weight[None, :], 0.0), axis=1)
+        total = cum[:, -1]
+        pick = np.minimum((cum <= (rng.random(len(u)) * total)[:, None]).sum(axis=1), n_items - 1)
+        out[rows] = np.where(total > 0, pick, fallback[rows])
     return out
 
 

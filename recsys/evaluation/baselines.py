@@ -1,4 +1,5 @@
-"""The baselines every evaluation reports next to the project's models: popularity and Spark ALS.
+"""The baselines every evaluation reports next to the project's models: popularity and Spark ALS; and the
+lists the backtest (``recsys backtest``) sets beside the job's every night.
 
 - **popularity**: items ranked by how many users have them in their phase history.
 - **Spark ALS** (``pyspark.ml.recommendation.ALS``, implicit feedback, every interaction a 1): a
@@ -11,9 +12,21 @@ ALS is scored from its collected user and item factors under exactly the masking
 get (:mod:`recsys.evaluation.ranking`), never with ``recommendForUserSubset``, which silently drops
 users it does not know. A user ALS has no factors for scores 0 everywhere: every item ties, and
 ties count against the target, so such a user is a miss.
+
+The backtest's lists (the second half of this module) are Spark DataFrame code from end to end, so they
+scale with the events: nothing per user reaches the driver. Each is a DataFrame ``user_id, items``
+(``array<bigint>``, best first, at most ``n``) for the users asked about, over the available items:
+
+- **personal frequency** (:func:`personal_frequency_lists`): the user's own items by time-decayed count;
+- **the same padded with recent popularity** (:func:`padded_lists`);
+- **recent popularity** (:func:`popularity_ranking`, :func:`popularity_lists`), the user's history masked or not;
+- **Spark ALS** (:func:`als_lists`), implicit, its ``recommendForUserSubset`` over-fetched and then
+  filtered (unavailable items always, the user's history when masked). Users it does not know get no list
+  (and score 0), never silently fewer users.
 """
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import logging
 import time
@@ -60,10 +73,18 @@ def als_grid(ranks: list[int], reg_params: list[float], alphas: list[float], max
     return [ALSParams(r, g, a, max_iter, seed) for r, g, a in itertools.product(ranks, reg_params, alphas)]
 
 
-def fit_als_scorer(spark, phase: Phase, params: ALSParams) -> FactorScorer:
-    """Fit implicit ALS on ``phase.history`` and return a scorer from its collected factors."""
+def als_estimator(params: ALSParams, *, user_col: str = "user", item_col: str = "item", rating_col: str = "rating",
+                  cold_start: str = "nan"):
+    """Spark's implicit ALS with ``params``: the one configuration evaluation and the backtest fit."""
     from pyspark.ml.recommendation import ALS
 
+    return ALS(rank=params.rank, regParam=params.reg_param, alpha=params.alpha, maxIter=params.max_iter,
+               implicitPrefs=True, seed=params.seed, userCol=user_col, itemCol=item_col, ratingCol=rating_col,
+               coldStartStrategy=cold_start)
+
+
+def fit_als_scorer(spark, phase: Phase, params: ALSParams) -> FactorScorer:
+    """Fit implicit ALS on ``phase.history`` and return a scorer from its collected factors."""
     users = np.repeat(np.arange(len(phase.history), dtype=np.int32), phase.history.lengths)
     item_ids, items = np.unique(phase.history.items, return_inverse=True)
     if len(item_ids) == 0:
@@ -72,10 +93,7 @@ def fit_als_scorer(spark, phase: Phase, params: ALSParams) -> FactorScorer:
 
     frame = spark.createDataFrame(pd.DataFrame({"user": users, "item": items.astype(np.int32),
                                                 "rating": np.ones(len(users), dtype=np.float32)}))
-    als = ALS(rank=params.rank, regParam=params.reg_param, alpha=params.alpha, maxIter=params.max_iter,
-              implicitPrefs=True, seed=params.seed, userCol="user", itemCol="item", ratingCol="rating",
-              coldStartStrategy="nan")
-    model = als.fit(frame)
+    model = als_estimator(params).fit(frame)
     user_f = _factors(model.userFactors.toArrow(), len(phase.history), params.rank)    # [U, r], 0 if unknown
     item_f = _factors(model.itemFactors.toArrow(), len(item_ids), params.rank)         # [I, r]
     user_t = torch.from_numpy(user_f)
@@ -110,3 +128,127 @@ def _factors(table, n: int, rank: int) -> np.ndarray:
                               dtype=np.float32).reshape(len(ids), rank)
         out[ids] = features
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The backtest's lists: Spark DataFrames, user_id + items (array<bigint>, best first).
+
+LIST_COLUMN = "items"
+MAX_OVERFETCH = 2000       # most items fetched (ALS) or ranked (popularity) beyond n to mask a history: longer
+                           # histories may leave a masked list short
+_INT_MAX = 2**31 - 1       # ALS ids are Spark integers
+
+
+def ranked_lists(ranked, n: int, *keys):
+    """``user_id, item_id`` + sort ``keys`` (Columns, best first) -> ``user_id, items``: each user's first ``n``.
+
+    One window over each user's candidates, then the first ``n`` gathered in order: no per-user Python.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    place = F.row_number().over(Window.partitionBy("user_id").orderBy(*keys))
+    kept = ranked.select("user_id", "item_id", place.alias("_place")).where(F.col("_place") <= n)
+    entries = F.array_sort(F.collect_list(F.struct(F.col("_place"), F.col("item_id"))))
+    return kept.groupBy("user_id").agg(F.transform(entries, lambda e: e["item_id"]).alias(LIST_COLUMN))
+
+
+def personal_frequency_lists(past, users, available, night: dt.date, n: int, half_life_days: float, seed: int):
+    """Each of ``users``' own available items, by time-decayed event count, best first.
+
+    ``past``: ``user_id, item_id, ts`` (the events before ``night``); an event ``a`` days before the night's
+    start weighs ``2 ** (-a / half_life_days)``. Ties (equal weight) go to the item touched last, then to a
+    seeded hash of (user, item), never to the item id.
+    """
+    from pyspark.sql import functions as F
+
+    start = dt.datetime.combine(night, dt.time())
+    age_days = (F.lit(start).cast("double") - F.col("ts").cast("double")) / 86_400.0
+    weight = F.pow(F.lit(2.0), -age_days / F.lit(float(half_life_days)))
+    scored = (past.join(users.select("user_id"), "user_id", "left_semi").join(available, "item_id", "left_semi")
+              .groupBy("user_id", "item_id").agg(F.sum(weight).alias("_score"), F.max("ts").alias("_last")))
+    tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(seed))
+    return ranked_lists(scored, n, F.col("_score").desc(), F.col("_last").desc(), tie)
+
+
+def popularity_ranking(past, available, night: dt.date, days: int, length: int, seed: int):
+    """One row, ``ranking``: the ``length`` available items most users touched in the ``days`` days before
+    ``night``, best first (ties: a seeded hash of the item, never its id)."""
+    from pyspark.sql import functions as F
+
+    since = dt.datetime.combine(night - dt.timedelta(days=days), dt.time())
+    counted = (past.where(F.col("ts") >= F.lit(since)).join(available, "item_id", "left_semi")
+               .groupBy("item_id").agg(F.countDistinct("user_id").alias("_users"))
+               .withColumn("_tie", F.xxhash64(F.col("item_id"), F.lit(seed))))
+    top = counted.orderBy(F.col("_users").desc(), F.col("_tie")).limit(length)
+    entries = F.array_sort(F.collect_list(F.struct((-F.col("_users")).alias("u"), F.col("_tie"), F.col("item_id"))))
+    return top.agg(F.transform(entries, lambda e: e["item_id"]).alias("ranking"))
+
+
+def popularity_lists(users, ranking, n: int, *, masked: bool):
+    """``ranking``'s first ``n`` items for each of ``users`` (``user_id, seen``); ``masked``: without the
+    user's ``seen`` items. ``array_except`` keeps the ranking's order (and each item once)."""
+    from pyspark.sql import functions as F
+
+    items = F.array_except("ranking", "seen") if masked else F.col("ranking")
+    return users.select("user_id", "seen").crossJoin(F.broadcast(ranking)).select(
+        "user_id", F.slice(items, 1, n).alias(LIST_COLUMN))
+
+
+def padded_lists(users, personal, ranking, n: int):
+    """Each user's ``personal`` list, its free places filled with ``ranking``'s items not already in it."""
+    from pyspark.sql import functions as F
+
+    own = F.coalesce(F.col("p." + LIST_COLUMN), F.array().cast("array<bigint>"))
+    return (users.select("user_id").alias("u").join(personal.alias("p"), "user_id", "left")
+            .crossJoin(F.broadcast(ranking))
+            .select("user_id", F.slice(F.concat(own, F.array_except("ranking", own)), 1, n).alias(LIST_COLUMN)))
+
+
+@dataclass(frozen=True)
+class ALSLists:
+    """The two ALS lists of a night (history kept, history masked) and what the fit saw."""
+
+    unmasked: Any
+    masked: Any
+    fetched: int            # items fetched per user before filtering
+    ids_remapped: bool      # ids outside Spark's integer range were numbered densely for the fit
+
+
+def als_lists(past, users, available, n: int, params: ALSParams, max_seen: int, out_dir: str) -> ALSLists:
+    """Implicit ALS fitted on ``past`` (each user's event count per item as the rating), asked for ``users``.
+
+    ``recommendForUserSubset`` is asked for ``n`` plus the longest history among ``users`` (at most
+    :data:`MAX_OVERFETCH` more) so that masking the history still leaves ``n`` items; then unavailable
+    items are dropped always, the user's own items in the masked lists. Users ALS has no factors for are
+    not in the result (they get no list). The fetched lists are written to ``out_dir`` and read back, so
+    that both lists come from one ``recommendForUserSubset``.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    ratings = past.groupBy("user_id", "item_id").agg(F.count(F.lit(1)).cast("float").alias("rating"))
+    bounds = ratings.agg(F.min("user_id"), F.max("user_id"), F.min("item_id"), F.max("item_id")).first()
+    remap = bounds[0] is not None and not all(0 <= int(v) <= _INT_MAX for v in bounds)
+    if remap:   # number ids densely (one window over the distinct ids: a narrow table)
+        user_ids = ratings.select("user_id").distinct().withColumn("user", F.dense_rank().over(Window.orderBy("user_id")) - 1)
+        item_ids = ratings.select("item_id").distinct().withColumn("item", F.dense_rank().over(Window.orderBy("item_id")) - 1)
+    else:
+        user_ids = ratings.select("user_id").distinct().withColumn("user", F.col("user_id").cast("int"))
+        item_ids = ratings.select("item_id").distinct().withColumn("item", F.col("item_id").cast("int"))
+    frame = ratings.join(user_ids, "user_id").join(item_ids, "item_id").select("user", "item", "rating")
+    model = als_estimator(params, cold_start="drop").fit(frame)
+    items_known = model.itemFactors.count()
+    fetched = int(min(items_known, n + min(max(0, max_seen), MAX_OVERFETCH)))
+    subset = users.select("user_id").join(user_ids, "user_id").select("user")
+    recs = model.recommendForUserSubset(subset, max(1, fetched))
+    exploded = (recs.select("user", F.posexplode("recommendations").alias("_pos", "r"))
+                .select("user", "_pos", F.col("r.item").alias("item"))
+                .join(user_ids, "user").join(item_ids, "item").select("user_id", "item_id", "_pos")
+                .join(available, "item_id", "left_semi"))
+    exploded.write.mode("overwrite").parquet(out_dir)
+    exploded = exploded.sparkSession.read.parquet(out_dir)
+    seen = past.select("user_id", "item_id").distinct()
+    return ALSLists(unmasked=ranked_lists(exploded, n, F.col("_pos")),
+                    masked=ranked_lists(exploded.join(seen, ["user_id", "item_id"], "left_anti"), n, F.col("_pos")),
+                    fetched=fetched, ids_remapped=remap)

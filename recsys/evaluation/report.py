@@ -11,6 +11,11 @@ A model trained with several seeds (``recsys evaluate --seeds N``) varies from o
 the next too. Its per-user values are averaged over the seeds, and each resample also draws N
 seeds with replacement (a two-level bootstrap), so its interval holds the seed variance as well as
 the user sampling: a difference outside it is not a lucky initialisation.
+
+A backtest (``recsys backtest``) measures the same users on several nights: its figures are means over
+(user, night) pairs, and both users and nights are samples. :class:`TwoWayDraws` resamples users and
+nights at once (each pair weighted by how often its user and its night were drawn), so an interval
+holds the variation between nights as well as between users.
 """
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` document: ``{"protocol", "k", "models": {name: {metric: value}}}`` (+ the default's name)."""
         return {"protocol": self.protocol, "k": list(self.ks),
-                "models": {name: {m: _plain(v) for m, v in values.items()} for name, values in self.models.items()},
+                "models": {name: {m: plain(v) for m, v in values.items()} for name, values in self.models.items()},
                 "default_model": self.default_model}
 
     def to_full_json(self) -> dict[str, Any]:
@@ -64,11 +69,11 @@ class Comparison:
         doc = self.to_json()
         doc.update({
             "users": self.users, "reference": self.reference, "notes": self.notes,
-            "intervals": {n: {m: [_plain(a), _plain(b)] for m, (a, b) in v.items()} for n, v in self.intervals.items()},
-            "differences_to_reference": {n: {m: [_plain(x) for x in t] for m, t in v.items()}
+            "intervals": {n: {m: [plain(a), plain(b)] for m, (a, b) in v.items()} for n, v in self.intervals.items()},
+            "differences_to_reference": {n: {m: [plain(x) for x in t] for m, t in v.items()}
                                          for n, v in self.differences.items()},
-            "ratios_to_reference": {n: {m: [_plain(x) for x in t] for m, t in v.items()} for n, v in self.ratios.items()},
-            "pair_differences": {n: {m: [_plain(x) for x in t] for m, t in v.items()}
+            "ratios_to_reference": {n: {m: [plain(x) for x in t] for m, t in v.items()} for n, v in self.ratios.items()},
+            "pair_differences": {n: {m: [plain(x) for x in t] for m, t in v.items()}
                                  for n, v in self.pair_differences.items()},
         })
         return doc
@@ -107,7 +112,7 @@ def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int]
     if resamples > 0:
         draws = _Draws(n_users, resamples, seed)
         for name, result in results.items():
-            out.intervals[name] = {m: _interval(draws.result_means(result, m))
+            out.intervals[name] = {m: interval(draws.result_means(result, m))
                                    for m in metric_names(ks) if _has_interval(m, n_users, resamples)}
         if reference is not None:
             ref = results[reference]
@@ -123,16 +128,16 @@ def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int]
                     a = draws.result_means(result, m)
                     b = draws.result_means(ref, m)
                     diff = out.models[name][m] - out.models[reference][m]
-                    out.differences[name][m] = (diff, *_interval(a - b))
+                    out.differences[name][m] = (diff, *interval(a - b))
                     if m.startswith("ndcg@"):
                         with np.errstate(divide="ignore", invalid="ignore"):
                             ratio = out.models[name][m] / out.models[reference][m] if out.models[reference][m] else math.nan
-                            out.ratios[name][m] = (ratio, *_interval(a / b))
+                            out.ratios[name][m] = (ratio, *interval(a / b))
         for a_name, b_name in pairs:
             if a_name in results and b_name in results:
                 out.pair_differences[f"{a_name} - {b_name}"] = {
                     m: (out.models[a_name][m] - out.models[b_name][m],
-                        *_interval(draws.result_means(results[a_name], m) - draws.result_means(results[b_name], m)))
+                        *interval(draws.result_means(results[a_name], m) - draws.result_means(results[b_name], m)))
                     for m in metric_names(ks) if _has_interval(m, n_users, resamples)}
     return out
 
@@ -176,6 +181,60 @@ class _Draws:
         return out
 
 
+class TwoWayDraws:
+    """Seeded resamples of users and of nights together, for figures that are means over (user, night) pairs.
+
+    Resample ``r`` draws the distinct users with replacement and, independently, the nights; a pair counts
+    as often as its user was drawn times as often as its night was (the two-way "pigeonhole" bootstrap). A
+    value that is NaN (a user without repeat items, for a repeat figure) is left out of the mean, so each
+    resample averages over the pairs the figure covers. Drawn once and shared by every system, so the
+    difference of two systems' resampled means is a paired difference.
+    """
+
+    CELLS = 20_000_000   # resamples x pairs weighed at once: bounds memory (160 MB of float64)
+
+    def __init__(self, users: np.ndarray, nights: np.ndarray, resamples: int, seed: int):
+        users, nights = np.asarray(users), np.asarray(nights)
+        if users.shape != nights.shape:
+            raise ValueError(f"{len(users)} users but {len(nights)} nights: give one of each per pair")
+        _, self._user = np.unique(users, return_inverse=True)
+        _, self._night = np.unique(nights, return_inverse=True)
+        self.pairs, self.resamples = len(users), resamples
+        rng = np.random.default_rng(seed)
+        n_users, n_nights = int(self._user.max(initial=-1)) + 1, int(self._night.max(initial=-1)) + 1
+        self._user_counts = _counts(rng, resamples, n_users)       # [R, users]
+        self._night_counts = _counts(rng, resamples, n_nights)     # [R, nights]
+
+    def means(self, values: np.ndarray) -> np.ndarray:
+        """[resamples] the weighted mean of the per-pair ``values`` on each resample (NaN pairs left out)."""
+        return self.means_many(np.asarray(values, np.float64)[:, None])[:, 0]
+
+    def means_many(self, values: np.ndarray) -> np.ndarray:
+        """[resamples, C] :meth:`means` of each column of ``values`` [pairs, C], the weights built once."""
+        values = np.asarray(values, np.float64)
+        if values.ndim != 2 or values.shape[0] != self.pairs:
+            raise ValueError(f"expected {self.pairs} per-pair values a column, got shape {values.shape}")
+        finite = np.isfinite(values)
+        x, covered = np.where(finite, values, 0.0), finite.astype(np.float64)
+        out = np.empty((self.resamples, values.shape[1]))
+        step = max(1, self.CELLS // max(1, self.pairs))
+        for start in range(0, self.resamples, step):
+            end = min(self.resamples, start + step)
+            w = self._user_counts[start:end][:, self._user] * self._night_counts[start:end][:, self._night]  # [r, P]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[start:end] = (w @ x) / (w @ covered)
+        return out
+
+
+def _counts(rng: np.random.Generator, resamples: int, n: int) -> np.ndarray:
+    """[resamples, n] how often each of ``n`` units is drawn in ``n`` draws with replacement."""
+    if n == 0:
+        return np.zeros((resamples, 0))
+    draws = rng.integers(0, n, size=(resamples, n))
+    offsets = (np.arange(resamples) * n)[:, None]
+    return np.bincount((draws + offsets).ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.float64)
+
+
 def _point(result: PhaseResult, metric: str, candidates: int) -> float:
     name, k = metric.split("@")
     if name == "coverage":
@@ -188,7 +247,8 @@ def _has_interval(metric: str, users: int, resamples: int) -> bool:
     return metric.split("@")[0] in MEAN_METRICS
 
 
-def _interval(samples: np.ndarray) -> tuple[float, float]:
+def interval(samples: np.ndarray) -> tuple[float, float]:
+    """The 95% percentile interval of resampled figures (NaN resamples left out; NaN, NaN without any)."""
     finite = samples[np.isfinite(samples)]
     if len(finite) == 0:
         return math.nan, math.nan
@@ -196,7 +256,7 @@ def _interval(samples: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _plain(value: float) -> float | None:
+def plain(value: float) -> float | None:
     return None if value is None or not math.isfinite(value) else round(float(value), 6)
 
 
@@ -213,14 +273,14 @@ def format_table(comparison: Comparison, *, digits: int = 4) -> str:
              "", "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
     for name, values in comparison.models.items():
         label = name + (" (default)" if name == comparison.default_model else "")
-        cells = [_cell(values[m], comparison.intervals.get(name, {}).get(m), digits, m) for m in metrics]
+        cells = [cell(values[m], comparison.intervals.get(name, {}).get(m), digits, m) for m in metrics]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if comparison.differences:
         ref = comparison.reference
         lines += ["", f"Paired difference to {ref} (model - {ref}), 95% bootstrap interval over the same users:", "",
                   "| model | " + " | ".join(metrics) + " |", "|---|" + "---|" * len(metrics)]
         for name, diffs in comparison.differences.items():
-            cells = [_cell(d[0], (d[1], d[2]), digits, m, signed=True) if (d := diffs.get(m)) else "n/a"
+            cells = [cell(d[0], (d[1], d[2]), digits, m, signed=True) if (d := diffs.get(m)) else "n/a"
                      for m in metrics]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         ratio_lines = []
@@ -235,21 +295,22 @@ def format_table(comparison: Comparison, *, digits: int = 4) -> str:
                   "| rows | " + " | ".join(m for m in metrics if not m.startswith("coverage")) + " |",
                   "|---|" + "---|" * sum(not m.startswith("coverage") for m in metrics)]
         for pair, diffs in comparison.pair_differences.items():
-            cells = [_cell(d[0], (d[1], d[2]), digits, m, signed=True) for m, d in diffs.items()]
+            cells = [cell(d[0], (d[1], d[2]), digits, m, signed=True) for m, d in diffs.items()]
             lines.append(f"| {pair} | " + " | ".join(cells) + " |")
     if comparison.notes:
         lines += ["", *[f"- {name}: {note}" for name, note in comparison.notes.items()]]
     return "\n".join(lines)
 
 
-def _cell(value: float, interval: tuple[float, float] | None, digits: int, metric: str, signed: bool = False) -> str:
+def cell(value: float, bounds: tuple[float, float] | None, digits: int, metric: str, signed: bool = False) -> str:
+    """``value [lo, hi]`` as the tables print it (``n/a`` for a missing value, no brackets without bounds)."""
     d = 1 if metric.startswith("pop_pct") else digits
     fmt = f"{{:{'+' if signed else ''}.{d}f}}"
     if value is None or not math.isfinite(value):
         return "n/a"
     text = fmt.format(value)
-    if interval is not None and all(math.isfinite(x) for x in interval):
-        text += f" [{interval[0]:.{d}f}, {interval[1]:.{d}f}]"
+    if bounds is not None and all(math.isfinite(x) for x in bounds):
+        text += f" [{bounds[0]:.{d}f}, {bounds[1]:.{d}f}]"
     return text
 
 

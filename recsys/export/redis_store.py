@@ -31,9 +31,10 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from recsys.errors import LockHeld, RecsysError, first_line
+from recsys.processes import process_alive, process_start_time
 from recsys.uris import redact_uri
 
 log = logging.getLogger(__name__)
@@ -291,11 +292,8 @@ class ExportLock:
     lost: bool = False
 
     def acquire(self) -> "ExportLock":
-        import psutil
-
-        me = psutil.Process()
         self.value = json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
-                                 "pid_started": me.create_time(), "started_at": _now()}, sort_keys=True)
+                                 "pid_started": process_start_time(), "started_at": _now()}, sort_keys=True)
         ttl_ms = int(self.ttl_s * 1000)
         for _ in range(3):
             if self.client.set(self.keys.lock, self.value, nx=True, px=ttl_ms):
@@ -360,24 +358,15 @@ def _holder(raw: bytes | str) -> dict[str, Any]:
 
 def _dead_here(holder: Mapping[str, Any]) -> str | None:
     """Why the holder is known dead (its process on this host is gone or is another program), or None."""
-    import psutil
-
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return None
     pid = holder["pid"]
-    try:
-        started = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
+    if not process_alive(pid):
         return f"its process {pid} on {holder['host']} is gone"
-    if holder.get("pid_started") is not None and abs(started - float(holder["pid_started"])) > 1:
+    started = holder.get("pid_started")
+    if started is not None and not process_alive(pid, float(started)):
         return f"process {pid} on {holder['host']} is another program now"
     return None
-
-
-def delete_keys(client, keys: Iterable[str]) -> None:
-    names = list(keys)
-    if names:
-        client.unlink(*names)
 
 
 def wait_s(start: float) -> float:

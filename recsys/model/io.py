@@ -8,6 +8,8 @@ only numbers are read. A model directory holds:
                            "metadata": {...}}
     weights.safetensors   the state dict; tied weights are one parameter, so they are stored once
     item_ids.npy          int64 [num_items]: item_ids[i] is the external item id of model index i + 1
+    repeats.json          optional: how the user's known items compete with new ones
+                          (:class:`recsys.model.repeats.RepeatBlend`); absent: known items are masked
 
 ``config.json`` is written last, so a directory whose writing was interrupted fails to load with
 "missing config.json" rather than loading half a model.
@@ -24,11 +26,13 @@ import numpy as np
 import torch
 
 from recsys.model.registry import MODEL_TYPES, model_type_of
+from recsys.model.repeats import MASK_KNOWN, RepeatBlend
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 ITEM_IDS_FILE = "item_ids.npy"
+REPEATS_FILE = "repeats.json"
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,14 +42,16 @@ class LoadedModel:
     model_type: str
     config: Any                   # the model type's config dataclass
     metadata: dict = field(default_factory=dict)
+    blend: RepeatBlend = MASK_KNOWN   # how known items compete with new ones; masked when the model has none
 
 
 def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
-               metadata: dict | None = None) -> Path:
+               metadata: dict | None = None, blend: RepeatBlend | None = None) -> Path:
     """Write ``model`` and its vocabulary to ``directory`` (created if needed); returns ``directory``.
 
     ``metadata`` must be JSON-serialisable (training figures, data digests, ...); it is returned
-    unchanged by :func:`load_model`.
+    unchanged by :func:`load_model`. ``blend``: the repeat blend fitted with the model (None: none, so
+    known items are masked when it scores).
     """
     directory = Path(directory)
     model_type = model_type_of(model)
@@ -69,6 +75,9 @@ def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
     (directory / CONFIG_FILE).unlink(missing_ok=True)  # an interrupted overwrite must not look complete
     _save_weights(model, directory / WEIGHTS_FILE)
     np.save(directory / ITEM_IDS_FILE, item_ids.astype(np.int64), allow_pickle=False)
+    (directory / REPEATS_FILE).unlink(missing_ok=True)
+    if blend is not None:
+        (directory / REPEATS_FILE).write_text(blend.to_json() + "\n")
     (directory / CONFIG_FILE).write_text(config_text + "\n")
     return directory
 
@@ -101,8 +110,15 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> LoadedMod
     if len(item_ids) != config.num_items:
         raise ValueError(f"{directory / ITEM_IDS_FILE} has {len(item_ids)} ids but {CONFIG_FILE} says "
                          f"num_items={config.num_items}: the files come from different models")
+    blend = MASK_KNOWN
+    if (directory / REPEATS_FILE).is_file():
+        try:
+            blend = RepeatBlend.from_json((directory / REPEATS_FILE).read_text())
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{directory / REPEATS_FILE} is not a repeat blend ({exc}): restore it from the saved "
+                             "model, or delete it to mask known items") from exc
     return LoadedModel(model=model.to(device).eval(), item_ids=item_ids.astype(np.int64, copy=False),
-                       model_type=model_type, config=config, metadata=metadata)
+                       model_type=model_type, config=config, metadata=metadata, blend=blend)
 
 
 def _read_config(path: Path) -> tuple[str, Any, dict]:

@@ -16,6 +16,10 @@ driver-side figures (concentration, score shift) take per-item or per-bin counts
   included) and the share of all slots taken by the most recommended items (:func:`top_share`).
 - **Score shift** (:func:`psi`): the population stability index of tonight's scores in the previous
   night's score bins (deciles of a sample, :func:`decile_edges`).
+- **The next day, repeats and new items apart** (:func:`next_day_figures`): what ``recsys backtest``
+  measures of every system's lists, per user and night: HR, NDCG and recall over all the items the user
+  touched the next day, over those they had touched before (repeats) and over those new to them, and
+  the share of the list that repeats the user's own history.
 
 Lists are :class:`Lists`: ragged rows of item ids as offsets and flat values, as Arrow holds them.
 """
@@ -25,6 +29,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from recsys.sequences import Sequences
 
 SHORT_K = 10                      # the short cut-off beside top_n: HR@10, NDCG@10, Jaccard@10
 JACCARD_BINS = 101                # bins 0..99: [b/100, (b+1)/100); bin 100: exactly 1 (identical sets)
@@ -38,6 +44,12 @@ class Lists:
 
     offsets: np.ndarray   # [R + 1] int64, starts at 0
     ids: np.ndarray       # [T] int64
+
+    @classmethod
+    def from_arrow(cls, array) -> "Lists":
+        """A ``list<int64>`` Arrow array (or chunked array); null rows become empty rows."""
+        seqs = Sequences.from_arrow(array)
+        return cls(seqs.offsets, seqs.items)
 
     @classmethod
     def of(cls, rows: list[list[int]]) -> "Lists":
@@ -73,6 +85,14 @@ class Lists:
         starts = np.repeat(self.offsets[:-1][rows], lengths)
         within = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], lengths)
         return Lists(offsets, self.ids[starts + within])
+
+    def where(self, keep: np.ndarray) -> "Lists":
+        """The same rows holding only the values where ``keep`` ([T] bool, aligned with ``ids``) is true."""
+        keep = np.asarray(keep, dtype=bool)
+        lengths = np.bincount(self.rows()[keep], minlength=self.n_rows)
+        offsets = np.zeros(self.n_rows + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return Lists(offsets, self.ids[keep])
 
     def head(self, k: int) -> "Lists":
         """The first ``k`` values of each row."""
@@ -151,6 +171,7 @@ class Realized:
 
     hit: np.ndarray     # [R] bool
     ndcg: np.ndarray    # [R] float64
+    hits: np.ndarray | None = None   # [R] int64: how many of the first k items were touched (recall's numerator)
 
 
 def realized(lists: Lists, touched: Lists, ks: tuple[int, ...]) -> dict[int, Realized]:
@@ -170,8 +191,57 @@ def realized(lists: Lists, touched: Lists, ks: tuple[int, ...]) -> dict[int, Rea
         hits = np.bincount(rows[in_k], minlength=lists.n_rows)
         dcg = np.bincount(rows[in_k], weights=1.0 / np.log2(pos[in_k] + 2.0), minlength=lists.n_rows)
         ideal = _ideal_dcg(touched.lengths, k)
-        out[k] = Realized(hits > 0, np.divide(dcg, ideal, out=np.zeros(lists.n_rows), where=ideal > 0))
+        out[k] = Realized(hits > 0, np.divide(dcg, ideal, out=np.zeros(lists.n_rows), where=ideal > 0), hits)
     return out
+
+
+NEXT_DAY_PARTS = ("", ".repeat", ".new")   # all next-day items; those the user had before; those new to them
+
+
+def next_day_names(k: int, n: int) -> list[str]:
+    """The figures :func:`next_day_figures` returns, in table order."""
+    return [f"{m}{part}" for part in NEXT_DAY_PARTS for m in (f"hr@{k}", f"ndcg@{k}", f"recall@{n}")] + \
+        [f"repeat_share@{k}", "listed"]
+
+
+def next_day_figures(lists: Lists, targets: Lists, seen: Lists, k: int, n: int) -> dict[str, np.ndarray]:
+    """Per row (one user on one night), how the user's list did on what the user did the next day.
+
+    ``lists``: the list published for the night, best first; ``targets``: the distinct items the user
+    touched that day; ``seen``: the distinct items the user touched before it. Row ``r`` of all three is one
+    user. Returns [R] arrays named by :func:`next_day_names`:
+
+    - ``hr@k``, ``ndcg@k`` (:func:`realized`), ``recall@n`` (touched items among the first ``n`` over all
+      touched items) against every target;
+    - the same against the **repeat** targets (``.repeat``: in ``seen``) and the **new** ones (``.new``:
+      not in ``seen``), NaN for a row without targets of that kind, so a mean over the finite values is a
+      mean over the users who had such items;
+    - ``repeat_share@k``: the share of the first k list items that are in ``seen`` (NaN for an empty list),
+      ``listed``: 1 when the user had a list at all.
+
+    A list that holds only items new to its user scores 0 on every repeat figure; one that holds only the
+    user's history scores 0 on every new one.
+    """
+    if not lists.n_rows == targets.n_rows == seen.n_rows:
+        raise ValueError(f"next_day_figures: {lists.n_rows} lists, {targets.n_rows} target rows and "
+                         f"{seen.n_rows} history rows: give one row per user to all three")
+    rows = lists.n_rows
+    repeat = member(targets.rows(), targets.ids, seen.rows(), seen.ids, rows)
+    out: dict[str, np.ndarray] = {}
+    for part, keep in zip(NEXT_DAY_PARTS, (np.ones(len(repeat), dtype=bool), repeat, ~repeat)):
+        touched = targets.where(keep)
+        has = touched.lengths > 0
+        found = realized(lists, touched, tuple(sorted({k, n})))
+        recall = np.divide(found[n].hits, touched.lengths, out=np.zeros(rows), where=has)
+        out[f"hr@{k}{part}"] = np.where(has, found[k].hit.astype(np.float64), np.nan)
+        out[f"ndcg@{k}{part}"] = np.where(has, found[k].ndcg, np.nan)
+        out[f"recall@{n}{part}"] = np.where(has, recall, np.nan)
+    head = lists.head(k)
+    in_history = member(head.rows(), head.ids, seen.rows(), seen.ids, rows)
+    repeats = np.bincount(head.rows()[in_history], minlength=rows)
+    out[f"repeat_share@{k}"] = np.divide(repeats, head.lengths, out=np.full(rows, np.nan), where=head.lengths > 0)
+    out["listed"] = (lists.lengths > 0).astype(np.float64)
+    return {name: out[name] for name in next_day_names(k, n)}
 
 
 def popularity_lists(ranking: np.ndarray, exclude: Lists, k: int) -> Lists:
@@ -368,7 +438,7 @@ def popularity_hits(ranking: np.ndarray, seen_rows: np.ndarray, seen_ids: np.nda
     ranking = np.asarray(ranking, np.int64)
     m = len(ranking)
     if m == 0 or n_rows == 0:
-        return {k: Realized(np.zeros(n_rows, dtype=bool), np.zeros(n_rows)) for k in ks}
+        return {k: Realized(np.zeros(n_rows, dtype=bool), np.zeros(n_rows), np.zeros(n_rows, np.int64)) for k in ks}
     order = np.argsort(ranking, kind="stable")
     sorted_ids = ranking[order]
 
@@ -400,7 +470,7 @@ def _realized_at(rows: np.ndarray, pos: np.ndarray, n_touched: np.ndarray, n_row
         hits = np.bincount(rows[in_k], minlength=n_rows)
         dcg = np.bincount(rows[in_k], weights=1.0 / np.log2(pos[in_k] + 2.0), minlength=n_rows)
         ideal = _ideal_dcg(n_touched, k)
-        out[k] = Realized(hits > 0, np.divide(dcg, ideal, out=np.zeros(n_rows), where=ideal > 0))
+        out[k] = Realized(hits > 0, np.divide(dcg, ideal, out=np.zeros(n_rows), where=ideal > 0), hits)
     return out
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,7 +37,7 @@ from recsys.export.encoding import encode_list
 from recsys.export.writer import WriteSpec, write_files
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish.lock import DateLock
-from recsys.publish.published import PublishedPartition, find_published
+from recsys.publish.published import PublishedPartition, find_published, new_run_key
 from recsys.spark.session import job_description
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
@@ -89,7 +88,7 @@ def run_export(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool =
     table = _output_table(spark, cfg)
     if find_published(cfg.paths.output, date, table) is None:   # checked again under the lock; no lock for a typo
         raise InputDataError(_not_published(cfg, date))
-    run_key = f"export-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    run_key = new_run_key("export")
     with DateLock(cfg.paths.output, date, run_key):
         published = find_published(cfg.paths.output, date, table)
         if published is None:

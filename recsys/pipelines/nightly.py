@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Sequence
@@ -38,7 +37,7 @@ from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
 from recsys.publish.lock import DateLock, Holder
 from recsys.publish.manifest import Manifest
-from recsys.publish.published import find_published
+from recsys.publish.published import find_published, new_run_key
 from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish_method, recover,
                                       register_dates)
 from recsys.publish.table import OutputTable, open_table
@@ -146,12 +145,13 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
     date = parse_date(date)
     check_output_location(cfg.paths)
     config_digest = cfg.digest()
-    run_key = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    run_key = new_run_key()
     layout = PartitionLayout(cfg.paths.output, date, run_key)
     timer = StageTimer(partial(job_description, spark), job=f"recommend {date}",
                        progress=partial(LiveProgress, spark, interval_s=cfg.progress.interval_s))
 
     with DateLock(cfg.paths.output, date, run_key) as lock:
+        log.info("recommend %s: holding the date's lock (%s)", date, lock.kind)
         table = output_table(spark, cfg)
         for note in recover(layout, table, publish_method(layout)):
             log.warning("recommend %s: %s", date, note)
@@ -178,7 +178,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         recorder = tracking.RunRecorder(
             cfg.mlflow, run_name=f"recommend {date}", unavailable=resolution_error,
             tags={tags.JOB: tags.NIGHTLY_JOB, tags.DATE: str(date), tags.VERSION: __version__,
-                  tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version},
+                  tags.JOB_RUN: run_key, tags.MODEL_VERSION: model.version, tags.LOCK: lock.kind},
         )
         if recorder.run_id is not None:
             _note_mlflow_run(lock, cfg, date, recorder.run_id)
@@ -293,7 +293,7 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
     recorder.log_params(stages.run_params(cfg, date, model, run.config_digest))
     with timer.stage("read_catalog", "read the latest catalog snapshot") as c:
         catalog = stages.read_catalog(run.spark, cfg.paths, cfg.catalog.max_age_days, date,
-                                      stages.load_vocabulary(model), model.version)
+                                      stages.load_vocabulary(model), model.version, cfg.recommend)
         c.update(snapshot=str(catalog.snapshot.date), **catalog.figures)
     recorder.log_params({"catalog_snapshot": str(catalog.snapshot.date)})
 

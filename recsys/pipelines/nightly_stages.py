@@ -29,8 +29,9 @@ from pyspark.sql import functions as F
 
 from recsys import __version__
 from recsys import fs as rfs
-from recsys.config import Config, PathsConfig, ScoringConfig
+from recsys.config import Config, PathsConfig, RecommendConfig
 from recsys.data import history as hist
+from recsys.data import rules as data_rules
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
@@ -53,7 +54,7 @@ from recsys.scoring.compare import CompareSpec
 from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candidate_set, counts_per_candidate,
                                  popularity_fallback)
 from recsys.scoring.figures import WorkerFigures
-from recsys.scoring.params import ScoringParams
+from recsys.scoring.params import RuleParams, ScoringParams
 from recsys.scoring.shipping import ShippedModel, ship_model
 from recsys.scoring.stage import score_histories, scoring_tasks, worker_figures
 from recsys.scoring.udf import ScoringSpec
@@ -111,8 +112,9 @@ class CatalogStage:
     """The catalog snapshot the run uses and the candidate set it yields for the model."""
 
     snapshot: CatalogSnapshot
-    candidates: Candidates            # available in the snapshot and known to the model, model-index order
-    figures: Mapping[str, int]        # rows, null_item_ids, distinct_items, available_items,
+    candidates: Candidates            # available in the snapshot, let in by the catalog rules and known to the
+                                      # model, model-index order
+    figures: Mapping[str, int]        # rows, null_item_ids, distinct_items, available_items, rule_excluded_items,
                                       # available_unknown_to_model, candidate_items
 
     @property
@@ -128,10 +130,29 @@ def load_vocabulary(model: tracking.ResolvedModel) -> Vocabulary:
 
 
 def read_catalog(spark: SparkSession, paths: PathsConfig, catalog_max_age_days: int, date: dt.date,
-                 vocab: Vocabulary, model_version: str) -> CatalogStage:
-    """The newest catalog snapshot on or before ``date``, checked, and its candidates for the model."""
-    snapshot = read_catalog_snapshot(spark, paths.catalog, date, catalog_max_age_days)
+                 vocab: Vocabulary, model_version: str, rules: RecommendConfig | None = None) -> CatalogStage:
+    """The newest catalog snapshot on or before ``date``, checked, and its candidates for the model.
+
+    ``rules``: the operators' catalog rules (``recommend.exclude.catalog``, ``recommend.include.catalog``) keep
+    items out of the candidates here, on the snapshot the driver reads anyway; a column the snapshot lacks, or a
+    value its type cannot hold, stops the run (exit 2) naming it."""
+    columns = rules.catalog_columns if rules is not None else ()
+    snapshot = read_catalog_snapshot(spark, paths.catalog, date, catalog_max_age_days, columns=columns)
+    where = f"catalog snapshot {snapshot.date} under {redact_uri(paths.catalog)!r}"
+    if columns:
+        data_rules.check_catalog_columns(rules, list(snapshot.frame.columns), where)
     figures, available_ids = catalog_figures(snapshot, paths.catalog)
+    rule_excluded = 0
+    if columns:
+        allowed = snapshot.table.column("item_id").to_numpy()[data_rules.catalog_rule_mask(snapshot.table, rules, where)]
+        kept = available_ids[np.isin(available_ids, allowed)]
+        rule_excluded = int(len(available_ids) - len(kept))
+        if len(kept) == 0:
+            raise InputDataError(f"the catalog rules (recommend.exclude.catalog, recommend.include.catalog) leave none "
+                                 f"of the {len(available_ids)} available items of {where} a candidate; check their "
+                                 "columns and values")
+        available_ids = kept
+    figures = {**figures, "rule_excluded_items": rule_excluded}
     candidates, unknown = candidate_set(available_ids, vocab)
     if len(candidates.index) == 0:
         raise InputDataError(
@@ -163,24 +184,29 @@ def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
     ``touched_since``: the histories also hold each user's items touched from that day on
     (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits
     (:attr:`recsys.pipelines.nightly_compare.Comparison.touched_since`). ``users``: only these user ids;
-    None: every user with events in the window. Refuses a window without usable events, naming the path
-    and the settings to check.
+    None: every user with events in the window. With event rules (``recommend.exclude.events``), the
+    histories also hold each user's ``excluded_items``, from the same aggregation; a rule whose event type
+    the window never holds stops the run (exit 2) naming it, before anything is scored. Refuses a window
+    without usable events, naming the path and the settings to check.
     """
-    spark, paths, history, date = run.spark, run.cfg.paths, run.cfg.history, run.date
+    spark, paths, history, rules, date = run.spark, run.cfg.paths, run.cfg.history, run.cfg.recommend, run.date
     out_dir = rfs.join(run.work_dir, "histories")
     obs_events, obs_hist = Observation("events"), Observation("histories")
     raw = read_events_window(spark, paths.events, date, history.window_days, history.event_types)
     if users is not None:
         raw = raw.filter(F.col("user_id").isin([int(u) for u in users]))
-    events = hist.drop_null_ids(raw.observe(obs_events, *hist.input_quality_metrics()))
+    exclude = data_rules.exclusion_since(rules, date)
+    event_metrics = [*hist.input_quality_metrics(), *(data_rules.event_type_counts(rules) if exclude else [])]
+    history_metrics = hist.history_metrics(excluded=bool(exclude))
+    events = hist.drop_null_ids(raw.observe(obs_events, *event_metrics))
     since = dt.datetime.combine(touched_since, dt.time()) if touched_since is not None else None
     histories = hist.build_histories(events, max_items=history.max_items, tie_break_seed=history.tie_break_seed,
-                                     touched_since=since)
+                                     touched_since=since, exclude=exclude)
     with read_errors_as_input_errors("events", paths.events):
-        histories.observe(obs_hist, *hist.history_metrics()).write.mode("overwrite").parquet(out_dir)
+        histories.observe(obs_hist, *history_metrics).write.mode("overwrite").parquet(out_dir)
         observed = {
-            **_observed(obs_events, lambda: raw.agg(*hist.input_quality_metrics()).first().asDict()),
-            **_observed(obs_hist, lambda: spark.read.parquet(out_dir).agg(*hist.history_metrics()).first().asDict()),
+            **_observed(obs_events, lambda: raw.agg(*event_metrics).first().asDict()),
+            **_observed(obs_hist, lambda: spark.read.parquet(out_dir).agg(*history_metrics).first().asDict()),
         }
     figures = {k: int(v or 0) for k, v in observed.items()}
     start = window_start(date, history.window_days)
@@ -191,6 +217,12 @@ def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
             f"{figures['dropped_null_item_id']} without an item); check the events path, "
             f"history.window_days and history.event_types"
         )
+    if exclude and users is None:   # a few users' events say nothing about the window's types
+        data_rules.check_event_types(
+            rules, figures, lambda: sorted(r[0] for r in raw.select("event_type").distinct().limit(1000).collect()
+                                           if r[0] is not None),
+            f"the events between {start} and {date} (exclusive) under {redact_uri(paths.events)!r}")
+    figures = {k: v for k, v in figures.items() if not k.startswith("rule_events_")}
     return HistoryStage(spark.read.parquet(out_dir), figures, start)
 
 
@@ -235,24 +267,35 @@ def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_
 # score
 
 
-def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
-                 hooks: Hooks = NO_HOOKS, compare: CompareSpec | None = None) -> ScoringSpec:
+def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: FallbackStage, cfg: Config, *,
+                 lists_for: dt.date | None, hooks: Hooks = NO_HOOKS, compare: CompareSpec | None = None) -> ScoringSpec:
     """What every scoring task needs, minted once on the driver; ``model``: the files handed to Spark
-    (:func:`recsys.scoring.shipping.ship_model`), never a driver path; ``compare``: what the tasks compare
-    tonight's lists with (:attr:`recsys.pipelines.nightly_compare.Comparison.spec`), None: nothing."""
+    (:func:`recsys.scoring.shipping.ship_model`), never a driver path. ``fallback``: the fallback list and the
+    popularity ranking that lists the operators' rules (``cfg.recommend``) left short are filled from.
+    ``lists_for``: the date the lists are for, from whose start known items' ages are counted (the repeat
+    blend; None: no ages, known items masked). ``compare``: what the tasks compare tonight's lists with
+    (:attr:`recsys.pipelines.nightly_compare.Comparison.spec`), None: nothing."""
     return ScoringSpec(
         model=model,
         model_version=model.version,
         candidates_index=catalog.candidates.index.astype(np.int64),
         candidates_item_ids=catalog.candidates.item_ids.astype(np.int64),
         candidates_digest=catalog.digest,
-        fallback_item_ids=fallback.item_ids,
-        fallback_scores=fallback.scores,
-        fallback_name=fallback.name,
-        params=ScoringParams.from_config(scoring),
+        fallback_item_ids=fallback.fallback.item_ids,
+        fallback_scores=fallback.fallback.scores,
+        fallback_name=fallback.fallback.name,
+        params=ScoringParams.from_config(cfg.scoring),
         hooks=hooks,
         compare=compare,
+        lists_for_us=None if lists_for is None else start_of_day_us(lists_for),
+        rules=RuleParams.from_config(cfg.recommend),
+        popularity=np.asarray(fallback.popularity, dtype=np.int64),
     )
+
+
+def start_of_day_us(date: dt.date) -> int:
+    """Midnight UTC of ``date``, in epoch microseconds (the instant a night's lists are for)."""
+    return int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
 
 
 def score_users(histories: DataFrame, spec: ScoringSpec, partitions: int = 0) -> tuple[DataFrame, Observation]:
@@ -290,7 +333,7 @@ def score(run: NightlyRun, catalog: CatalogStage, history: HistoryStage, fallbac
     """
     spark, cfg, model = run.spark, run.cfg, run.model
     shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version, scratch=cfg.paths.driver_dir)
-    spec = scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, run.hooks, compare=previous.spec)
+    spec = scoring_spec(shipped, catalog, fallback, cfg, lists_for=run.date, hooks=run.hooks, compare=previous.spec)
     tasks = scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
                           users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark),
                           exchange=previous.joins)
@@ -427,12 +470,32 @@ def run_params(cfg: Config, date: dt.date, model: tracking.ResolvedModel, config
         "window_days": cfg.history.window_days,
         "max_history_items": cfg.history.max_items,
         "event_types": ",".join(cfg.history.event_types) or "all",
+        **rule_params(cfg.recommend),
         "events_path": redact_uri(cfg.paths.events),
         "catalog_path": redact_uri(cfg.paths.catalog),
         "output_path": redact_uri(cfg.paths.output),
         "config_digest": config_digest,
         "tracking_uri": redact_uri(cfg.mlflow.tracking_uri),
         "recsys_version": __version__,
+    }
+
+
+def rule_params(rules: RecommendConfig) -> dict[str, Any]:
+    """The operators' rules as MLflow parameters (``rules_*``), each readable alone; a catalog rule longer than
+    MLflow keeps is cut short, saying so (the manifest's ``rules`` holds them whole)."""
+    def cut(text: str, limit: int = 500) -> str:
+        return text if len(text) <= limit else text[:limit] + "... (cut; the manifest holds it whole)"
+
+    def catalog(rule: Mapping[str, Any]) -> str:
+        return cut(";".join(f"{column}={','.join(map(str, values))}" for column, values in rule.items()) or "none")
+
+    return {
+        "rules_exclude_touched": rules.exclude.touched,
+        "rules_exclude_events": ",".join(f"{r.event_type}:{r.within_days}d" for r in rules.exclude.events) or "none",
+        "rules_exclude_catalog": catalog(rules.exclude.catalog),
+        "rules_include_catalog": catalog(rules.include.catalog),
+        "rules_min_new_items": rules.min_new_items,
+        "rules_fill": rules.fill,
     }
 
 
@@ -453,6 +516,7 @@ def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float
                        resolution=f"remembered: {model_resolution_error}" if model_resolution_error else "registry"),
         catalog_snapshot=results.catalog.snapshot.date,
         config_digest=run.config_digest,
+        rules=cfg.recommend.summary(),              # what the operators' rules excluded, included, filled
         counts=Counts(
             rows=report.figures["rows"],
             users_in_window=int(metrics.get("users_in_window", 0)),
@@ -487,10 +551,10 @@ def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
 
 def publish(run: NightlyRun, published_manifest: Manifest) -> PublishedPartition:
     """The validated, judged night published with its manifest, by the manifest's method, if this run
-    still holds the date's lock; returns what is now published (its path: the run directory)."""
-    run.lock.verify()
+    still holds the date's lock (checked after the pointer is read, before the first switch); returns what
+    is now published (its path: the run directory)."""
     return publish_partition(run.layout, published_manifest, published_manifest.publish_method, run.hooks,
-                             run.table)
+                             run.table, still_ours=run.lock.verify)
 
 
 def retain(run: NightlyRun) -> list[str]:
@@ -592,4 +656,5 @@ def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users
 
 __all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "NightlyRun", "ScoreStage", "StageResults",
            "load_vocabulary", "manifest", "popularity_fallback_stage", "publish", "read_catalog", "read_histories",
-           "record", "retain", "run_metrics", "run_params", "score", "score_users", "scoring_spec", "validate"]
+           "record", "retain", "rule_params", "run_metrics", "run_params", "score", "score_users", "scoring_spec",
+           "validate"]

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from dataclasses import dataclass
 
 from recsys.config import Config
 from recsys.publish import manifest as manifest_file
 from recsys.publish.lock import DateLock
-from recsys.publish.published import kept_runs, read_pointer, run_dir
+from recsys.publish.published import kept_runs, new_run_key, read_pointer, run_dir
 from recsys.publish.publisher import PartitionLayout, check_output_location, publish_method, recover, roll_back
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ def rollback(spark, cfg: Config, date: dt.date, to: str | None) -> tuple[str, st
     from recsys.pipelines.nightly import output_table
 
     check_output_location(cfg.paths)
-    key = f"{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-rollback-{uuid.uuid4().hex[:8]}"
+    key = new_run_key("rollback")
     layout = PartitionLayout(cfg.paths.output, date, key)
     with DateLock(cfg.paths.output, date, key):
         table = output_table(spark, cfg) if spark is not None else None

@@ -37,6 +37,7 @@ from recsys.learning.settings import model_config, train_settings
 from recsys.learning.shards import TrainingShards, remove_stale_attempts, training_work_dir, write_training_shards
 from recsys.learning.split import SplitData, StreamedHeldOut
 from recsys.model.metrics import SELECTION_METRIC, validation_name
+from recsys.model.repeats import RepeatBlend
 from recsys.pipelines.timing import StageTimer
 from recsys.sequences import Vocabulary
 from recsys.spark.session import job_description
@@ -134,7 +135,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
             final_model, final_items = selection_model, run.vocab.item_ids
             if cfg.train.refit:
                 final_model, final_items = _refit(run, settings, result.best_epoch), run.full_vocab.item_ids
-            version = _register(run, final_model, final_items, metrics)
+            blend = _repeat_blend(run, GateCandidate(selection_model, run.vocab.item_ids))
+            version = _register(run, final_model, final_items, metrics, blend)
             with timer.stage("gate", "compare with the alias holder") as c:
                 gate = _gate(cfg, version, GateCandidate(selection_model, run.vocab.item_ids), run.held_out, force,
                              run.device)
@@ -265,6 +267,26 @@ def _refit(run: _Training, settings: Any, epochs: int) -> Any:
     return result.model(model_cfg)
 
 
+def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None:
+    """How the user's known items compete with new ones, chosen on the days before the date
+    (:mod:`recsys.model.repeats`); None with ``train.repeats.learn`` off (known items masked).
+
+    The new items are ranked by the selection model, which never trained on each user's newest item: the
+    refit model trained on the very days the blend is judged on, and would make new items look better."""
+    if not run.cfg.train.repeats.learn:
+        return None
+    from recsys.learning.repeats import describe, fit_repeat_blend
+
+    with run.timer.stage("repeats", "choose how known items compete with new ones") as c:
+        blend, _ = fit_repeat_blend(run.spark, run.cfg, run.date, ranker.model, ranker.item_ids, run.device)
+        c.update(blend=describe(blend), rows=blend.figures.get("validation_rows", 0))
+    run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
+                             "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight})
+    run.recorder.log_metrics({f"repeats_{k}": v for k, v in blend.figures.items() if isinstance(v, (int, float))
+                              and math.isfinite(v)})
+    return blend
+
+
 def _remove(work_dir: str) -> None:
     try:
         fs, path = rfs.resolve(work_dir)
@@ -273,8 +295,10 @@ def _remove(work_dir: str) -> None:
         log.warning("could not remove the training shards under %s: %s", redact_uri(work_dir), exc)
 
 
-def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[str, float]) -> str:
-    """The model's files logged to the run and registered as a new version of ``mlflow.model_name``."""
+def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[str, float],
+              blend: RepeatBlend | None = None) -> str:
+    """The model's files (and its repeat blend) logged to the run and registered as a new version of
+    ``mlflow.model_name``."""
     from recsys.model.io import save_model
 
     recorder = run.recorder
@@ -282,7 +306,8 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
         model_dir = save_model(model.cpu(), item_ids, Path(tmp) / "model",
                                metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
                                          VALIDATION_METRIC: metrics.get(VALIDATION_METRIC),
-                                         "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"])})
+                                         "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"])},
+                               blend=blend)
         recorder.log_artifacts(model_dir, "model")
     artifact_uri = recorder.artifact_uri("model")
     if recorder.failed or artifact_uri is None:

@@ -10,7 +10,7 @@ same document (:meth:`Manifest.as_dict`).
 
 Every manifest ever published still reads: the fields later formats added (``job_run``,
 ``publish_method`` and ``model.resolution`` with the date's lock; ``workers``; ``fallback`` with the
-export; ``quality`` with the guard) are None when absent, and a document read and written again keeps
+export; ``quality`` with the guard; ``rules`` with the operators' rules) are None when absent, and a document read and written again keeps
 exactly its keys (absent ones stay absent, keys this version does not know are kept).
 """
 from __future__ import annotations
@@ -185,8 +185,8 @@ class Quality:
 
 # the document's keys, in the order the job writes them (MLflow's copy keeps it; the partition's is sorted)
 KEYS = ("format_version", "date", "run_id", "job_run", "publish_method", "published_at", "recsys_version", "model",
-        "catalog_snapshot", "config_digest", "counts", "validation", "fallback", "metrics", "timings", "tracking",
-        "workers", "quality")
+        "catalog_snapshot", "config_digest", "rules", "counts", "validation", "fallback", "metrics", "timings",
+        "tracking", "workers", "quality")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,6 +207,7 @@ class Manifest:
     model: ModelRef = ModelRef()
     catalog_snapshot: dt.date | None = None
     config_digest: str | None = None
+    rules: Mapping[str, Any] | None = None     # the operators' rules in effect (RecommendConfig.summary)
     counts: Counts = Counts()
     validation: Mapping[str, int] = field(default_factory=dict)    # check name -> violations (all 0 when published)
     fallback: FallbackList | None = None
@@ -236,6 +237,7 @@ class Manifest:
             "model": self.model.as_dict(),
             "catalog_snapshot": None if self.catalog_snapshot is None else str(self.catalog_snapshot),
             "config_digest": self.config_digest,
+            "rules": None if self.rules is None else dict(self.rules),
             "counts": self.counts.as_dict(),
             "validation": dict(self.validation),
             "fallback": None if self.fallback is None else self.fallback.as_dict(),
@@ -245,7 +247,7 @@ class Manifest:
             "workers": None if self.workers is None else [dict(w) for w in self.workers],
             "quality": None if self.quality is None else self.quality.as_dict(),
         }
-        optional = {"job_run", "publish_method", "fallback", "workers", "quality"}   # added by later formats
+        optional = {"job_run", "publish_method", "rules", "fallback", "workers", "quality"}   # added by later formats
         out = {k: v for k, v in values.items() if k not in self.absent and not (k in optional and v is None)}
         return {**out, **self.extra}
 
@@ -276,6 +278,7 @@ class Manifest:
                 model=ModelRef.from_dict(section("model")),
                 catalog_snapshot=day("catalog_snapshot"),
                 config_digest=data.get("config_digest"),
+                rules=None if data.get("rules") is None else dict(section("rules")),
                 counts=Counts.from_dict(section("counts")),
                 validation={str(k): int(v) for k, v in section("validation").items()},
                 fallback=FallbackList.from_dict(data["fallback"]) if data.get("fallback") else None,

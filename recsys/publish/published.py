@@ -11,7 +11,11 @@ Layout under ``paths.output`` (names starting with ``_`` are skipped by Spark, H
 
 A date is published when its commit point names a run: with ``output.table`` the table's partition
 ``dt=D`` (one metastore operation, :mod:`recsys.publish.table`), without one the pointer file (one
-atomic write: a rename on file systems, a single PUT on object stores). The pointer and the path view
+atomic write: a rename on file systems, a single PUT on object stores). On object stores that honour
+conditional writes (:mod:`recsys.conditional`) that PUT names the ETag the writer read (``If-Match``; or
+``If-None-Match: *`` for a first pointer), so of two runs that read the same pointer and race to switch
+it, exactly one does; the other fails with LockHeld (its lock must have been taken over: every writer
+of a pointer holds the date's lock). The pointer and the path view
 follow the commit point; a run killed between the steps leaves them behind it, and the next run of
 the date brings them in line before anything else (:func:`recsys.publish.publisher.recover`).
 
@@ -25,11 +29,14 @@ import datetime as dt
 import json
 import logging
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from recsys import conditional
 from recsys import fs as rfs
 from recsys.data.contracts import SOURCE_MODEL, SUCCESS_MARKER, partition_name
+from recsys.errors import LockHeld
 from recsys.publish import manifest as manifest_file
 from recsys.publish.manifest import FallbackList, Manifest
 
@@ -64,6 +71,18 @@ def view_dir(output_root: str, date: dt.date) -> str:
     return rfs.join(output_root, partition_name(date))
 
 
+def new_run_key(kind: str | None = None) -> str:
+    """A key of its own for one attempt at a date: ``<UTC start time>[-<kind>]-<8 random hex digits>``, e.g.
+    ``20240508T021500Z-1a2b3c4d`` (a nightly run) or ``20240508T021500Z-rollback-1a2b3c4d``.
+
+    Minted before anything is written: it names the run's directory (``run=<key>``), holds the date's lock
+    and tags the MLflow run (``recsys.job_run``). The time comes first, so keys sort in the order the
+    attempts started; ``kind`` says what other than a nightly run holds a date (``rollback``, ``export``).
+    """
+    started = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return "-".join([started, *([kind] if kind else []), uuid.uuid4().hex[:8]])
+
+
 def run_of(location: str) -> str | None:
     """The run key of a run directory's path or URI (``.../run=<key>``), None for any other directory."""
     match = _RUN_DIR.match(location.rstrip("/").rsplit("/", 1)[-1])
@@ -86,6 +105,7 @@ class Pointer:
     date: dt.date
     run: str | None                               # the published run; None once the date was retired
     history: tuple[Publication, ...] = field(default_factory=tuple)   # oldest first, the current one last
+    version: str | None = field(default=None, compare=False)   # the ETag read, where writes are conditional
 
     def published_runs(self) -> list[str]:
         """Every run ever published for the date, newest first, each once (the current one first)."""
@@ -103,31 +123,86 @@ def pointer_path(output_root: str, date: dt.date) -> str:
 
 
 def read_pointer(output_root: str, date: dt.date) -> Pointer | None:
-    """The date's pointer, or None when there is none (never published, or published before run directories)."""
-    fs, path = rfs.resolve(pointer_path(output_root, date))
-    if not rfs.exists(fs, path):
-        return None
+    """The date's pointer, or None when there is none (never published, or published before run directories).
+
+    Where the store honours conditional writes, the pointer carries the ETag read (``version``), which
+    :func:`write_pointer` and :func:`remove_pointer` name: they then change exactly what was read. That
+    is known once the date's lock was set up in this process (every writer of a pointer holds it); a
+    reader that never took a lock reads through pyarrow and writes nothing, not even a probe.
+    """
+    uri = pointer_path(output_root, date)
+    target = conditional.open_object(uri, probe=False)
+    if target is not None:
+        found = target.read()
+        if found is None:
+            return None
+        text, version = found.text, found.etag
+    else:
+        fs, path = rfs.resolve(uri)
+        if not rfs.exists(fs, path):
+            return None
+        text, version = rfs.read_text(fs, path), None
     try:
-        data = json.loads(rfs.read_text(fs, path))
+        data = json.loads(text)
         history = tuple(Publication(str(e["run"]), str(e.get("at", "?")), str(e.get("how", "publish")))
                         for e in data.get("history", []))
-        return Pointer(date, data.get("run") or None, history)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RuntimeError(f"the pointer {pointer_path(output_root, date)} is not readable ({exc}); restore it "
+        return Pointer(date, data.get("run") or None, history, version)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RuntimeError(f"the pointer {uri} is not readable ({exc}); restore it "
                            f"from the table (recsys rollback --date {date} --to RUN) or remove it") from None
 
 
 def write_pointer(output_root: str, date: dt.date, run: str, how: str, previous: Pointer | None) -> Pointer:
-    """Point the date at ``run`` in one atomic write, keeping the history; returns the new pointer."""
+    """Point the date at ``run`` in one atomic write, keeping the history; returns the new pointer.
+
+    ``previous``: the pointer as this run read it (None: there was none). Where writes are conditional,
+    the write succeeds only if the pointer is still exactly that; otherwise LockHeld, nothing written.
+    """
     now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     history = (previous.history if previous else ()) + (Publication(run, now, how),)
-    pointer = Pointer(date, run, history)
     text = json.dumps({"format_version": POINTER_FORMAT, "date": str(date), "run": run,
                        "location": run_dir(output_root, date, run),
                        "history": [e.__dict__ for e in history]}, indent=2)
-    fs, path = rfs.resolve(pointer_path(output_root, date))
-    rfs.write_text_atomic(fs, path, text)
-    return pointer
+    uri = pointer_path(output_root, date)
+    target = conditional.open_object(uri)
+    if target is None:
+        fs, path = rfs.resolve(uri)
+        rfs.write_text_atomic(fs, path, text)
+        return Pointer(date, run, history)
+    if previous is None:
+        version = target.create(text)
+    elif previous.version is not None:
+        version = target.replace(text, previous.version)
+    else:   # read before this process knew the store's conditional writes: nothing to compare with
+        fs, path = rfs.resolve(uri)
+        rfs.write_text_atomic(fs, path, text)
+        return Pointer(date, run, history)
+    if version is None:
+        raise _moved(output_root, date, f"point it at run {run}")
+    return Pointer(date, run, history, version)
+
+
+def remove_pointer(output_root: str, date: dt.date, pointer: Pointer) -> None:
+    """Delete the date's pointer (retiring the date), only if it is still ``pointer`` where deletes are conditional."""
+    uri = pointer_path(output_root, date)
+    target = conditional.open_object(uri)
+    if target is not None and target.conditional_delete and pointer.version is not None:
+        if not target.delete(pointer.version) and target.read() is not None:
+            raise _moved(output_root, date, "remove it")
+        return
+    fs, path = rfs.resolve(uri)
+    if rfs.exists(fs, path):
+        fs.delete_file(path)
+
+
+def _moved(output_root: str, date: dt.date, what: str) -> LockHeld:
+    try:
+        now = read_pointer(output_root, date)
+        names = f"it now names run {now.run}" if now is not None else "it is gone"
+    except (OSError, RuntimeError):
+        names = "it cannot be read back"
+    return LockHeld(f"the pointer of {partition_name(date)} changed since this run read it ({names}): another run "
+                    f"of the date took its lock over; this run did not {what} ({pointer_path(output_root, date)})")
 
 
 # ------------------------------------------------------------------------------------------------

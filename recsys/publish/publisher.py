@@ -29,7 +29,7 @@ import datetime as dt
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.fs as pafs
 
@@ -41,8 +41,8 @@ from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish import manifest as manifest_file
 from recsys.publish.manifest import Manifest
 from recsys.publish import swap
-from recsys.publish.published import (PublishedPartition, is_complete, kept_runs, read_pointer, run_dir, run_of, runs_root,
-                                      view_dir, write_pointer)
+from recsys.publish.published import (Pointer, PublishedPartition, is_complete, kept_runs, read_pointer, run_dir,
+                                      run_of, runs_root, view_dir, write_pointer)
 from recsys.uris import is_local_path, local_path, redact_uri
 
 log = logging.getLogger(__name__)
@@ -121,13 +121,19 @@ def publish_method(layout: PartitionLayout) -> swap.Method:
 
 
 def publish(layout: PartitionLayout, manifest: Manifest, method: swap.Method | None = None,
-            hooks: Hooks = NO_HOOKS, table: Any = None) -> PublishedPartition:
+            hooks: Hooks = NO_HOOKS, table: Any = None,
+            still_ours: Callable[[], None] | None = None) -> PublishedPartition:
     """Publish the validated run directory as the date's night; returns what is now published.
 
     ``table``: the output table (:class:`recsys.publish.table.OutputTable`), or None to publish the
     pointer and the path view only. On return the pointer and the path view name this run, the path
     view's old copy is gone, and the run directory stays (it is what the table points at); older runs
     are left to :mod:`recsys.publish.retention`. ``hooks`` may hold the publish at its pause points.
+
+    ``still_ours``: the date lock's check (:meth:`recsys.publish.lock.DateLock.verify`, raising LockHeld),
+    called after the pointer is read and before the first switch. Where pointer writes are conditional,
+    a run whose lock is taken over after that check still cannot switch the pointer over the newer
+    run's: its write names the pointer it read before the check.
     """
     method = method or publish_method(layout)
     fs, run = rfs.resolve(layout.run_dir)
@@ -136,6 +142,8 @@ def publish(layout: PartitionLayout, manifest: Manifest, method: swap.Method | N
     manifest_file.write(layout.run_dir, manifest)
     hooks.pause("before_swap")
     previous = read_pointer(layout.output_root, layout.date)
+    if still_ours is not None:
+        still_ours()
     if table is not None:
         table.point(layout.date, layout.run_dir)          # the commit point: one metastore operation
         hooks.pause("after_table")
@@ -246,7 +254,7 @@ def recover(layout: PartitionLayout, table: Any = None, method: swap.Method | No
             notes.append(f"registered run {current} of {partition_name(date)} in the table (the pointer names it; "
                          f"the table did not)")
     if current is None:
-        adopted = _adopt_view(layout, fs, final, table)
+        adopted = _adopt_view(layout, fs, final, table, pointer)
         if adopted:
             notes.append(adopted)
             pointer = read_pointer(root, date)
@@ -307,8 +315,11 @@ def _view_run(fs: pafs.FileSystem, final: str) -> str | None:
     return (manifest.job_run or None) if manifest is not None else None
 
 
-def _adopt_view(layout: PartitionLayout, fs: pafs.FileSystem, final: str, table: Any) -> str | None:
-    """A complete path view without a pointer (published before run directories): make it a run directory."""
+def _adopt_view(layout: PartitionLayout, fs: pafs.FileSystem, final: str, table: Any,
+                pointer: Pointer | None) -> str | None:
+    """A complete path view without a pointer (published before run directories): make it a run directory.
+
+    ``pointer``: the date's pointer as read, if one naming no run is there: replaced, its history not kept."""
     run = _view_run(fs, final)
     if run is None:
         return None
@@ -319,7 +330,8 @@ def _adopt_view(layout: PartitionLayout, fs: pafs.FileSystem, final: str, table:
         _clone(fs, final, path)
     if table is not None:
         table.point(layout.date, target)
-    write_pointer(layout.output_root, layout.date, run, "adopted", None)
+    fresh = Pointer(layout.date, None, (), pointer.version) if pointer is not None else None
+    write_pointer(layout.output_root, layout.date, run, "adopted", fresh)
     return (f"adopted {layout.final_dir} (published before run directories) as run directory run={run}"
             f"{' and registered it in the table' if table is not None else ''}")
 

@@ -20,8 +20,8 @@ from recsys.data.contracts import partition_name
 from recsys.errors import LockHeld
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish.lock import DateLock
-from recsys.publish.published import (kept_runs, pointer_path, published_dates, read_pointer, run_dir, runs_root,
-                                      view_dir)
+from recsys.publish.published import (Pointer, kept_runs, published_dates, read_pointer, remove_pointer, run_dir,
+                                      runs_root, view_dir)
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,13 @@ def _retire(output_root: str, day: dt.date, table: Any, hooks: Hooks) -> str:
     if table is not None:
         table.drop(day)                               # readers of the table stop seeing the date here
         hooks.pause("retention")
-    fs, pointer = rfs.resolve(pointer_path(output_root, day))
-    if rfs.exists(fs, pointer):
-        fs.delete_file(pointer)                      # ... and readers of the pointer here
-    rfs.delete_dir_if_exists(fs, rfs.resolve(view_dir(output_root, day))[1])
+    try:
+        pointer = read_pointer(output_root, day)
+    except RuntimeError:                              # unreadable: removed as it is
+        pointer = Pointer(day, None)
+    if pointer is not None:
+        remove_pointer(output_root, day, pointer)    # ... and readers of the pointer here
+    fs, view = rfs.resolve(view_dir(output_root, day))
+    rfs.delete_dir_if_exists(fs, view)
     rfs.delete_dir_if_exists(fs, rfs.resolve(runs_root(output_root, day))[1])
     return f"retired {partition_name(day)} (output.retention_days)"

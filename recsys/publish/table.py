@@ -131,12 +131,16 @@ class OutputTable:
         try:
             return self.spark.sql(statement).collect()
         except Exception as exc:
-            text = str(exc)
-            if _METASTORE_FAILURE.search(text):
+            if is_metastore_failure(exc):
                 raise MetastoreUnavailable(
                     f"the metastore of {self.name} cannot be reached or opened ({first_line(exc)}){self.hint}; "
                     f"nothing was published: retry when it is back") from None
             raise
+
+
+def is_metastore_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says the metastore cannot be reached or opened (not that a statement is wrong)."""
+    return bool(_METASTORE_FAILURE.search(str(exc)))
 
 
 def open_table(spark, name: str | None, output_root: str, metastore_hint: str = "") -> OutputTable | None:

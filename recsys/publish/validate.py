@@ -3,7 +3,7 @@
 The nightly job validates in its scoring pass, with no second pass over the output and no join:
 
 - each scoring task checks the rows it emits against the histories and candidates it has in hand
-  (:mod:`recsys.scoring.checks`: users missing, unexpected or twice, seen items, unavailable items,
+  (:mod:`recsys.scoring.checks`: users missing, unexpected or twice, excluded items, unavailable items,
   unexplained short lists, and how often each item was recommended), and reports the counts with
   its statistics row;
 - the rows' own checks (list length, distinct items, finite and ordered scores, source, model
@@ -11,10 +11,8 @@ The nightly job validates in its scoring pass, with no second pass over the outp
   they see exactly what lands in staging;
 - the driver adds the totals: rows out = users in (``row_count_mismatch``).
 
-:func:`in_pass_report` turns those figures into the report. :func:`validate_recommendations` runs
-the same checks over an existing output and its histories with one join: for tests and for
-re-checking a partition by hand. A non-zero count on any check fails the run: nothing is
-published and the report says what was wrong.
+:func:`in_pass_report` turns those figures into the report. A non-zero count on any check fails
+the run: nothing is published and the report says what was wrong.
 """
 from __future__ import annotations
 
@@ -22,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from recsys.data.contracts import HISTORY_COLUMN, SOURCE_MODEL
+from recsys.data.contracts import SOURCE_MODEL
 from recsys.scoring.checks import TASK_CHECKS, ListRules
 
 # check name -> what a violation means (the report and the README use the same words)
@@ -38,7 +36,8 @@ CHECKS = {
     "too_long_lists": "rows with more than top_n items",
     "short_lists_unexplained": "rows shorter than top_n although enough unseen items were available",
     "duplicate_items": "rows recommending an item twice",
-    "seen_items": "rows recommending an item from the user's history",
+    "excluded_items": "rows recommending an item excluded for the user (by the rules, or from the user's history "
+                      "while known items are masked)",
     "unavailable_items": "recommended items not available in the catalog snapshot used",
     "nonfinite_scores": "rows with a NaN, infinite or null score",
     "unordered_scores": "rows whose scores are not in descending order",
@@ -64,66 +63,6 @@ class ValidationReport:
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "violations": dict(self.violations), "figures": dict(self.figures),
                 "checks": dict(CHECKS)}
-
-
-def validate_recommendations(
-    recs: DataFrame,
-    histories: DataFrame,
-    *,
-    candidate_ids: np.ndarray,
-    rules: ListRules,
-    model_version: str,
-    users_in_window: int | None = None,
-) -> ValidationReport:
-    """Check the staged output against the histories it was computed for and the candidate set.
-
-    ``users_in_window`` is the user count observed while the histories were written from the
-    events: a second, independent source for "one row per user read" (the join checks compare
-    with the histories as re-read from disk).
-    """
-    n_candidates = len(candidate_ids)
-    ids = F.transform("recommendations", lambda x: x["item_id"])
-    size = F.size(ids)
-    top_n, fallback_name = rules.top_n, rules.fallback_name
-    is_fallback = F.col("source") == F.lit(fallback_name)
-    expected_len = F.when(is_fallback, F.lit(rules.fallback_size())).otherwise(
-        F.least(F.lit(top_n), F.greatest(F.lit(n_candidates) - F.size(HISTORY_COLUMN), F.lit(0)))
-    )
-    r = recs.withColumn("_in_output", F.lit(True))
-    h = histories.select("user_id", HISTORY_COLUMN).withColumn("_in_window", F.lit(True))
-    joined = r.join(h, on="user_id", how="full_outer")
-    in_output = F.col("_in_output").isNotNull()
-    in_window = F.col("_in_window").isNotNull()
-    row = joined.agg(
-        *row_checks(top_n=top_n, fallback_name=fallback_name, model_version=model_version, where=in_output),
-        F.count_distinct(F.when(in_output, F.col("user_id"))).alias("distinct_users"),
-        F.count_if(in_window & ~in_output).alias("missing_users"),
-        F.count_if(in_output & ~in_window & F.col("user_id").isNotNull()).alias("unexpected_users"),
-        F.count_if(in_output & in_window & (size < expected_len)).alias("short_lists_unexplained"),
-        F.count_if(in_output & in_window & (F.size(F.array_intersect(ids, F.col(HISTORY_COLUMN))) > 0)).alias("seen_items"),
-    ).first().asDict()
-
-    violations = {name: int(row.get(name) or 0) for name in CHECKS if name in row}
-    rows = int(row["rows"] or 0)
-    violations["duplicate_rows"] = rows - violations["null_user_ids"] - int(row["distinct_users"] or 0)
-    violations["row_count_mismatch"] = abs(rows - users_in_window) if users_in_window is not None else 0
-
-    counted = recs.select(F.explode(ids).alias("item_id")).groupBy("item_id").count().toArrow()
-    item_ids = counted.column("item_id").to_numpy()
-    times = counted.column("count").to_numpy()
-    available = np.isin(item_ids, np.asarray(candidate_ids, dtype=np.int64))
-    violations["unavailable_items"] = int(times[~available].sum())
-
-    figures = {
-        "rows": rows,
-        "fallback_rows": int(row["fallback_rows"] or 0),
-        "short_lists": int(row["short_lists"] or 0),
-        "recommended_items": int(row["recommended_items"] or 0),
-        "distinct_items_recommended": int(len(item_ids)),
-        "catalog_coverage": float(available.sum() / n_candidates) if n_candidates else 0.0,
-    }
-    ordered = {name: violations[name] for name in CHECKS}
-    return ValidationReport(ordered, figures, (item_ids, times))
 
 
 # the checks row_checks counts (the rest are the tasks' or the driver's)
@@ -164,7 +103,7 @@ def in_pass_report(observed: Mapping[str, Any], tasks: Mapping[str, int], item_c
                    *, candidate_ids: np.ndarray, users_in_window: int) -> ValidationReport:
     """The report from the scoring pass's figures: ``observed`` (:func:`row_checks` over the written
     rows), ``tasks`` (the tasks' summed :data:`recsys.scoring.checks.TASK_CHECKS`) and the summed
-    per-item counts. Same checks, same names and figures as :func:`validate_recommendations`."""
+    per-item counts."""
     violations = {name: int(observed.get(name) or 0) for name in ROW_CHECKS}
     violations.update({name: int(tasks.get(name) or 0) for name in TASK_CHECKS})
     rows = int(observed.get("rows") or 0)

@@ -4,9 +4,11 @@ the candidate set. Pure numpy/pyarrow, run inside each scoring task on the rows 
 This is half of the validation the nightly job does in its scoring pass (``recsys.publish.validate``
 has the other half, Spark aggregates observed on the rows as they are written, and combines both
 into the report). Here: every user read gets exactly one row (no user missing, none unexpected,
-none twice within the task), no row recommends an item from the user's history, every recommended
-item is a candidate, lists are shorter than N only when fewer unseen candidates exist, and how
-often each item was recommended (availability, coverage, the long-tail plot). Counts travel back
+none twice within the task), no row recommends an item excluded for its user (an item of the rules'
+``excluded_items``, or of the user's history while known items are masked: by a masking repeat blend or
+``recommend.exclude.touched``), every recommended item is a candidate, lists are shorter than N only when
+fewer eligible candidates exist, and how often each item was recommended (availability, coverage, the
+long-tail plot). Counts travel back
 with the task's statistics row; the driver sums them. No second pass over the output, no join.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 # what a task counts: the names of recsys.publish.validate.CHECKS it owns
-TASK_CHECKS = ("missing_users", "unexpected_users", "duplicate_rows", "short_lists_unexplained", "seen_items",
+TASK_CHECKS = ("missing_users", "unexpected_users", "duplicate_rows", "short_lists_unexplained", "excluded_items",
                "unavailable_items")
 
 
@@ -40,8 +42,13 @@ class TaskChecks:
     _others: list[np.ndarray] = field(default_factory=list)        # recommended ids that are not candidates
 
     def add_chunk(self, in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *,
-                  candidate_ids_sorted: np.ndarray, top_n: int, fallback_name: str, fallback_len: int) -> None:
-        """Check ``out`` (user_id, recommendations, source) against the chunk it was scored from."""
+                  candidate_ids_sorted: np.ndarray, top_n: int, fallback_name: str, fallback_len: int,
+                  known_allowed: bool = False, excluded: pa.Array | None = None, min_new_items: int = 0,
+                  fill: bool = False) -> None:
+        """Check ``out`` (user_id, recommendations, source) against the chunk it was scored from.
+        ``known_allowed``: the model's repeat blend lets known items compete (and no rule masks them), so a list
+        may hold them; ``excluded``: each user's items the rules exclude (list<bigint> aligned with ``in_users``);
+        ``min_new_items``, ``fill``: the rules that shape a list's length (:class:`ListRules`)."""
         if self._index is None:
             self._index = CandidateIndex(candidate_ids_sorted)
             self._per_candidate = np.zeros(len(candidate_ids_sorted), dtype=np.int64)
@@ -52,7 +59,8 @@ class TaskChecks:
         flat_ids = _flat_ids(out.column("recommendations"))
         positions = self._index.positions(flat_ids)
         c = check_rows(in_users, histories, out, candidate_ids_sorted=candidate_ids_sorted,
-                       rules=ListRules(top_n, fallback_name, fallback_len), positions=positions)
+                       rules=ListRules(top_n, fallback_name, fallback_len, known_allowed, min_new_items, fill),
+                       positions=positions, excluded=excluded, index=self._index)
         for name in TASK_CHECKS:
             if name != "duplicate_rows":
                 self.counts[name] += c[name]
@@ -126,24 +134,37 @@ def _list_lengths(arr: pa.Array) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ListRules:
-    """How long a well-formed list is: ``top_n`` items, fewer only when the user has seen all but fewer
-    candidates; a fallback list (``source == fallback_name``) holds ``min(top_n, fallback_len)``."""
+    """What a well-formed list may hold and how long it is.
+
+    ``known_allowed``: the model's repeat blend lets the user's known items into the list (and no rule masks
+    them), so holding one is no violation; otherwise they are off limits, as the rules' excluded items always
+    are. A list holds ``top_n`` items, fewer only when fewer eligible candidates exist (candidates not off
+    limits for the user); with ``min_new_items`` and no ``fill``, the known items it may hold are capped at
+    ``top_n - min_new_items``. A fallback list (``source == fallback_name``) holds the fallback's
+    ``min(top_n, fallback_len)`` items less those off limits, or, with ``fill`` (the popularity ranking over every
+    candidate tops lists up), as many as a model list. Each expected length is a lower bound: a row is flagged
+    only when it is provably shorter than the rules allow."""
 
     top_n: int
     fallback_name: str
     fallback_len: int
+    known_allowed: bool = False
+    min_new_items: int = 0
+    fill: bool = False
 
     def fallback_size(self) -> int:
         return min(self.top_n, self.fallback_len)
 
 
 def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *, candidate_ids_sorted: np.ndarray,
-               rules: ListRules, positions: np.ndarray | None = None) -> dict[str, int]:
+               rules: ListRules, positions: np.ndarray | None = None, excluded: pa.Array | None = None,
+               index: "CandidateIndex | None" = None) -> dict[str, int]:
     """The task-side checks for one batch of emitted rows against the users (and histories) it read.
 
-    ``histories`` is the list<bigint> history column aligned with ``in_users``. Vectorised over the
-    batch: no Python per row. ``positions``: the recommended ids' positions in the candidate set
-    (:class:`CandidateIndex`), when the caller has them already.
+    ``histories`` is the list<bigint> history column aligned with ``in_users``, ``excluded`` the rules'
+    excluded items likewise (None: none). Vectorised over the batch: no Python per row. ``positions``: the
+    recommended ids' positions in the candidate set, and ``index`` that set's :class:`CandidateIndex`, when
+    the caller has them already.
     """
     in_users = np.asarray(in_users, dtype=np.int64)
     out_users_arr = out.column("user_id")
@@ -164,25 +185,53 @@ def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *
 
     hist_len = _list_lengths(histories)                                              # [U]
     hist_ids = histories.flatten().to_numpy(zero_copy_only=False).astype(np.int64)   # [H]
+    if excluded is None:
+        ex_len, ex_ids = np.zeros(len(hist_len), np.int64), np.zeros(0, np.int64)
+    else:
+        ex_len = _list_lengths(excluded)                                             # [U]
+        ex_ids = excluded.flatten().to_numpy(zero_copy_only=False).astype(np.int64)  # [X]
 
-    # seen: a recommended item that is in the history of the user the row was scored for
-    seen_rows = 0
-    if len(flat_ids) and len(hist_ids):
-        seen_rows = _rows_with_seen_items(sizes, flat_ids, in_row, hist_len, hist_ids)
+    # excluded: a recommended item off limits for the user the row was scored for (the rules' excluded items;
+    # the user's history while known items are masked)
+    hits = np.zeros(len(sizes), dtype=bool)
+    if len(flat_ids) and len(hist_ids) and not rules.known_allowed:
+        hits |= _rows_holding(sizes, flat_ids, in_row, hist_len, hist_ids)
+    if len(flat_ids) and len(ex_ids):
+        hits |= _rows_holding(sizes, flat_ids, in_row, ex_len, ex_ids)
 
+    # how many of each user's history and excluded items are candidates: what the rules take from a list
+    index = index or CandidateIndex(candidate_ids_sorted)
+    n_users = len(hist_len)
+    hist_cand = _per_row(hist_len, index.positions(hist_ids) >= 0, n_users)          # [U]
+    ex_cand = _per_row(ex_len, index.positions(ex_ids) >= 0, n_users)                # [U]
+    own = np.maximum(in_row, 0)
+    hist_r = np.where(found, hist_cand[own] if n_users else 0, 0)                   # [R]
+    ex_r = np.where(found, ex_cand[own] if n_users else 0, 0)                       # [R]
+    n_candidates, top_n = len(candidate_ids_sorted), rules.top_n
+    off = ex_r + (0 if rules.known_allowed else hist_r)                             # [R] off limits (at most)
+    eligible = np.maximum(n_candidates - off, 0)
+    model_len = np.minimum(top_n, eligible)
+    if rules.known_allowed and rules.min_new_items and not rules.fill:
+        new = np.maximum(n_candidates - hist_r - ex_r, 0)
+        known = np.maximum(hist_r - ex_r, 0)
+        model_len = np.minimum(top_n, new + np.minimum(max(top_n - rules.min_new_items, 0), known))
     is_fallback = np.asarray(pc.equal(out.column("source"), rules.fallback_name).fill_null(False)
                              .to_numpy(zero_copy_only=False), dtype=bool)
-    n_candidates = len(candidate_ids_sorted)
-    own_hist = np.where(found, hist_len[np.maximum(in_row, 0)] if len(hist_len) else 0, 0)
-    expected = np.where(is_fallback, rules.fallback_size(),
-                        np.minimum(rules.top_n, np.maximum(n_candidates - own_hist, 0)))
+    fallback_len = model_len if rules.fill else np.maximum(rules.fallback_size() - off, 0)
+    expected = np.where(is_fallback, fallback_len, model_len)
     short_unexplained = int((found & (sizes < expected)).sum())
 
     if positions is None:
-        positions = CandidateIndex(candidate_ids_sorted).positions(flat_ids)
+        positions = index.positions(flat_ids)
     unavailable = int((positions < 0).sum())
     return {"missing_users": missing, "unexpected_users": unexpected, "short_lists_unexplained": short_unexplained,
-            "seen_items": seen_rows, "unavailable_items": unavailable, "duplicate_rows": 0}
+            "excluded_items": int(hits.sum()), "unavailable_items": unavailable, "duplicate_rows": 0}
+
+
+def _per_row(lengths: np.ndarray, flags: np.ndarray, rows: int) -> np.ndarray:
+    """[rows] how many flagged entries each ragged row holds."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    return np.bincount(owner[flags], minlength=rows).astype(np.int64)
 
 
 def _padded(lengths: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -199,21 +248,28 @@ _SEEN_BLOCK = 8_000_000   # row-block size for the seen comparison, in compared 
 
 def _rows_with_seen_items(rec_len: np.ndarray, rec_ids: np.ndarray, in_row: np.ndarray, hist_len: np.ndarray,
                           hist_ids: np.ndarray) -> int:
-    """Output rows (scored for input row ``in_row``, -1: no input row) recommending an item of that
-    input row's history. Each list is compared with its own history, in row blocks of bounded size:
-    about 3x faster than matching (row, item) keys through a sort, at the default shapes."""
+    """How many output rows recommend an item of their input row's history (:func:`_rows_holding`)."""
+    return int(_rows_holding(rec_len, rec_ids, in_row, hist_len, hist_ids).sum())
+
+
+def _rows_holding(rec_len: np.ndarray, rec_ids: np.ndarray, in_row: np.ndarray, list_len: np.ndarray,
+                  list_ids: np.ndarray) -> np.ndarray:
+    """[output rows] bool: the row (scored for input row ``in_row``, -1: no input row) recommends an item of
+    that input row's list (its history, or its excluded items). Each list is compared with its own input list,
+    in row blocks of bounded size: about 3x faster than matching (row, item) keys through a sort, at the
+    default shapes."""
+    holding = np.zeros(len(rec_len), dtype=bool)
     recs, rec_valid = _padded(rec_len, rec_ids)
-    hist, hist_valid = _padded(hist_len, hist_ids)
+    hist, hist_valid = _padded(list_len, list_ids)
     rows = np.flatnonzero(in_row >= 0)
     if not len(rows) or not recs.shape[1] or not hist.shape[1]:
-        return 0
+        return holding
     block = max(1, _SEEN_BLOCK // (recs.shape[1] * hist.shape[1]))
-    seen = 0
     for start in range(0, len(rows), block):
         r = rows[start:start + block]
         h = in_row[r]
         same = recs[r][:, :, None] == hist[h][:, None, :]
         same &= rec_valid[r][:, :, None]
         same &= hist_valid[h][:, None, :]
-        seen += int(same.any(axis=(1, 2)).sum())
-    return seen
+        holding[r] = same.any(axis=(1, 2))
+    return holding

@@ -27,6 +27,13 @@ quantized per item once per model load (:mod:`recsys.model.int8`), and the ``1.5
 preselects are rescored in fp32 against the fp32 item rows, so the published scores are fp32 dot
 products of the user vector and the items.
 
+The operators' rules (docs/rules.md) act here as data, not as a second pass: each user's rule-excluded items
+arrive with the chunk and become (row, column) pairs masked in the same selection as the known items (and
+dropped from the known items the repeat blend merges); ``RuleParams`` masks every known item (``touched``), caps
+the known items a list holds (``min_new_items``) and fills lists left short from the popularity ranking, only
+with items not off limits for the user (``fill``). The fallback's rows are filled from the fallback list the same
+way, so an excluded item reaches no list.
+
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
 """
@@ -44,6 +51,8 @@ from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPU
 from recsys.model import int8 as int8_kernels
 from recsys.model.base import SequenceRecommender
 from recsys.model.precision import cpu_bf16_supported, cpu_int8_refusal
+from recsys.model.repeats import MASK_KNOWN, SECONDS_PER_DAY, RepeatBlend, merge_known
+from recsys.scoring.params import DEFAULT_RULES, RuleParams
 from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -384,6 +393,15 @@ class ChunkStats:
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
 
+@dataclass(frozen=True)
+class KnownItems:
+    """What the repeats of each history item say, aligned with a chunk's flat history items."""
+
+    counts: np.ndarray     # [S] int64 events with the item in the window
+    last_us: np.ndarray    # [S] int64 the latest of them, epoch microseconds
+    now_us: int            # the instant the lists are for (the night), epoch microseconds
+
+
 @dataclass
 class Scorer:
     """A model prepared for one candidate set on one device: built once per worker, then reused.
@@ -407,6 +425,14 @@ class Scorer:
     # dtype int8: the model's int8 parts, built once per model load (the worker caches them with the
     # model, recsys.scoring.cache.INT8); None: built here
     int8: int8_kernels.Int8Model | None = field(default=None, repr=False)
+    # how the user's known items compete with new ones (saved with the model); masked: never listed
+    blend: RepeatBlend = MASK_KNOWN
+    # the operators' rules applied to each list (recommend.*: touched items masked, the least number of new
+    # items, what fills a short list); the per-user exclusions come with each chunk (topn's ``excluded``)
+    rules: RuleParams = DEFAULT_RULES
+    # users per candidate in the window, aligned with ``candidates``: the popularity ranking short lists are
+    # filled from (rules.fill); None: the fallback list's ranking
+    popularity: np.ndarray | None = field(default=None, repr=False)
     _cand_emb: torch.Tensor = field(init=False, repr=False)
     _int8_tiles: list | None = field(init=False, repr=False)
     _cand_emb32: torch.Tensor = field(init=False, repr=False)
@@ -414,8 +440,10 @@ class Scorer:
     _cand_ids: torch.Tensor = field(init=False, repr=False)
     _vocab_sorted: torch.Tensor = field(init=False, repr=False)
     _vocab_order: torch.Tensor = field(init=False, repr=False)
-    _fallback_ids: np.ndarray = field(init=False, repr=False)
-    _fallback_scores: np.ndarray = field(init=False, repr=False)
+    _fallback_cols: torch.Tensor = field(init=False, repr=False)
+    _fallback_scores: torch.Tensor = field(init=False, repr=False)
+    _fill_cols: torch.Tensor = field(init=False, repr=False)
+    _fill_scores: torch.Tensor = field(init=False, repr=False)
     _staging: "_HostStaging" = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -447,36 +475,55 @@ class Scorer:
         order = np.argsort(self.vocab.item_ids, kind="stable")
         self._vocab_sorted = torch.as_tensor(self.vocab.item_ids[order]).to(dev)              # [V] sorted ids
         self._vocab_order = torch.as_tensor(order + 1, dtype=torch.long).to(dev)              # -> model index
-        k = min(self.top_n, len(self.candidates.index))
-        self._fallback_ids = np.zeros(k, dtype=np.int64)
-        self._fallback_scores = np.full(k, -np.inf, dtype=np.float32)
-        n = min(k, len(self.fallback.item_ids))
-        self._fallback_ids[:n] = self.fallback.item_ids[:n]
-        self._fallback_scores[:n] = self.fallback.scores[:n]
+        # the fallback list and the popularity ranking, as candidate columns best first (filled from on the device)
+        by_id = np.argsort(self.candidates.item_ids, kind="stable")
+        pos, found = lookup_sorted(self.candidates.item_ids[by_id], np.asarray(self.fallback.item_ids, dtype=np.int64))
+        self._fallback_cols = torch.as_tensor(by_id[pos[found]], dtype=torch.long).to(dev)
+        self._fallback_scores = torch.as_tensor(np.asarray(self.fallback.scores, dtype=np.float32)[found]).to(dev)
+        if self.popularity is None:
+            self._fill_cols, self._fill_scores = self._fallback_cols, self._fallback_scores
+        else:
+            counts = np.asarray(self.popularity, dtype=np.float64)
+            if len(counts) != len(self.candidates.item_ids):
+                raise ValueError(f"popularity has {len(counts)} counts for {len(self.candidates.item_ids)} candidates")
+            order = np.lexsort((self.candidates.item_ids, -counts))   # as popularity_fallback ranks: count, then id
+            self._fill_cols = torch.as_tensor(order, dtype=torch.long).to(dev)
+            self._fill_scores = torch.as_tensor((counts[order] / (counts.sum() or 1.0)).astype(np.float32)).to(dev)
         self._staging = _HostStaging(dev)
 
     @property
     def num_candidates(self) -> int:
         return int(self._cand_ids.shape[0])
 
-    def score(self, user_ids: np.ndarray, history_ids: Sequences) -> tuple[pa.RecordBatch, ChunkStats]:
+    def score(self, user_ids: np.ndarray, history_ids: Sequences, known: "KnownItems | None" = None,
+              excluded: Sequences | None = None) -> tuple[pa.RecordBatch, ChunkStats]:
         """Top-N for one chunk of users -> (Arrow batch: user_id, recommendations, source), stats.
 
         ``history_ids`` are external item ids, oldest first; items the model does not know are
         dropped and counted, and users left with no known item get the fallback, as do users whose
-        vector comes out non-finite (a NaN must never rank first).
+        vector comes out non-finite (a NaN must never rank first). ``known``: what the repeats of each
+        history item say, for a blend that lets known items compete (None: every known item counts once,
+        seen just now). ``excluded``: each user's items the rules exclude (``recommend.exclude.events``).
         """
-        ids, scores, use_fallback, stats = self.topn(history_ids)
+        ids, scores, use_fallback, stats = self.topn(history_ids, known, excluded)
         t0 = time.perf_counter()
         batch, counts = _to_arrow(np.asarray(user_ids, dtype=np.int64), ids, scores, use_fallback, self.fallback.name)
         stats.short_lists = int((counts < self.top_n).sum())
         stats.to_arrow_s = time.perf_counter() - t0
         return batch, stats
 
-    def topn(self, history_ids: Sequences) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChunkStats]:
+    def topn(self, history_ids: Sequences, known: "KnownItems | None" = None,
+             excluded: Sequences | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChunkStats]:
         """-> (item ids [U, k], scores [U, k] float32, fallback rows [U] bool, stats); k = min(N, candidates).
 
-        Slots that could not be filled (fewer unseen candidates than k) hold a -inf score.
+        With a blend that masks known items (or the ``touched`` rule), the scores are the model's and known items
+        never appear; with one that lets them compete, known and new items are merged by blended score
+        (:mod:`recsys.model.repeats`), at most ``k - rules.min_new_items`` of them known. ``excluded``: each
+        user's items the rules exclude, aligned with ``history_ids``: masked in the selection, dropped from the
+        known items, never in the user's list (the fallback's included). With ``rules.fill`` popularity, a list
+        left short takes the most popular items neither masked for the user nor listed, each scored its
+        popularity share capped at the score before it (so lists stay ordered). Slots that could not be filled
+        (fewer eligible candidates than k) hold a -inf score.
         """
         n_users = len(history_ids)
         k = min(self.top_n, self.num_candidates)
@@ -485,7 +532,20 @@ class Scorer:
         with torch.inference_mode():
             items = self._staging.to_device(history_ids.items, slot=0)              # [S] external ids
             lengths = self._staging.to_device(history_ids.lengths, slot=1)          # [U]
-            seq, seen_rows, seen_cols, known_per_user, unknown = self._prepare(items, lengths, n_users)
+            seq, seen_rows, seen_cols, seen_at, known_per_user, unknown = self._prepare(items, lengths, n_users)
+            mask_known = self.blend.masks_known or self.rules.touched
+            ex_rows, ex_cols = self._excluded_pairs(excluded, n_users)
+            if len(ex_rows):   # masked in the selection with the known items; never merged back as known items
+                num_c = self.num_candidates
+                drop = torch.isin(seen_rows * num_c + seen_cols, ex_rows * num_c + ex_cols)
+                sel_rows, sel_cols = torch.cat([seen_rows, ex_rows]), torch.cat([seen_cols, ex_cols])
+                order = torch.argsort(sel_rows, stable=True)                      # _select wants rows sorted
+                sel_rows, sel_cols = sel_rows[order], sel_cols[order]
+                seen_rows, seen_cols, seen_at = seen_rows[~drop], seen_cols[~drop], seen_at[~drop]
+            else:
+                sel_rows, sel_cols = seen_rows, seen_cols
+            # what no slot of the user's list may hold: the rules' exclusions, and known items when masked
+            off_rows, off_cols = (sel_rows, sel_cols) if mask_known else (ex_rows, ex_cols)
             with self._autocast():
                 user = self._encode(seq)                                            # [B, D]
             finite = torch.isfinite(user).all(dim=1)                                # [B]
@@ -494,18 +554,28 @@ class Scorer:
             user = torch.where(usable[:, None], user, torch.zeros_like(user)).float()   # [B, D]
             self._sync()
             t1 = time.perf_counter()
-            vals, cols = self._select(user, seen_rows, seen_cols, k)                # [B, k], [B, k]
+            vals, cols = self._select(user, sel_rows, sel_cols, k)                  # [B, k], [B, k] new items
+            if not mask_known:
+                max_known = k - self.rules.min_new_items if self.rules.min_new_items else None
+                vals, cols = self._blend(vals, cols, seen_rows, seen_cols, seen_at, known, k, max_known)
+            vals = vals.float()
+            if k:
+                fallback_rows = torch.nonzero(~usable).squeeze(1)                   # [F] the fallback's users
+                if len(fallback_rows):
+                    vals[fallback_rows], cols[fallback_rows] = float("-inf"), 0
+                    self._fill(vals, cols, fallback_rows, off_rows, off_cols, self._fallback_cols,
+                               self._fallback_scores)
+                if self.rules.fill == "popularity":
+                    short = torch.nonzero(torch.isneginf(vals[:, -1])).squeeze(1)   # [R] lists left short
+                    self._fill(vals, cols, short, off_rows, off_cols, self._fill_cols, self._fill_scores)
             ids = self._cand_ids[cols]                                              # [B, k] external ids
-            vals_np = vals.float().cpu().numpy()
+            vals_np = vals.cpu().numpy()
             ids_np = ids.cpu().numpy()
             usable_np = usable.cpu().numpy()
             stats.unknown_items = int(unknown)
             stats.nonfinite_users = int(nonfinite.sum())
         stats.encode_s, stats.score_s = t1 - t0, time.perf_counter() - t1
         use_fallback = ~usable_np
-        if use_fallback.any():
-            ids_np[use_fallback] = self._fallback_ids
-            vals_np[use_fallback] = self._fallback_scores
         stats.fallback_users = int(use_fallback.sum())
         stats.model_users = n_users - stats.fallback_users
         return ids_np, vals_np, use_fallback, stats
@@ -536,7 +606,78 @@ class Scorer:
         seq[rows[place], (max_len - 1 - from_end)[place]] = index[place]
         cols = self._cand_of_item[index]                                            # [S] candidate column or -1
         seen = known & (cols >= 0)
-        return seq, rows[seen], cols[seen], total_known, int((~known).sum())
+        at = torch.nonzero(seen).squeeze(1)                                         # [seen] flat history positions
+        return seq, rows[seen], cols[seen], at, total_known, int((~known).sum())
+
+    def _excluded_pairs(self, excluded: Sequences | None, n_users: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each user's rule-excluded items -> the (row, candidate column) pairs among them, rows ascending.
+        Items the model does not know, or that are no candidates, cannot be listed anyway and are left out."""
+        dev = self.device
+        if excluded is None or not len(excluded.items):
+            empty = torch.zeros(0, dtype=torch.long, device=dev)
+            return empty, empty
+        if len(excluded) != n_users:
+            raise ValueError(f"excluded items for {len(excluded)} users, histories for {n_users}")
+        items = self._staging.to_device(excluded.items, slot=2)                     # [X] external ids
+        lengths = self._staging.to_device(excluded.lengths, slot=3)                 # [U]
+        num_v = self._vocab_sorted.shape[0]
+        pos = torch.searchsorted(self._vocab_sorted, items).clamp_(max=max(num_v - 1, 0))
+        in_vocab = self._vocab_sorted[pos] == items if num_v else torch.zeros_like(items, dtype=torch.bool)
+        index = torch.where(in_vocab, self._vocab_order[pos], torch.zeros_like(pos))
+        rows = torch.repeat_interleave(torch.arange(n_users, device=dev), lengths)  # [X]
+        cols = self._cand_of_item[index]                                            # [X] column or -1
+        keep = in_vocab & (cols >= 0)
+        return rows[keep], cols[keep]
+
+    def _fill(self, vals: torch.Tensor, cols: torch.Tensor, rows: torch.Tensor, off_rows: torch.Tensor,
+              off_cols: torch.Tensor, ranking_cols: torch.Tensor, ranking_scores: torch.Tensor) -> None:
+        """In place: the empty (-inf) slots of ``rows`` take the first items of the ranking that are neither off
+        limits for the user (``off_rows``/``off_cols`` pairs) nor listed already, each scored its ranking score
+        capped at the score before it. A list's items come first and its empty slots last, as top-k leaves them.
+
+        Vectorised over the rows: only the first ``k + most off-limits pairs of a row`` ranked items can be
+        needed (each row skips at most that many), so that prefix of the ranking is tested for every row at once.
+        """
+        if not len(rows) or not len(ranking_cols):
+            return
+        num_c, k = self.num_candidates, vals.shape[1]
+        v, c = vals[rows], cols[rows]                                               # [R, k]
+        listed = ~torch.isneginf(v)                                                 # [R, k]
+        filled = listed.sum(1)                                                      # [R]
+        off_per_row = (torch.bincount(off_rows, minlength=len(vals))[rows] if len(off_rows)
+                       else torch.zeros_like(filled))                               # [R]
+        width = min(len(ranking_cols), k + int(off_per_row.max()))
+        cand = ranking_cols[:width].expand(len(rows), width)                        # [R, W] columns, best first
+        keys = rows[:, None] * num_c + cand                                         # [R, W]
+        taken = torch.cat([off_rows * num_c + off_cols, (rows[:, None] * num_c + c)[listed]])
+        ok = ~torch.isin(keys, taken)                                               # [R, W] eligible and unlisted
+        rank = torch.cumsum(ok, 1)                                                  # [R, W] 1-based among eligible
+        take = ok & (rank <= (k - filled)[:, None])
+        r, w = take.nonzero(as_tuple=True)
+        last = v.gather(1, (filled - 1).clamp(min=0)[:, None]).squeeze(1)          # [R] the last listed score
+        before = torch.where(filled > 0, last, torch.full_like(last, float("inf")))
+        slot = filled[r] + rank[r, w] - 1
+        v[r, slot] = torch.minimum(ranking_scores[w].to(v.dtype), before[r])
+        c[r, slot] = cand[r, w]
+        vals[rows], cols[rows] = v, c
+
+    def _blend(self, new_vals: torch.Tensor, new_cols: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+               at: torch.Tensor, known: "KnownItems | None", k: int,
+               max_known: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new items' top k merged with the user's known candidates by blended score (recsys.model.repeats);
+        ``max_known``: the most known items a list may hold (``recommend.min_new_items``)."""
+        dev = new_vals.device
+        if known is None:
+            counts = torch.ones(len(at), device=dev)
+            ages = torch.zeros(len(at), device=dev)
+        else:
+            counts = torch.as_tensor(known.counts, device=dev)[at]
+            last = torch.as_tensor(known.last_us, dtype=torch.float64, device=dev)[at]
+            ages = ((known.now_us - last) / (SECONDS_PER_DAY * 1e6)).float()
+        rank_scores = self.blend.new_scores(new_vals.shape[1], device=dev)[None, :].expand_as(new_vals)
+        new_scores = torch.where(torch.isneginf(new_vals), new_vals, rank_scores)
+        return merge_known(new_scores, new_cols, rows, cols, self.blend.repeat_scores(counts, ages), k,
+                           max_known=max_known)
 
     def tile_size(self, rows: int, element_bytes: int) -> int:
         """Items per tile: ``item_tile`` when set; else as many as keep one ``[rows, tile]`` score

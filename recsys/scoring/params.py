@@ -35,3 +35,38 @@ class ScoringParams:
     def scorer_key(self) -> tuple:
         """What, besides the model, device and candidates, makes a prepared scorer different."""
         return tuple(sorted(self.scorer_settings().items()))
+
+
+FILLS = ("popularity", "none")
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    """The operators' rules the scorer applies to each list (``recommend.*``; docs/rules.md), as plain values.
+
+    The other rules are data, not settings: the catalog rules shape the candidate set on the driver, and the
+    per-user exclusions arrive with each user's history (``excluded_items``). The defaults are the embedded
+    default configuration's (a test checks).
+    """
+
+    touched: bool = False            # mask every item the user had in the window, whatever the repeat blend says
+    min_new_items: int = 0           # at least this many items new to the user per list, when that many exist
+    fill: str = "popularity"         # popularity | none: what fills a list the rules left short
+
+    def __post_init__(self) -> None:
+        if self.fill not in FILLS:
+            raise ValueError(f"fill must be one of {list(FILLS)}, got {self.fill!r}")
+        if self.min_new_items < 0:
+            raise ValueError(f"min_new_items must be 0 or more, got {self.min_new_items}")
+
+    @classmethod
+    def from_config(cls, recommend: Any) -> "RuleParams":
+        """From the ``recommend`` section of the configuration (:class:`recsys.config.RecommendConfig`)."""
+        return cls(touched=recommend.exclude.touched, min_new_items=recommend.min_new_items, fill=recommend.fill)
+
+    def key(self) -> tuple:
+        """What these rules add to a prepared scorer's cache key."""
+        return tuple(sorted(asdict(self).items()))
+
+
+DEFAULT_RULES = RuleParams()

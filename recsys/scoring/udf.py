@@ -22,10 +22,11 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL
+from recsys.data.contracts import (EXCLUDED_COLUMN, HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN,
+                                   OUTPUT_SPARK_DDL)
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.scoring.compare import CompareSpec
-from recsys.scoring.params import ScoringParams
+from recsys.scoring.params import DEFAULT_RULES, RuleParams, ScoringParams
 from recsys.scoring.shipping import ShippedModel
 
 STATS_COLUMN = "_stats"
@@ -52,6 +53,9 @@ class ScoringSpec:
     params: ScoringParams          # top N, chunk size, device, dtype, tiling, cache size
     hooks: Hooks = NO_HOOKS        # test and game-day faults (recsys.hooks); off by default
     compare: CompareSpec | None = None   # compare with the previous night (recsys.scoring.compare); None: no
+    lists_for_us: int | None = None   # the instant the lists are for (the night, epoch us): known items' ages
+    rules: RuleParams = DEFAULT_RULES  # the operators' rules applied per list (the per-user exclusions: a column)
+    popularity: np.ndarray | None = None   # [C] users per candidate in the window: what short lists are filled from
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -94,11 +98,16 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
             user_ids = chunk.column("user_id").to_numpy(zero_copy_only=False)
-            out, chunk_stats = scorer.score(user_ids, histories)
+            excluded = chunk.column(EXCLUDED_COLUMN) if EXCLUDED_COLUMN in chunk.schema.names else None
+            out, chunk_stats = scorer.score(user_ids, histories, _known_items(chunk, spec.lists_for_us),
+                                            Sequences.from_arrow(excluded) if excluded is not None else None)
             stats.add(chunk_stats)
             started = time.perf_counter()
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
-                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids))
+                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids),
+                             known_allowed=not (scorer.blend.masks_known or spec.rules.touched), excluded=excluded,
+                             min_new_items=spec.rules.min_new_items,
+                             fill=spec.rules.fill == "popularity" and spec.popularity is not None)
             check_s += time.perf_counter() - started
             if comparison is not None:
                 comparison.add_chunk(chunk, out)
@@ -129,6 +138,18 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
     return score_partition
 
 
+def _known_items(chunk: pa.RecordBatch, lists_for_us: int | None):
+    """What the chunk's histories say about repeats (counts, latest times), when it carries them."""
+    from recsys.scoring.core import KnownItems
+    from recsys.sequences import Sequences
+
+    names = chunk.schema.names
+    if lists_for_us is None or HISTORY_COUNTS_COLUMN not in names or HISTORY_LAST_US_COLUMN not in names:
+        return None
+    return KnownItems(Sequences.from_arrow(chunk.column(HISTORY_COUNTS_COLUMN)).items,
+                      Sequences.from_arrow(chunk.column(HISTORY_LAST_US_COLUMN)).items, lists_for_us)
+
+
 def _get_scorer(spec: ScoringSpec, device):
     """Scorer from the worker cache; on a miss, the model itself may still be cached."""
     from recsys.model.int8 import quantize_for_scoring
@@ -142,10 +163,10 @@ def _get_scorer(spec: ScoringSpec, device):
 
     def load():
         loaded = load_model(fetch_model(spec.model), device=device)
-        return loaded.model, Vocabulary(loaded.item_ids)
+        return loaded.model, Vocabulary(loaded.item_ids), loaded.blend
 
     def prepare():
-        (model, vocab), _ = cache.MODELS.get_or_load(model_key, load)
+        (model, vocab, blend), _ = cache.MODELS.get_or_load(model_key, load)
         int8 = None
         if spec.params.dtype == "int8":
             check_dtype("int8", device)       # refuse before quantizing anything
@@ -157,12 +178,29 @@ def _get_scorer(spec: ScoringSpec, device):
             fallback=Fallback(spec.fallback_name, spec.fallback_item_ids, spec.fallback_scores),
             device=device,
             int8=int8,
+            blend=blend,
+            rules=spec.rules,
+            popularity=spec.popularity,
             **spec.params.scorer_settings(),
         )
 
-    scorer_key = model_key + (spec.candidates_digest,) + spec.params.scorer_key()
+    # the fallback and the popularity ranking change with the window while the candidates stay (a warm backend's
+    # next day): both are in the key, so a worker never fills lists from yesterday's ranking
+    scorer_key = (model_key + (spec.candidates_digest, _ranking_digest(spec)) + spec.params.scorer_key()
+                  + spec.rules.key())
     scorer, _ = cache.SCORERS.get_or_load(scorer_key, prepare)
     return scorer
+
+
+def _ranking_digest(spec: ScoringSpec) -> str:
+    """The fallback list and the popularity counts, hashed (a few microseconds per task)."""
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(spec.fallback_item_ids, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(spec.fallback_scores, dtype=np.float32).tobytes())
+    if spec.popularity is not None:
+        digest.update(np.ascontiguousarray(spec.popularity, dtype=np.int64).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _chunks(batches: Iterator[pa.RecordBatch], chunk_size: int) -> Iterator[pa.RecordBatch]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 
 from recsys.config import Config
 from recsys.errors import ConfigError, RecsysError
+from recsys.fs import write_local_atomic
+from recsys.processes import free_port, process_alive, stop_process
 from recsys.spark.session import merged_settings, session_settings, store_settings
 
 log = logging.getLogger(__name__)
@@ -67,12 +68,6 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def read_state(backend_dir: str | Path) -> BackendState | None:
     path = Path(backend_dir) / STATE_FILE
     if not path.is_file():
@@ -81,16 +76,6 @@ def read_state(backend_dir: str | Path) -> BackendState | None:
         return BackendState(**json.loads(path.read_text()))
     except (ValueError, TypeError) as exc:
         raise BackendError(f"{path} is not a backend state file ({exc}); remove it and run `recsys backend start`")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.5) -> bool:
@@ -121,7 +106,7 @@ def start(cfg: Config, *, properties_file: str | None = None, wait_s: float = 30
     backend_dir = Path(cfg.serve.backend_dir)
     backend_dir.mkdir(parents=True, exist_ok=True)
     current = read_state(backend_dir)
-    if current is not None and pid_alive(current.pid):
+    if current is not None and process_alive(current.pid):
         raise BackendError(f"a backend is already running at {current.remote} (pid {current.pid}); "
                            f"`recsys backend stop` first")
     port = cfg.serve.backend_port or free_port()
@@ -160,22 +145,20 @@ def start(cfg: Config, *, properties_file: str | None = None, wait_s: float = 30
     while time.monotonic() < deadline:
         if pid is None and pid_file.is_file() and pid_file.read_text().strip():
             pid = int(pid_file.read_text().strip())
-        if pid is not None and not pid_alive(pid):
+        if pid is not None and not process_alive(pid):
             raise BackendError(f"the Spark Connect server exited while starting; see {_log_tail(backend_dir)}")
         if pid is not None and port_open(port):
             break
         time.sleep(0.2)   # polling a condition (the port) with a deadline
     else:
         if pid is not None:
-            _kill(pid)
+            stop_process(pid)
         raise BackendError(f"the Spark Connect server did not listen on port {port} within {wait_s:.0f}s; "
                            f"see {_log_tail(backend_dir)}")
     state = BackendState(remote=f"sc://127.0.0.1:{port}", session_id=str(uuid.uuid4()), pid=pid, port=port,
                          log_dir=str(backend_dir / "logs"),
                          started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    tmp = backend_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2))
-    tmp.replace(backend_dir / STATE_FILE)
+    write_local_atomic(backend_dir / STATE_FILE, json.dumps(asdict(state), indent=2))
     return state
 
 
@@ -185,30 +168,10 @@ def stop(cfg: Config, wait_s: float = 60.0) -> BackendState | None:
     state = read_state(backend_dir)
     if state is None:
         return None
-    if pid_alive(state.pid):
-        _kill(state.pid, wait_s)
+    stop_process(state.pid, wait_s)
     (backend_dir / STATE_FILE).unlink(missing_ok=True)
     _pid_file(backend_dir).unlink(missing_ok=True)
     return state
-
-
-def _kill(pid: int, wait_s: float = 60.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and pid_alive(pid) and not _zombie(pid):
-        time.sleep(0.1)
-    if pid_alive(pid) and not _zombie(pid):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass(frozen=True)
@@ -230,7 +193,7 @@ def status(cfg: Config) -> BackendStatus:
     state = read_state(cfg.serve.backend_dir)
     if state is None:
         return BackendStatus(None, False, False)
-    running = pid_alive(state.pid) and not _zombie(state.pid)
+    running = process_alive(state.pid)
     return BackendStatus(state, running, running and port_open(state.port))
 
 

@@ -1,23 +1,35 @@
-"""``recsys backend start|stop|status`` and ``recsys serve``: registered by ``recsys.cli.main`` in two lines."""
+"""``recsys backend start|stop|status`` and ``recsys serve``: registered by ``recsys.cli.main`` in two lines.
+
+The command line's own helpers (the ``--conf``/``--set`` arguments, reading the configuration once and
+installing its object store) are handed in by ``recsys.cli.main``, their one home: the frontend never
+imports the CLI.
+"""
 from __future__ import annotations
 
 import argparse
 import logging
 import uuid
+from functools import partial
+from typing import TYPE_CHECKING, Callable
 
 from recsys.errors import ConfigError, ExitCode
 from recsys.uris import redact_uri
 
+if TYPE_CHECKING:
+    from recsys.config import Config
+
 log = logging.getLogger("recsys")
 
 
-def add_commands(sub, add_config_args) -> None:
+def add_commands(sub, add_config_args: Callable[[argparse.ArgumentParser], None],
+                 load_config: Callable[[argparse.Namespace], "Config"]) -> None:
+    """Register the commands; ``add_config_args`` and ``load_config`` are the CLI's (``recsys.cli.main``)."""
     p = sub.add_parser("backend", help="start, stop or inspect the warm Spark Connect backend of `recsys serve`")
     p.add_argument("action", choices=("start", "stop", "status"))
     p.add_argument("--properties-file", metavar="FILE",
                    help="Spark properties for the server (default: conf/spark-defaults.conf when present)")
     add_config_args(p)
-    p.set_defaults(func=cmd_backend)
+    p.set_defaults(func=partial(cmd_backend, load_config=load_config))
 
     p = sub.add_parser("serve", help="the HTTP frontend: published lists (serve.store), on-demand recommendations "
                                      "and nightly jobs on the backend")
@@ -26,22 +38,13 @@ def add_commands(sub, add_config_args) -> None:
     p.add_argument("--port", type=int, help="HTTP port (default: serve.port)")
     p.add_argument("--host", help="HTTP address (default: serve.host, loopback)")
     add_config_args(p)
-    p.set_defaults(func=cmd_serve)
+    p.set_defaults(func=partial(cmd_serve, load_config=load_config))
 
 
-def _config(args: argparse.Namespace):
-    from recsys import storage
-    from recsys.config import load_config
-
-    cfg = load_config(args.conf, args.overrides)
-    storage.install(storage.ObjectStore.of(cfg.storage.s3))
-    return cfg
-
-
-def cmd_backend(args: argparse.Namespace) -> int:
+def cmd_backend(args: argparse.Namespace, load_config: Callable[[argparse.Namespace], "Config"]) -> int:
     from recsys.serve import backend
 
-    cfg = _config(args)
+    cfg = load_config(args)
     if args.action == "start":
         state = backend.start(cfg, properties_file=args.properties_file)
         print(f"backend started: {state.remote} (pid {state.pid}, session {state.session_id}); logs in {state.log_dir}")
@@ -64,14 +67,17 @@ def remote_url(remote: str, session_id: str) -> str:
     return remote.rstrip("/") + ("" if "/;" in remote else "/") + f";session_id={session_id}"
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, load_config: Callable[[argparse.Namespace], "Config"]) -> int:
     import uvicorn
 
     from recsys.serve import backend
     from recsys.serve.app import create_app
 
-    cfg = _config(args)
+    cfg = load_config(args)
     if args.remote:
+        from recsys import redaction
+
+        redaction.register(redaction.collect(args.remote, {}))   # a token in --remote is masked like the config's
         url = remote_url(args.remote, str(uuid.uuid4()))
 
         def url_provider() -> str:

@@ -20,8 +20,12 @@ What a request needs and what it costs:
 - **Scoring** is the nightly job's ``recsys.pipelines.nightly_stages.score_users`` on one partition per batch; the
   rows are collected instead of written.
 
+- **Rules** (``recommend.*``, docs/rules.md) are the nightly job's: the catalog rules shape the candidates in
+  ``read_catalog``, the event rules' ``excluded_items`` are built with the cached window (from ``as_of``'s
+  start) and today's events of those types are added per request, and the scorer applies the rest.
+
 So for a user the nightly job scored for date D, a request served ``as_of`` D (with no events of D
-yet) returns the row the job published: same history, candidates, fallback, model and scorer.
+yet) returns the row the job published: same history, exclusions, candidates, fallback, model and scorer.
 """
 from __future__ import annotations
 
@@ -63,7 +67,9 @@ def is_backend_unavailable(exc: BaseException) -> bool:
     """Connection-level failures (retrying on another backend may help) vs failures of the job itself."""
     import grpc
 
-    if isinstance(exc, BackendUnavailable):
+    from recsys.errors import SparkUnavailable
+
+    if isinstance(exc, (BackendUnavailable, SparkUnavailable)):
         return True
     if isinstance(exc, grpc.RpcError):
         return True
@@ -81,6 +87,9 @@ def connect(url: str, backend_timeout_s: float):
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
+    from recsys.spark.session import wait_for_connect_server
+
+    wait_for_connect_server(url, 0)   # nothing listening: say so now, not after the client's first call's retries
     spark = SparkSession.builder.remote(url).create()
     spark.release_session_on_close = False   # stop() closes the channel; the warm server session stays
     retries = max(1, math.ceil(backend_timeout_s))
@@ -204,10 +213,13 @@ class OnDemand:
 
     def _refresh_window(self, spark) -> bool:
         from pyspark import StorageLevel
+        from pyspark.sql import functions as F
 
         from recsys.data import history as hist
+        from recsys.data import rules as data_rules
         from recsys.data.partitions import list_partitions
         from recsys.data.readers import events_window, read_events
+        from recsys.uris import redact_uri
 
         cfg = self.cfg
         as_of = self.as_of()
@@ -221,8 +233,9 @@ class OnDemand:
         started = time.perf_counter()
         # The cached window is a temporary view of the backend's session named after what it holds:
         # a restarted frontend joining the same session finds it cached and builds nothing.
+        exclude = data_rules.exclusion_since(cfg.recommend, as_of)
         key_text = repr((window_key, cfg.paths.events, cfg.history.max_items, cfg.history.tie_break_seed,
-                         cfg.history.event_types))
+                         cfg.history.event_types, exclude))
         name = "recsys_window_" + hashlib.sha256(key_text.encode()).hexdigest()[:16]
         if spark.catalog.tableExists(name) and spark.catalog.isCached(name):
             frame = spark.table(name)
@@ -230,13 +243,23 @@ class OnDemand:
         else:
             events = read_events(spark, cfg.paths.events, lambda d: start <= d < as_of)
             if events is None:
+                excluded = f", {hist.EXCLUDED_COLUMN} ARRAY<BIGINT>" if exclude else ""
                 frame = spark.createDataFrame([], f"user_id BIGINT, {hist.ENTRIES_COLUMN} ARRAY<STRUCT<ts: TIMESTAMP, "
-                                                  f"tie: BIGINT, item_id: BIGINT>>")
+                                                  f"tie: BIGINT, item_id: BIGINT, n: BIGINT>>{excluded}")
             else:
                 window = hist.drop_null_ids(events_window(events, as_of, cfg.history.window_days,
                                                           cfg.history.event_types))
+                if exclude:   # once per window: the nightly job counts these on its own pass over the events
+                    types = [rule.event_type for rule in cfg.recommend.exclude.events]
+                    present = sorted(r[0] for r in window.filter(F.col("event_type").isin(types))
+                                     .select("event_type").distinct().collect())
+                    data_rules.check_event_types(
+                        cfg.recommend, {f"rule_events_{i}": int(t in present) for i, t in enumerate(types)},
+                        lambda: sorted(r[0] for r in window.select("event_type").distinct().limit(1000).collect()
+                                       if r[0] is not None),
+                        f"the events between {start} and {as_of} (exclusive) under {redact_uri(cfg.paths.events)!r}")
                 frame = hist.newest_entries(window, max_items=cfg.history.max_items,
-                                            tie_break_seed=cfg.history.tie_break_seed)
+                                            tie_break_seed=cfg.history.tie_break_seed, exclude=exclude)
             # Range-partitioned and sorted by user: a request's filter skips the batches that cannot hold
             # its users. One partition per ~64 MB of window files: every partition is a task per request.
             files = [f for _, names in window_key[1] for f in names]
@@ -293,19 +316,32 @@ class OnDemand:
         ids = [int(u) for u in user_ids]
         wanted = spark.createDataFrame(pa.table({"user_id": pa.array(ids, pa.int64())}))
         entries = window.frame.filter(F.col("user_id").isin(ids))
+        excluding = hist.EXCLUDED_COLUMN in window.frame.columns   # event rules: built with the window
+        empty = F.array().cast("array<bigint>")
         if window.today:
             today = read_events(spark, cfg.paths.events, lambda d: d >= window.as_of)
             recent = hist.drop_null_ids(today.filter(F.col("user_id").isin(ids)))
             if cfg.history.event_types:
                 recent = recent.filter(F.col("event_type").isin(list(cfg.history.event_types)))
-            merged = hist.entries_to_events(entries).unionByName(recent.select("user_id", "item_id", "ts"))
+            merged = hist.entries_to_events(entries).unionByName(
+                recent.select("user_id", "item_id", "ts", F.lit(1).cast("bigint").alias(hist.WEIGHT_COLUMN)))
             known = hist.build_histories(merged, max_items=cfg.history.max_items,
                                          tie_break_seed=cfg.history.tie_break_seed)
+            if excluding:   # the window's exclusions, and today's events of the rules' types (all after the night)
+                types = [rule.event_type for rule in cfg.recommend.exclude.events]
+                today_ex = (recent.filter(F.col("event_type").isin(types)).groupBy("user_id")
+                            .agg(F.collect_set("item_id").alias("_today_excluded")))
+                known = (known.join(entries.select("user_id", hist.EXCLUDED_COLUMN), "user_id", "left")
+                         .join(today_ex, "user_id", "left")
+                         .withColumn(hist.EXCLUDED_COLUMN, F.array_union(F.coalesce(hist.EXCLUDED_COLUMN, empty),
+                                                                         F.coalesce("_today_excluded", empty)))
+                         .drop("_today_excluded"))
         else:
             known = hist.entries_to_histories(entries)
         joined = wanted.join(F.broadcast(known), "user_id", "left")
-        return joined.select("user_id", F.coalesce(F.col(hist.HISTORY_COLUMN), F.array().cast("array<bigint>"))
-                             .alias(hist.HISTORY_COLUMN)).coalesce(1)
+        columns = (hist.HISTORY_COLUMN, hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN,
+                   *((hist.EXCLUDED_COLUMN,) if excluding else ()))
+        return joined.select("user_id", *(F.coalesce(F.col(c), empty).alias(c) for c in columns)).coalesce(1)
 
     def score(self, user_ids: Sequence[int]) -> BatchResult:
         """One Spark job for these users -> their rows (user_id -> row) and the workers' figures."""
@@ -352,10 +388,12 @@ def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tup
     from recsys.scoring.shipping import ship_model
 
     vocab = stages.load_vocabulary(model)
-    catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, window.as_of, vocab, model.version)
+    catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, window.as_of, vocab, model.version,
+                                  cfg.recommend)
     fallback = stages.popularity_fallback_stage(entries_to_histories(window.frame), catalog.candidates,
                                                 cfg.scoring.top_n)
     shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                          scratch=cfg.paths.driver_dir)   # the backend's executors get the files through Spark
-    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS)
+    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS,
+                               lists_for=window.as_of, rules=cfg.recommend, popularity=fallback.popularity)
     return spec, catalog.snapshot.date

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from recsys.config import MetastoreConfig
+from recsys.processes import free_port, stop_process
 from recsys.uris import redact_uri
 
 # Debian packages (apt-get install libderby-java libderbyclient-java); no Maven is needed.
@@ -168,7 +169,7 @@ def start_server(directory: Path, port: int = 0, timeout_s: float = 60.0) -> dic
     directory = Path(directory)
     home = directory / "server"
     home.mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
+    port = port or free_port()
     log = open(home / "server.log", "ab")
     proc = subprocess.Popen(
         ["java", f"-Dderby.system.home={home}", f"-Dderby.stream.error.file={home / 'derby.log'}",
@@ -195,46 +196,13 @@ def start_server(directory: Path, port: int = 0, timeout_s: float = 60.0) -> dic
 
 def stop_server(directory: Path, timeout_s: float = 30.0) -> bool:
     """Stop the server ``start_server`` started on ``directory``; False if none was running."""
-    import signal
-
     path = Path(directory) / SERVER_FILE
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
     path.unlink(missing_ok=True)
-    pid = int(info.get("pid", 0))
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            if _is_zombie(pid):
-                break
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-    return True
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        import psutil
-
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except Exception:
-        return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return stop_process(int(info.get("pid", 0)), timeout_s)
 
 
 if __name__ == "__main__":   # spark-submit.sh: python -m recsys.spark.metastore JOB-ARGS...

@@ -5,8 +5,11 @@ pyspark ...). ``./spark-submit.sh --pack`` ships this project's virtualenv as an
 ``--archives ARCHIVE#environment`` and runs the executors' Python workers with
 ``./environment/bin/python`` (see docs/cluster.md). The archive is built with ``venv-pack``
 (docs/cluster.md says why it and not conda-pack or PEX) and cached under a name keyed by a digest of
-the environment: the interpreter's version and every installed distribution with its version, so a
-rebuilt or upgraded environment gets a new archive and an unchanged one is never packed twice.
+what the archive holds: the interpreter it links to and every installed distribution with its version
+and the hashes of its files (from the distribution's ``RECORD``), so a rebuilt, upgraded or patched
+environment gets a new archive and an unchanged one is never packed twice. Nothing in the digest
+depends on where the virtualenv lives, so the cache (``~/.cache/recsys/pack`` by default) serves
+every checkout of the project on the machine: a fresh clone with the same environment reuses it.
 
 What is left out, on purpose: the ``recsys`` package itself (it travels with ``--py-files``, so a
 code change needs no repacking, and an editable install cannot be packed), ``pyspark/jars`` (the
@@ -47,22 +50,48 @@ EXCLUDE = (
 )
 
 
+KEEP_ARCHIVES = 3      # archives kept in the cache: the most recently used (checkouts on other branches share it)
+DIGEST_FORMAT = "2"    # bumped when what the digest covers changes, so no archive is reused under another meaning
+
+
+def default_cache_dir() -> Path:
+    """Where archives are kept unless told: ``$RECSYS_PACK_CACHE``, else ``$XDG_CACHE_HOME/recsys/pack``
+    (``~/.cache/recsys/pack``). Outside the checkout, so every clone on the machine shares one archive."""
+    if os.environ.get("RECSYS_PACK_CACHE"):
+        return Path(os.environ["RECSYS_PACK_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / PROJECT / "pack"
+
+
 def environment_digest(prefix: Path | None = None) -> str:
-    """A digest of what the archive would hold: the interpreter and every distribution's name and version."""
+    """A digest of what the archive would hold, and of nothing else: the interpreter the archive's
+    ``bin/python`` links to (its version and path), the platform, the files left out, and every
+    distribution but the project's own by name, version and the hashes its ``RECORD`` lists for the
+    files inside ``site-packages``. Not the virtualenv's own path: its scripts' ``#!`` lines name it
+    (``RECORD`` lists them as ``../../../bin/...``), and venv-pack rewrites those lines anyway."""
     prefix = Path(prefix or sys.prefix)
     lib = next((prefix / "lib").glob("python*/site-packages"), None)
     if lib is None:
         raise ConfigError(f"{prefix} holds no lib/python*/site-packages; pack a virtualenv (make venv creates .venv)")
     dists = sorted(
-        f"{d.metadata['Name'].lower()}=={d.version}"
+        f"{d.metadata['Name'].lower()}=={d.version} {_content_digest(d)}"
         for d in importlib.metadata.distributions(path=[str(lib)])
         if d.metadata["Name"] and d.metadata["Name"].lower() != PROJECT
     )
     h = hashlib.sha256()
-    for part in (platform.python_version(), platform.machine(), sys.platform, os.path.realpath(prefix / "bin" / "python"),
-                 *EXCLUDE, *dists):
+    for part in (DIGEST_FORMAT, platform.python_version(), platform.machine(), sys.platform,
+                 os.path.realpath(prefix / "bin" / "python"), *EXCLUDE, *dists):
         h.update(part.encode() + b"\n")
     return h.hexdigest()[:16]
+
+
+def _content_digest(dist: importlib.metadata.Distribution) -> str:
+    """The distribution's files as its ``RECORD`` lists them (path, hash, size), those under site-packages
+    only; without a ``RECORD`` (installers that write none), its ``METADATA``."""
+    record = dist.read_text("RECORD")
+    if record is None:
+        return hashlib.sha256((dist.read_text("METADATA") or "").encode()).hexdigest()[:16]
+    lines = sorted(line for line in record.splitlines() if line.strip() and not line.startswith("../"))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | None = None,
@@ -82,6 +111,7 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
     archive = cache_dir / f"{PROJECT}-env-{digest}.tar.gz"
     if archive.is_file() and _sidecar(archive).is_file():
         _say(f"using {archive} (built before for this environment)")
+        os.utime(archive)                 # most recently used: the last the cache gives up
         return archive
     try:
         import venv_pack
@@ -99,14 +129,26 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
         tmp.rename(archive)
         _sidecar(tmp).rename(_sidecar(archive))
         _say(f"packed {archive.stat().st_size / 2**20:,.0f} MiB in {time.monotonic() - started:.0f} s")
-        for old in cache_dir.glob(f"{PROJECT}-env-*.tar.gz"):   # archives of environments that are gone
-            if old != archive:
-                old.unlink(missing_ok=True)
-                _sidecar(old).unlink(missing_ok=True)
+        _prune(cache_dir, keep=archive)
     finally:
         tmp.unlink(missing_ok=True)
         _sidecar(tmp).unlink(missing_ok=True)
     return archive
+
+
+def _prune(cache_dir: Path, keep: Path) -> None:
+    """Remove all but the ``KEEP_ARCHIVES`` most recently used archives (``keep`` always stays): checkouts
+    of other branches, with environments of their own, share the cache and would otherwise repack in turn."""
+    def used(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    others = sorted((p for p in cache_dir.glob(f"{PROJECT}-env-*.tar.gz") if p != keep), key=used, reverse=True)
+    for old in others[KEEP_ARCHIVES - 1:]:
+        old.unlink(missing_ok=True)
+        _sidecar(old).unlink(missing_ok=True)
 
 
 def check(archive: Path) -> Path:
@@ -158,8 +200,8 @@ def _sha256(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recsys.spark.packing", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cache-dir", default=os.path.join(".recsys", "pack"),
-                        help="where archives are cached (default: .recsys/pack)")
+    parser.add_argument("--cache-dir", help="where archives are cached (default: $RECSYS_PACK_CACHE, else "
+                                            "~/.cache/recsys/pack, shared by every checkout on the machine)")
     parser.add_argument("--archive", help="check and use this archive instead of building one")
     parser.add_argument("--python-prefix", help="link the archive's python to this interpreter prefix (e.g. /usr) "
                                                 "when the executors' interpreter lives elsewhere than the driver's")
@@ -169,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.archive:
             path = check(Path(args.archive))
         else:
-            path = check(build(Path(args.cache_dir), python_prefix=args.python_prefix,
-                               compress_level=args.compress_level))
+            cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+            path = check(build(cache_dir, python_prefix=args.python_prefix, compress_level=args.compress_level))
     except ConfigError as exc:
         print(f"recsys pack: {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
+import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
+from urllib.parse import urlsplit
 
 from recsys.config import LaunchSettings, OutputConfig, SparkConfig, StorageConfig
+from recsys.errors import SparkUnavailable
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +102,8 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
     launched_by_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     settings = dict(spark_cfg.conf)
     if remote:
+        if not remote.startswith("local"):
+            wait_for_connect_server(remote, launch.connect_wait_s)
         builder = builder.remote(remote)
         if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
             settings = merged_settings(store_settings(output, storage), settings)
@@ -111,6 +118,41 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
     spark = builder.getOrCreate()
     apply_runtime_settings(spark, arrow_batch_size)
     return spark
+
+
+CONNECT_DEFAULT_PORT = 15002
+
+
+def wait_for_connect_server(remote: str, wait_s: float, *,
+                            clock: Callable[[], float] = time.monotonic) -> None:
+    """Fail within ``wait_s`` when nothing listens at the Connect URL's host and port.
+
+    pyspark's Connect client retries an unreachable server for ten minutes or more without a word, which
+    a scheduler sees as a hung task. A server that is restarting gets ``wait_s`` (with a line every 10 s);
+    one that stays down is :class:`SparkUnavailable` (exit 1, a retry may help), in one line. ``wait_s``:
+    ``RECSYS_CONNECT_WAIT_S`` (:class:`recsys.config.LaunchSettings`).
+    """
+    parts = urlsplit(remote)
+    host, port = parts.hostname, parts.port or CONNECT_DEFAULT_PORT
+    if parts.scheme != "sc" or not host:
+        return   # not a URL this check understands: the client says what is wrong with it
+    deadline, said = clock() + wait_s, clock()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(10.0, max(1.0, wait_s))):
+                return
+        except OSError as exc:
+            left = deadline - clock()
+            if left <= 0:
+                waited = f" after {wait_s:.0f} s" if wait_s >= 1 else ""
+                raise SparkUnavailable(f"the Spark Connect server {redact_uri(remote)} does not answer at {host}:{port} "
+                                       f"({exc.strerror or type(exc).__name__}){waited}: start it, or check its URL "
+                                       "(spark.remote, SPARK_REMOTE or --remote)") from None
+            if clock() - said >= 10:
+                log.warning("the Spark Connect server at %s:%d does not answer (%s); waiting up to %.0f s more",
+                            host, port, exc.strerror or type(exc).__name__, left)
+                said = clock()
+            time.sleep(min(1.0, left))   # the server's own schedule, not a test's synchronisation
 
 
 def apply_runtime_settings(spark, arrow_batch_size: int | None = None) -> None:

@@ -32,6 +32,7 @@ from recsys import fs as rfs
 from recsys.config import MlflowConfig
 from recsys.errors import TrackingUnavailable, first_line
 from recsys.tracking.store import ResolvedModel, resolve_model, tracking_store_id
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def remember(scratch: str | Path, model: ResolvedModel, tracking_uri: str) -> No
     fs, path = rfs.resolve(memo_path(scratch, model.name, model.alias))
     try:
         record = {"name": model.name, "alias": model.alias, "version": model.version, "run_id": model.run_id,
-                  "source": model.source, "local_dir": str(model.local_dir),
+                  "source": redact_uri(model.source), "local_dir": str(model.local_dir),
                   "tracking_store": tracking_store_id(tracking_uri), "files_digest": rfs.files_digest(model.local_dir),
                   "resolved_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         rfs.write_text_atomic(fs, path, json.dumps(record, indent=2))

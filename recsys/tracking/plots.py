@@ -150,3 +150,30 @@ def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = N
                  fontsize=12)
     fig.tight_layout()
     return fig
+
+
+def backtest_nights(nights: list[str], series: dict[str, dict[str, list[float]]], metric: str,
+                    parts: tuple[tuple[str, str], ...], highlight: str | None = None):
+    """A backtest night by night: ``metric`` of each system (``series[system][part]``, one value per night,
+    NaN where no user had such items) in one panel per part (all next-day items, repeats, new items), the
+    job drawn thick (``highlight``), so a baseline that beats it on some nights and not others shows."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(parts), figsize=(5 * len(parts), 4), sharey=False, squeeze=False)
+    x = np.arange(len(nights))
+    for ax, (part, title) in zip(axes[0], parts):
+        for system, values in series.items():
+            y = np.asarray(values.get(part, [np.nan] * len(nights)), dtype=float)
+            strong = system == highlight
+            ax.plot(x, y, marker="o", lw=2.5 if strong else 1.2, ms=5 if strong else 3, label=system,
+                    color="black" if strong else None, zorder=3 if strong else 2)
+        ax.set_xticks(x)
+        ax.set_xticklabels([n[5:] for n in nights], rotation=45, ha="right")
+        ax.set_title(title)
+        ax.set_ylabel(metric)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize="small", frameon=False)
+    fig.suptitle(f"{metric} per night: the job and the baselines")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    return fig

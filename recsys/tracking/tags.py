@@ -7,7 +7,7 @@ an operator saved, so these are part of the interface.
 from __future__ import annotations
 
 PREFIX = "recsys."
-JOB = "recsys.job"                      # nightly | train | evaluate
+JOB = "recsys.job"                      # nightly | train | evaluate | backtest
 DATE = "recsys.date"                    # the run's date, YYYY-MM-DD
 VERSION = "recsys.version"              # the recsys package version that ran
 JOB_RUN = "recsys.job_run"              # the run key: one per attempt of one date
@@ -27,6 +27,8 @@ EXPORT_STORE = "recsys.export.store"      # ... and where (the Redis URL, withou
 GUARD = "recsys.guard"                  # nightly: the guard's verdict, pass | warn | fail | accepted
 GUARD_CROSSED = "recsys.guard_crossed"  # nightly: each threshold crossed, with figure, value and margin
 GUARD_ACCEPTED = "recsys.guard_accepted"  # nightly: "true" when a refused night was published on purpose
+LOCK = "recsys.lock"                    # nightly: what the date's lock promised on its store: exclusive |
+                                        # compare-and-set | best effort (runs of the date must not overlap)
 
 NOTE = "mlflow.note.content"            # MLflow's run description
 DATASET_CONTEXT = "mlflow.data.context"
@@ -35,6 +37,7 @@ EXPERIMENT_KIND = "mlflow.experimentKind"
 NIGHTLY_JOB = "nightly"
 TRAIN_JOB = "train"
 EVALUATE_JOB = "evaluate"
+BACKTEST_JOB = "backtest"
 
 
 def search_filter(job: str, date: object | None = None) -> str:

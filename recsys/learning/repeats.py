@@ -1,0 +1,90 @@
+"""The repeat blend's held-out days, built by Spark from the events, and its fit at the end of training.
+
+For each of the ``train.repeats.validation_days`` days before the training date: the users active that
+day, their histories before it (built by the nightly job's own history code, counts and latest times
+included), and the distinct items they had that day. At most ``train.repeats.max_rows`` (user, day) rows
+reach the driver, a seeded sample by user: the fit needs a few thousand, never everyone.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from recsys.config import Config
+from recsys.data import history as hist
+from recsys.data.readers import read_events_window
+from recsys.model.repeats import BlendValidation, RepeatBlend, ValidationDays, fit_blend, rank_validation_days
+from recsys.sequences import Sequences
+
+log = logging.getLogger(__name__)
+
+DAY = "_day"
+TARGETS = "_targets"
+HASH_BUCKETS = 1 << 30
+
+
+def validation_days(spark: SparkSession, cfg: Config, date: dt.date) -> ValidationDays:
+    """The held-out (user, day) rows of the days before ``date`` (see the module docstring)."""
+    settings = cfg.train.repeats
+    events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
+                                                   cfg.history.event_types))
+    first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
+    day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
+    targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")
+               .groupBy("user_id", DAY).agg(F.array_sort(F.collect_set("item_id")).alias(TARGETS)))
+    targets = _sample(targets, settings.max_rows, cfg.train.seed)
+    before = (events.join(F.broadcast(targets.select("user_id", DAY)), "user_id")
+              .filter(F.col("ts") < F.col(DAY).cast("timestamp")))
+    histories = hist.entries_to_histories(hist.newest_entries(before, max_items=cfg.history.max_items,
+                                                              tie_break_seed=cfg.history.tie_break_seed,
+                                                              keys=("user_id", DAY)))
+    rows = (targets.join(histories, ["user_id", DAY]).orderBy("user_id", DAY)
+            .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
+                    hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS).toArrow())
+    return _as_days(rows)
+
+
+def _sample(targets: DataFrame, max_rows: int, seed: int) -> DataFrame:
+    """At most about ``max_rows`` rows, whole users kept or left (a seeded hash of the user id)."""
+    rows = targets.count()
+    if rows <= max_rows:
+        return targets
+    share = int(HASH_BUCKETS * max_rows / rows)
+    bucket = F.pmod(F.xxhash64(F.col("user_id"), F.lit(seed), F.lit("repeat-blend")), F.lit(HASH_BUCKETS))
+    return targets.filter(bucket < share)
+
+
+def _as_days(rows: pa.Table) -> ValidationDays:
+    def seqs(name: str) -> Sequences:
+        return Sequences.from_arrow(rows.column(name))
+
+    return ValidationDays(histories=seqs(hist.HISTORY_COLUMN), counts=seqs(hist.HISTORY_COUNTS_COLUMN).items,
+                          last_us=seqs(hist.HISTORY_LAST_US_COLUMN).items,
+                          day_start_us=rows.column(DAY).to_numpy(zero_copy_only=False).astype(np.int64),
+                          targets=seqs(TARGETS))
+
+
+def fit_repeat_blend(spark: SparkSession, cfg: Config, date: dt.date, model, item_ids: np.ndarray,
+                     device) -> tuple[RepeatBlend, BlendValidation]:
+    """The blend chosen on the held-out days, with the model that ranks the new items."""
+    days = validation_days(spark, cfg, date)
+    valid = rank_validation_days(model, item_ids, days, device=device)
+    blend = fit_blend(valid)
+    log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days: %s (NDCG@10 %.4f, masked %.4f; "
+             "HR@10 %.4f, masked %.4f; %.0f%% of the day's items were known)", date, valid.samples,
+             cfg.train.repeats.validation_days, describe(blend), blend.figures.get("ndcg_at_10", float("nan")),
+             blend.figures.get("masked_ndcg_at_10", float("nan")), blend.figures.get("hr_at_10", float("nan")),
+             blend.figures.get("masked_hr_at_10", float("nan")), 100 * blend.figures.get("known_target_share", 0.0))
+    return blend, valid
+
+
+def describe(blend: RepeatBlend) -> str:
+    if blend.masks_known:
+        return "known items masked"
+    return (f"known items compete (repeat_bias {blend.repeat_bias:g}, age_weight {blend.age_weight:g}, "
+            f"new_rank_weight {blend.new_rank_weight:g})")

@@ -1,0 +1,300 @@
+"""Items a user already knows, competing with items new to them: the repeat blend. Pure numpy/torch.
+
+On a log where users come back (edits, purchases, plays), most of what a user does tomorrow is an item
+they know: masking every known item caps a list's hit rate at the share of users who do something new.
+On a log without repeats (ratings: each item once) a known item is never the next one, and masking is
+right. The blend learns which of the two a log is, and the balance in between, from the log itself.
+
+Each candidate gets a blended score on one log scale, and the list is the top N of both kinds merged:
+
+- a known item ``i`` (in the user's history, available, known to the model):
+  ``repeat_bias + log(count_i) - age_weight * log1p(age_days_i)`` — how often the user had it in the
+  window and how long ago they last did;
+- a new item at rank ``r`` (0 = best) of the model's ranking of the items the user does not know:
+  ``-new_rank_weight * log1p(r)`` — the model orders the new items, the blend says what a rank is worth
+  against a known item.
+
+The three weights are chosen at training (:func:`fit_blend`) on held-out days: for each validation day,
+the users active that day, their history before it, and what they did that day; the weights that give the
+best NDCG@10 of those lists win. A log without repeats chooses ``repeat_bias = -inf``: known items are
+masked, and the lists are the model's alone, exactly as without a blend.
+
+Rank-based scores for new items, rather than the model's own, keep the blend free of the model's scale
+and cheap: the model's top N of new items is what the core selects anyway, and the merge with a few known
+items per user is a small top-N over ``[users, N + known]``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from recsys.sequences import Sequences
+
+SECONDS_PER_DAY = 86_400.0
+NDCG_K = 10
+
+# The grid :func:`fit_blend` searches. repeat_bias: the gate (-inf: mask); age_weight: how much an old
+# interaction counts less; new_rank_weight: how fast a new item's worth falls with its rank.
+REPEAT_BIASES = (-math.inf, *np.arange(-6.0, 10.01, 0.5).round(2).tolist())
+AGE_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
+NEW_RANK_WEIGHTS = (0.5, 1.0, 1.5, 2.0, 3.0)
+
+
+@dataclass(frozen=True)
+class RepeatBlend:
+    """How a user's known items compete with new ones (see the module docstring). Saved with the model."""
+
+    repeat_bias: float = -math.inf
+    age_weight: float = 0.0
+    new_rank_weight: float = 1.0
+    figures: dict = field(default_factory=dict, compare=False)   # what the fit measured (validation users, NDCG)
+
+    @property
+    def masks_known(self) -> bool:
+        """True when known items never enter a list (a log without repeats, or no blend)."""
+        return not math.isfinite(self.repeat_bias)
+
+    def repeat_scores(self, counts: np.ndarray | torch.Tensor, age_days: np.ndarray | torch.Tensor):
+        """Blended scores of known items from their counts (>= 1) and ages in days (>= 0)."""
+        lib = torch if isinstance(counts, torch.Tensor) else np
+        counts = counts.float() if lib is torch else np.asarray(counts, dtype=np.float64)
+        age = age_days.float() if lib is torch else np.asarray(age_days, dtype=np.float64)
+        return self.repeat_bias + lib.log(lib.clip(counts, 1, None)) - self.age_weight * lib.log1p(lib.clip(age, 0, None))
+
+    def new_scores(self, k: int, device: torch.device | None = None) -> torch.Tensor:
+        """Blended scores of the new items at ranks 0..k-1: [k], decreasing."""
+        ranks = torch.arange(k, dtype=torch.float32, device=device)
+        return -self.new_rank_weight * torch.log1p(ranks)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["repeat_bias"] = None if self.masks_known else self.repeat_bias
+        return json.dumps(data, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RepeatBlend":
+        data = json.loads(text)
+        bias = data.get("repeat_bias")
+        return cls(repeat_bias=-math.inf if bias is None else float(bias), age_weight=float(data.get("age_weight", 0.0)),
+                   new_rank_weight=float(data.get("new_rank_weight", 1.0)), figures=dict(data.get("figures") or {}))
+
+
+MASK_KNOWN = RepeatBlend()
+
+
+def merge_known(new_vals: torch.Tensor, new_cols: torch.Tensor, known_rows: torch.Tensor, known_cols: torch.Tensor,
+                known_scores: torch.Tensor, k: int, *, max_known: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge each user's known items into their list of new items, best blended score first.
+
+    ``new_vals`` [B, k'] are the blended scores of the new items by rank (-inf for an empty slot),
+    ``new_cols`` [B, k'] their candidate columns; ``known_rows``/``known_cols``/``known_scores`` [S] the known
+    items (row sorted ascending). ``max_known``: the most known items a list may hold (a rule keeping room for
+    new ones); None: no limit. -> (scores [B, k], columns [B, k]), ties by column ascending.
+    """
+    n_users = new_vals.shape[0]
+    dev = new_vals.device
+    if len(known_rows) == 0:
+        return new_vals[:, :k], new_cols[:, :k]
+    per_user = torch.bincount(known_rows, minlength=n_users)                          # [B]
+    width = int(per_user.max())
+    starts = torch.cumsum(per_user, 0) - per_user                                     # [B]
+    slot = torch.arange(len(known_rows), device=dev) - starts[known_rows]             # [S] place in the user's row
+    vals = torch.full((n_users, width), float("-inf"), device=dev)
+    cols = torch.zeros((n_users, width), dtype=torch.long, device=dev)
+    vals[known_rows, slot] = known_scores.float()
+    cols[known_rows, slot] = known_cols
+    keep = min(width, k if max_known is None else max(0, min(k, max_known)))
+    if keep < width:
+        top = torch.topk(vals, keep, dim=1)
+        vals, cols = top.values, torch.gather(cols, 1, top.indices)
+    merged_vals = torch.cat([new_vals.float(), vals], 1)
+    merged_cols = torch.cat([new_cols, cols], 1)
+    # ties by column ascending, as the core orders its lists; -inf slots stay last
+    key = torch.argsort(merged_cols, dim=1, stable=True)
+    merged_vals, merged_cols = torch.gather(merged_vals, 1, key), torch.gather(merged_cols, 1, key)
+    order = torch.argsort(merged_vals, dim=1, descending=True, stable=True)[:, :k]
+    return torch.gather(merged_vals, 1, order), torch.gather(merged_cols, 1, order)
+
+
+# ------------------------------------------------------------------------------------------------ the fit
+
+
+@dataclass(frozen=True)
+class BlendValidation:
+    """Held-out days, model-ranked: what :func:`fit_blend` chooses the weights on.
+
+    One row per (user, validation day): the user's known items before that day (their counts and ages in
+    days), which of them the user had on that day (``known_target``), and the model's ranks (0 = best,
+    among the items the user did not know) of the new items the user had on that day.
+    """
+
+    known_counts: np.ndarray      # [S, K] float, 0 where padded
+    known_ages: np.ndarray        # [S, K] float days
+    known_target: np.ndarray      # [S, K] bool
+    new_target_ranks: np.ndarray  # [S, T] float model ranks of the day's new items; inf: padded or not rankable
+    targets: np.ndarray           # [S] int: how many distinct items the user had that day (the NDCG's ideal)
+
+    @property
+    def samples(self) -> int:
+        return len(self.targets)
+
+
+def fit_blend(valid: BlendValidation, *, biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS,
+              rank_weights=NEW_RANK_WEIGHTS) -> RepeatBlend:
+    """The weights with the best NDCG@10 over the validation rows (ties: the more cautious, masking first).
+
+    Exact for positions under 10 without building any list: a known item's place is the number of known
+    items above it plus the number of new ranks whose score beats it; a new item's place is its rank plus
+    the number of known items at or above its score.
+    """
+    if valid.samples == 0:
+        return RepeatBlend(figures={"validation_rows": 0, "why": "no validation rows: known items masked"})
+    ideal = _ideal_dcg(valid.targets)
+    best: tuple[float, float, RepeatBlend] | None = None
+    masked_ndcg = masked_hr = float("nan")
+    for age_weight in age_weights:
+        log_counts = np.log(np.clip(valid.known_counts, 1, None))
+        base = np.where(valid.known_counts > 0, log_counts - age_weight * np.log1p(np.clip(valid.known_ages, 0, None)),
+                        -np.inf)
+        # the 10 best known items per row in this weight's order: the others can never reach a top-10 place
+        order = np.argsort(-base, axis=1, kind="stable")[:, :NDCG_K]
+        top_base = np.take_along_axis(base, order, 1)                       # [S, <=10] descending
+        top_target = np.take_along_axis(valid.known_target, order, 1)       # [S, <=10]
+        for bias in biases:
+            for rank_weight in (rank_weights if math.isfinite(bias) else rank_weights[:1]):
+                ndcg, hr = _score(top_base + bias, top_target, valid.new_target_ranks, rank_weight, ideal)
+                if not math.isfinite(bias):
+                    masked_ndcg, masked_hr = ndcg, hr
+                candidate = RepeatBlend(bias, age_weight if math.isfinite(bias) else 0.0, rank_weight)
+                if best is None or ndcg > best[0] + 1e-12:
+                    best = (ndcg, hr, candidate)
+        if not math.isfinite(biases[0]):
+            biases = biases[1:]   # the masked blend does not depend on the age weight: scored once
+    assert best is not None
+    ndcg, hr, blend = best
+    figures = {"validation_rows": int(valid.samples), "ndcg_at_10": round(ndcg, 6), "hr_at_10": round(hr, 6),
+               "masked_ndcg_at_10": round(masked_ndcg, 6), "masked_hr_at_10": round(masked_hr, 6),
+               "known_target_share": round(float(valid.known_target.sum()) / max(1, int(valid.targets.sum())), 6)}
+    return RepeatBlend(blend.repeat_bias, blend.age_weight, blend.new_rank_weight, figures=figures)
+
+
+def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
+    discounts = 1.0 / np.log2(np.arange(NDCG_K) + 2.0)
+    cumulative = np.concatenate([[0.0], np.cumsum(discounts)])
+    return cumulative[np.clip(targets, 0, NDCG_K)]
+
+
+def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, rank_weight: float,
+           ideal: np.ndarray) -> tuple[float, float]:
+    """(mean NDCG@10, HR@10) of the merged lists; ``known`` [S, K] blended scores, descending per row."""
+    n_known = known.shape[1]
+    # new ranks whose score beats a known item's: -w log1p(r) > s  <=>  r < exp(-s / w) - 1
+    beaten_by_new = np.where(np.isfinite(known), np.ceil(np.clip(np.exp(np.clip(-known / rank_weight, None, 30)) - 1,
+                                                                 0, NDCG_K)), NDCG_K)
+    known_place = np.arange(n_known)[None, :] + beaten_by_new                     # [S, K]
+    known_gain = np.where(known_target & (known_place < NDCG_K), 1.0 / np.log2(known_place + 2.0), 0.0).sum(1)
+    useful = new_ranks < NDCG_K                                                    # [S, T]
+    new_score = -rank_weight * np.log1p(np.where(useful, new_ranks, 0.0))         # [S, T]
+    above = (known[:, None, :] >= new_score[:, :, None]).sum(2)                    # [S, T] known items at or above
+    new_place = np.where(useful, new_ranks + above, np.inf)
+    new_gain = np.where(new_place < NDCG_K, 1.0 / np.log2(new_place + 2.0), 0.0).sum(1)
+    hits = (known_target & (known_place < NDCG_K)).any(1) | (new_place < NDCG_K).any(1)
+    ndcg = np.where(ideal > 0, (known_gain + new_gain) / np.where(ideal > 0, ideal, 1.0), 0.0)
+    return float(ndcg.mean()), float(hits.mean())
+
+
+# ------------------------------------------------------------------------------------------------ validation rows
+
+
+@dataclass(frozen=True)
+class ValidationDays:
+    """Held-out days as collected from the events (id space, model-independent): one row per (user, day)."""
+
+    histories: "Sequences"       # item ids before the day, oldest first
+    counts: np.ndarray           # [H] aligned with histories.items: events with the item before the day
+    last_us: np.ndarray          # [H] aligned: the latest of them, epoch microseconds
+    day_start_us: np.ndarray     # [S] the day's first instant, epoch microseconds
+    targets: "Sequences"         # the distinct items the user had that day
+
+    @property
+    def rows(self) -> int:
+        return len(self.day_start_us)
+
+
+def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: ValidationDays, *,
+                         device: torch.device | str = "cpu", batch: int = 512) -> BlendValidation:
+    """The model's ranks of each day's new items, and the known items' counts and ages: what the fit needs.
+
+    A known item is one in the history that the model knows (only those can be listed); a new target's rank
+    counts the items the model scores higher among those the user does not know (0 = best). A target the
+    model does not know cannot be ranked (inf), but still counts in the day's ideal.
+    """
+    from recsys.sequences import Vocabulary
+
+    vocab = Vocabulary(item_ids)
+    histories, _ = vocab.map_sequences(days.histories)                    # model indices, unknown dropped
+    known_mask = vocab.index_of(days.histories.items) > 0
+    counts, last_us = days.counts[known_mask], days.last_us[known_mask]
+    row_of = np.repeat(np.arange(days.rows), days.histories.lengths)[known_mask]
+    width = max(1, int(histories.lengths.max(initial=0)))
+    place = np.arange(len(histories.items)) - histories.offsets[row_of]
+    known_counts = np.zeros((days.rows, width))
+    known_ages = np.zeros((days.rows, width))
+    known_counts[row_of, place] = counts
+    known_ages[row_of, place] = (days.day_start_us[row_of] - last_us) / (SECONDS_PER_DAY * 1e6)
+    target_idx = vocab.index_of(days.targets.items)
+    target_row = np.repeat(np.arange(days.rows), days.targets.lengths)
+    known_target = np.zeros((days.rows, width), dtype=bool)
+    is_known_target = np.zeros(len(target_idx), dtype=bool)
+    for r in np.unique(target_row):   # a day's targets against the row's known items (a handful each)
+        hist_r = histories.items[histories.offsets[r]:histories.offsets[r + 1]]
+        t_at = np.flatnonzero(target_row == r)
+        hit = np.isin(target_idx[t_at], hist_r) & (target_idx[t_at] > 0)
+        is_known_target[t_at] = hit
+        known_target[r, :len(hist_r)] = np.isin(hist_r, target_idx[t_at])
+    new_at = np.flatnonzero(~is_known_target)
+    new_counts = np.bincount(target_row[new_at], minlength=days.rows)
+    new_width = max(1, int(new_counts.max(initial=0)))
+    new_ranks = np.full((days.rows, new_width), np.inf)
+    new_place = np.arange(len(new_at)) - (np.cumsum(new_counts) - new_counts)[target_row[new_at]]
+    ranks = _new_target_ranks(model, histories, target_idx, target_row, new_at, device=device, batch=batch)
+    new_ranks[target_row[new_at], new_place] = ranks
+    return BlendValidation(known_counts, known_ages, known_target, new_ranks, days.targets.lengths.astype(np.int64))
+
+
+def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", target_idx: np.ndarray, target_row: np.ndarray,
+                      new_at: np.ndarray, *, device, batch: int) -> np.ndarray:
+    """For each new target (``new_at`` into the flat targets): items scored above it among those its user
+    does not know (inf: the model does not know the target, or the user has no known item to be encoded)."""
+    from recsys.sequences import pad_left
+
+    out = np.full(len(new_at), np.inf)
+    rows_all = target_row[new_at]
+    usable = (target_idx[new_at] > 0) & (histories.lengths[rows_all] > 0)
+    model = model.to(device).eval()
+    with torch.inference_mode():
+        items = model.item_embeddings().detach().to(device).float()           # [N + 1, D]
+        for lo in range(0, histories.__len__(), batch):
+            rows = np.arange(lo, min(lo + batch, len(histories)))
+            pick = np.flatnonzero(usable & (rows_all >= lo) & (rows_all < rows[-1] + 1))
+            if not len(pick):
+                continue
+            part = histories.take(rows)
+            seq = torch.from_numpy(pad_left(part, model.max_len)).to(device)          # [b, L]
+            scores = model.encode(seq).float() @ items.T                              # [b, N + 1]
+            scores[:, 0] = float("-inf")                                              # padding never competes
+            known = torch.from_numpy(pad_left(part, max(1, int(part.lengths.max(initial=0))))).to(device)
+            scores.scatter_(1, known, float("-inf"))                                  # the user's known items
+            scores[:, 0] = float("-inf")
+            local = torch.as_tensor(rows_all[pick] - lo, device=device)
+            target = torch.as_tensor(target_idx[new_at[pick]], device=device)
+            own = scores[local, target]                                               # [t]
+            above = (scores[local] > own[:, None]).sum(1)                             # [t]
+            out[pick] = above.cpu().numpy().astype(np.float64)
+    return out

@@ -1,0 +1,155 @@
+"""The repeat blend: known items competing with new ones in the core, and the weights chosen on held-out days.
+
+Each expected list is computed by hand from the blend's definition (recsys.model.repeats): a known item
+scores ``repeat_bias + log(count) - age_weight * log1p(age_days)``, a new item at rank r
+``-new_rank_weight * log1p(r)``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from recsys.data.contracts import SOURCE_POPULARITY
+from recsys.model.io import load_model, save_model
+from recsys.model.repeats import (MASK_KNOWN, BlendValidation, RepeatBlend, ValidationDays, fit_blend, merge_known,
+                                  rank_validation_days)
+from recsys.scoring.core import Candidates, Fallback, KnownItems, Scorer
+from recsys.sequences import Sequences, Vocabulary
+from toy_model import random_model
+
+NUM_ITEMS = 30
+ITEM_IDS = np.arange(500, 500 + NUM_ITEMS, dtype=np.int64)
+DAY_US = 86_400 * 1_000_000
+
+
+def _scorer(model, blend, top_n=5):
+    index = np.arange(1, NUM_ITEMS + 1)
+    return Scorer(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(index, ITEM_IDS),
+                  fallback=Fallback(SOURCE_POPULARITY, ITEM_IDS[:top_n], np.ones(top_n, np.float32)),
+                  top_n=top_n, device=torch.device("cpu"), blend=blend)
+
+
+def test_merge_puts_each_known_item_where_its_blended_score_ranks_it_among_the_new_ones():
+    new_vals = torch.tensor([[0.0, -1.0, -2.0, -3.0], [0.0, -1.0, float("-inf"), float("-inf")]])
+    new_cols = torch.tensor([[10, 11, 12, 13], [20, 21, 0, 0]])
+    rows, cols = torch.tensor([0, 0, 1]), torch.tensor([5, 6, 7])
+    scores = torch.tensor([-1.5, 5.0, -9.0])
+    vals, out = merge_known(new_vals, new_cols, rows, cols, scores, 4)
+    assert out.tolist() == [[6, 10, 11, 5], [20, 21, 7, 0]]
+    assert vals[1, 3].item() == float("-inf")                       # nothing left to fill the last slot
+    _, capped = merge_known(new_vals, new_cols, rows, cols, scores, 4, max_known=0)
+    assert capped.tolist()[0] == [10, 11, 12, 13]                   # a rule keeping every slot for new items
+
+
+def test_a_masking_blend_lists_what_the_core_listed_before_and_a_repeat_favouring_one_lists_known_items_first():
+    model = random_model(NUM_ITEMS, seed=3)
+    hist = Sequences.from_lists([ITEM_IDS[[2, 7, 4]], ITEM_IDS[[9]]])
+    known = KnownItems(counts=np.array([5, 1, 2, 1]), last_us=np.array([9, 2, 9, 9]) * DAY_US, now_us=10 * DAY_US)
+    masked_ids, masked_vals, _, _ = _scorer(model, MASK_KNOWN).topn(hist, known)
+    assert not set(masked_ids[0]) & set(ITEM_IDS[[2, 7, 4]])
+    blend = RepeatBlend(repeat_bias=2.0, age_weight=1.0, new_rank_weight=1.0)
+    ids, vals, _, _ = _scorer(model, blend).topn(hist, known)
+    # user 0: known 502 (2 + log 5 - log1p(1) = 2.92), 504 (2 + log 2 - log1p(1) = 2.0), 507 (2 + 0 - log1p(8) = -0.20);
+    # new items at ranks 0, 1, 2 score 0, -0.69, -1.10: the model's best new item comes third, after 502 and 504
+    assert ids[0].tolist()[:3] == [502, 504, masked_ids[0][0]]
+    assert ids[0].tolist()[3] == 507 and ids[0].tolist()[4] == masked_ids[0][1]
+    assert np.allclose(vals[0][:2], [2 + math.log(5) - math.log(2), 2 + math.log(2) - math.log(2)], atol=1e-5)
+    assert np.all(np.diff(vals, axis=1) <= 1e-6)                    # best first
+    assert ids[1].tolist()[0] == 509                                # 2 + 0 - log1p(1) = 1.31 > 0
+
+
+def test_a_blend_survives_saving_and_loading_with_the_model_and_an_old_model_masks(tmp_path):
+    model = random_model(NUM_ITEMS, seed=1)
+    from recsys.model.sasrec import SASRec, SASRecConfig
+
+    sasrec = SASRec(SASRecConfig(num_items=NUM_ITEMS, dim=8, layers=1, heads=1, max_len=4, dropout=0.0))
+    blend = RepeatBlend(1.5, 0.5, 2.0, figures={"validation_rows": 10})
+    loaded = load_model(save_model(sasrec, ITEM_IDS, tmp_path / "m", blend=blend))
+    assert loaded.blend == blend and loaded.blend.figures == {"validation_rows": 10}
+    assert load_model(save_model(sasrec, ITEM_IDS, tmp_path / "old")).blend.masks_known
+    masked = RepeatBlend.from_json(MASK_KNOWN.to_json())
+    assert masked.masks_known and masked == MASK_KNOWN
+    del model
+
+
+def _validation(known_counts, known_target, new_ranks, targets, ages=None):
+    known_counts = np.asarray(known_counts, dtype=float)
+    return BlendValidation(known_counts, np.zeros_like(known_counts) if ages is None else np.asarray(ages, float),
+                           np.asarray(known_target, bool), np.asarray(new_ranks, float), np.asarray(targets))
+
+
+def test_the_fit_masks_known_items_on_a_log_without_repeats_and_lets_them_in_on_a_log_of_repeats():
+    rng = np.random.default_rng(0)
+    n = 400
+    counts = rng.integers(1, 6, size=(n, 3)).astype(float)
+    # no repeats: every day's item is new, found by the model at rank 0..4
+    no_repeats = _validation(counts, np.zeros((n, 3), bool), rng.integers(0, 5, size=(n, 1)), np.ones(n, int))
+    assert fit_blend(no_repeats).masks_known
+    # repeats: the day's item is the user's most frequent known item; new items the model ranks far down
+    target = counts == counts.max(1, keepdims=True)
+    target &= np.cumsum(target, 1) == 1
+    repeats = _validation(counts, target, np.full((n, 1), np.inf), np.ones(n, int))
+    blend = fit_blend(repeats)
+    assert not blend.masks_known
+    assert blend.figures["hr_at_10"] == 1.0 and blend.figures["masked_hr_at_10"] == 0.0
+    assert blend.figures["known_target_share"] == 1.0
+
+
+def test_the_fit_balances_known_and_new_items_by_what_the_days_say():
+    """Half the users redo their most frequent item, half take the model's first new item: the best
+    blend puts one of each first, so both halves are hit, which neither extreme does."""
+    n = 200
+    counts = np.tile([[3.0, 1.0]], (n, 1))
+    target = np.zeros((n, 2), bool)
+    target[: n // 2, 0] = True
+    ranks = np.full((n, 1), np.inf)
+    ranks[n // 2:, 0] = 0
+    blend = fit_blend(_validation(counts, target, ranks, np.ones(n, int)))
+    assert blend.figures["hr_at_10"] == 1.0
+    assert blend.figures["masked_hr_at_10"] == 0.5
+
+
+def test_validation_ranks_are_the_model_s_ranks_among_the_items_the_user_does_not_know():
+    model = random_model(NUM_ITEMS, seed=5)
+    histories = Sequences.from_lists([ITEM_IDS[[1, 2]], ITEM_IDS[[3]]])
+    days = ValidationDays(histories=histories, counts=np.array([4, 1, 2]), last_us=np.array([8, 9, 7]) * DAY_US,
+                          day_start_us=np.array([10, 10]) * DAY_US,
+                          targets=Sequences.from_lists([ITEM_IDS[[2, 10]], np.array([99999, ITEM_IDS[20]])]))
+    valid = rank_validation_days(model, ITEM_IDS, days)
+    assert valid.known_target.tolist() == [[False, True], [False, False]]
+    assert valid.known_counts.tolist() == [[4, 1], [2, 0]] and valid.known_ages[0].tolist() == [2.0, 1.0]
+    assert valid.targets.tolist() == [2, 2]
+    # by hand: score every item the user does not know, count those above the target
+    from recsys.sequences import pad_left
+
+    emb = model.item_embeddings()
+    for row, hist_idx, target_idx in ((0, [2, 3], 11), (1, [4], 21)):
+        user = model.encode(torch.as_tensor(pad_left(Sequences.from_lists([hist_idx]), model.max_len)))[0]
+        scores = (emb @ user).detach().numpy()
+        others = [i for i in range(1, NUM_ITEMS + 1) if i not in hist_idx]
+        expected = sum(scores[i] > scores[target_idx] for i in others)
+        assert valid.new_target_ranks[row][np.isfinite(valid.new_target_ranks[row])].tolist() == [expected]
+
+
+@pytest.mark.parametrize("bias", [-math.inf, 0.5])
+def test_every_list_the_blend_makes_is_exactly_what_the_fit_scored(bias):
+    """The fit's positions without lists and the core's merge agree: HR@10 from both is the same."""
+    rng = np.random.default_rng(1)
+    model = random_model(NUM_ITEMS, seed=2, max_len=8)
+    lists = [ITEM_IDS[rng.choice(NUM_ITEMS, size=rng.integers(1, 6), replace=False)] for _ in range(60)]
+    hist = Sequences.from_lists(lists)
+    counts = rng.integers(1, 5, size=len(hist.items))
+    days = ValidationDays(hist, counts, np.full(len(counts), 5 * DAY_US), np.full(len(lists), 10 * DAY_US),
+                          Sequences.from_lists([ITEM_IDS[rng.choice(NUM_ITEMS, size=2, replace=False)]
+                                                for _ in lists]))
+    valid = rank_validation_days(model, ITEM_IDS, days)
+    blend = RepeatBlend(bias, 0.0, 1.0) if math.isfinite(bias) else MASK_KNOWN
+    fitted = fit_blend(valid, biases=(bias,), age_weights=(0.0,), rank_weights=(1.0,))
+    scorer = _scorer(model, blend, top_n=10)
+    ids, _, _, _ = scorer.topn(hist, KnownItems(counts, np.full(len(counts), 5 * DAY_US), 10 * DAY_US))
+    hits = [bool(set(ids[r]) & set(days.targets.items[days.targets.offsets[r]:days.targets.offsets[r + 1]]))
+            for r in range(len(lists))]
+    assert fitted.figures["hr_at_10"] == pytest.approx(np.mean(hits))
