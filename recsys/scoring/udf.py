@@ -67,7 +67,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         from pyspark import TaskContext
 
         from recsys.scoring import cache
-        from recsys.scoring.checks import TaskChecks
+        from recsys.scoring.checks import ListRules, TaskChecks
         from recsys.scoring.compare import TaskComparison
         from recsys.scoring.core import ChunkStats, resolve_device
         from recsys.scoring.cache import CacheUse
@@ -94,6 +94,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
         comparison = TaskComparison(spec.compare, candidates_sorted) if spec.compare is not None else None
+        list_rules = ListRules(params.top_n, spec.fallback_name, len(spec.fallback_item_ids),
+                               known_allowed=not (scorer.blend.masks_known or spec.rules.touched),
+                               min_new_items=spec.rules.min_new_items,
+                               fill=spec.rules.fill == "popularity" and spec.popularity is not None)
         check_s = 0.0
         for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
@@ -104,10 +108,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             stats.add(chunk_stats)
             started = time.perf_counter()
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
-                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids),
-                             known_allowed=not (scorer.blend.masks_known or spec.rules.touched), excluded=excluded,
-                             min_new_items=spec.rules.min_new_items,
-                             fill=spec.rules.fill == "popularity" and spec.popularity is not None)
+                             rules=list_rules, excluded=excluded)
             check_s += time.perf_counter() - started
             if comparison is not None:
                 comparison.add_chunk(chunk, out)
