@@ -394,6 +394,5 @@ def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tup
                                                 cfg.scoring.top_n)
     shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                          scratch=cfg.paths.driver_dir)   # the backend's executors get the files through Spark
-    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS,
-                               lists_for=window.as_of, rules=cfg.recommend, popularity=fallback.popularity)
+    spec = stages.scoring_spec(shipped, catalog, fallback, cfg, lists_for=window.as_of, hooks=hooks or NO_HOOKS)
     return spec, catalog.snapshot.date
