@@ -30,7 +30,7 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
 
-    from recsys.config import BacktestConfig, load_config
+    from recsys.config import load_config
     from recsys.data.contracts import date_range
     from recsys.evaluation import backtest, baselines
     from recsys.evaluation.report import Bootstrap
@@ -51,9 +51,9 @@ def main() -> int:
                     for h in half_lives}
                 backtest.measure(inputs.users, lists, 10, cfg.scoring.top_n).write.parquet(f"{tmp}/figures/dt={night}")
                 print(f"measured {night}", flush=True)
-            summary = backtest.summarize(spark, f"{tmp}/figures", systems=list(lists), start=args.start, end=args.end,
-                                         k=10, n=cfg.scoring.top_n, bootstrap=Bootstrap(0, 0), max_pairs=10**6,
-                                         settings=BacktestConfig())
+            what = backtest.Measurement(tuple(lists), args.start, args.end, k=10, n=cfg.scoring.top_n)
+            summary = backtest.summarize(spark, f"{tmp}/figures", what, bootstrap=Bootstrap(0, 0),
+                                         settings=cfg.evaluation.backtest)
     finally:
         spark.stop()
     print(f"\n{summary.counts['user_nights']:,} user-nights, {args.start}..{args.end}\n")

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 DATE = dt.date(2024, 6, 15)
 
 
-def write_partition(root: Path, users: int, top_n: int, items: int, files: int, seed: int = 0) -> dict:
+def write_partition(root: Path, users: int, top_n: int, items: int, files: int, seed: int = 0):
     """A published partition under ``root/dt=DATE`` (data files, _SUCCESS, _manifest.json); returns the manifest."""
     from recsys.data.contracts import OUTPUT_SCHEMA, RECOMMENDATION_TYPE, SUCCESS_MARKER, partition_name
     from recsys.publish import manifest as manifest_file
@@ -64,13 +64,13 @@ def write_partition(root: Path, users: int, top_n: int, items: int, files: int, 
         source = pa.array(np.where(fallback, "popularity", "model"))
         table = pa.table([pa.array(ids), recs, source, pa.array(["1"] * n)], schema=OUTPUT_SCHEMA)
         pq.write_table(table, part / f"part-{f:05d}.parquet", compression="snappy")
-    content = manifest_file.finish({
-        "date": str(DATE), "run_id": None, "job_run": f"bench-{int(time.time())}", "publish_method": "benchmark",
-        "model": {"version": "1", "name": "bench"}, "catalog_snapshot": str(DATE), "config_digest": "bench",
-        "counts": {"rows": users}, "validation": {},
-        "fallback": {"name": "popularity", "item_ids": fallback_ids.tolist(), "scores": fallback_scores.tolist()},
-    })
-    (part / "_manifest.json").write_text(manifest_file.to_text(content))
+    content = manifest_file.finish(manifest_file.Manifest(
+        date=DATE, run_id=None, job_run=f"bench-{int(time.time())}", publish_method="benchmark",
+        model=manifest_file.ModelRef(version="1", name="bench"), catalog_snapshot=DATE, config_digest="bench",
+        counts=manifest_file.Counts(rows=users), validation={},
+        fallback=manifest_file.FallbackList(name="popularity", item_ids=tuple(fallback_ids.tolist()),
+                                            scores=tuple(fallback_scores.tolist()))))
+    manifest_file.write(str(part), content)
     (part / SUCCESS_MARKER).write_text("")
     return content
 

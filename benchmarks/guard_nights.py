@@ -63,12 +63,12 @@ def main() -> int:
     data = work / "data"
     work.mkdir(parents=True, exist_ok=True)
     if args.data == "synthetic":
-        from recsys.data.sample import generate_sample
+        from recsys.data.sample import SampleSpec, generate_sample
 
         last = dt.date(2024, 6, 30)
         first = last - dt.timedelta(days=args.nights - 1)
-        summary = generate_sample(data, users=args.users, items=args.items, days=args.train_days + args.nights,
-                                  seed=args.seed, end_date=last, overwrite=True)
+        summary = generate_sample(data, SampleSpec(users=args.users, items=args.items, days=args.train_days + args.nights,
+                                                   seed=args.seed, end_date=last), overwrite=True)
         print(summary, flush=True)
     else:
         from recsys.data.movielens import import_movielens

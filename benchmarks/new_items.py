@@ -226,7 +226,7 @@ def run_variant(spark, base: Sequence[str], work: Path, label: str, refit: bool,
     stage_s = MlflowClient(cfg.mlflow.tracking_uri).get_run(trained.run_id).data.metrics
     model = tracking.resolve_model(cfg.mlflow, cfg.paths.driver_dir)     # what the night scored with
     vocab = nightly_stages.load_vocabulary(model)
-    manifest = night.manifest
+    manifest = night.manifest.as_dict()
     if str(manifest["model"]["version"]) != model.version or model.version != trained.version:
         raise RuntimeError(f"{label}: the night scored version {manifest['model']['version']}, "
                            f"trained {trained.version}, the alias holds {model.version}")
@@ -415,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _prepare_data(args: argparse.Namespace, data: Path) -> tuple[dict[str, Any], dt.date]:
     from recsys.data.partitions import list_partitions
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
 
     if args.reuse:
         if args.data is None:
@@ -424,8 +424,8 @@ def _prepare_data(args: argparse.Namespace, data: Path) -> tuple[dict[str, Any],
         if not parts:
             raise SystemExit(f"no events partitions under {data / 'events'}")
         return {"path": str(data), "reused": True}, parts[-1].date
-    summary = generate_sample(data, users=args.users, items=args.items, days=args.days, seed=args.seed,
-                              end_date=args.end_date)
+    summary = generate_sample(data, SampleSpec(users=args.users, items=args.items, days=args.days, seed=args.seed,
+                                               end_date=args.end_date))
     print(summary, flush=True)
     return ({"users": args.users, "items": args.items, "days": args.days, "seed": args.seed,
              "events": summary.events, "first_date": str(summary.first_date), "last_date": str(summary.last_date)},

@@ -23,7 +23,7 @@ def main() -> None:
     from recsys.evaluation import protocols
     from recsys.evaluation.ranking import SequenceModelScorer, rank_phase
     from recsys.model.registry import MODEL_TYPES
-    from recsys.model.training import TrainSettings, fit
+    from recsys.model.training import FitCallbacks, TrainSettings, fit
     from recsys.spark.session import build_session
     from recsys.learning.split import build_vocabulary
 
@@ -78,7 +78,7 @@ def main() -> None:
               f"hr@10 {row['hr@10']:.4f}  {row['seconds']:.1f} s", flush=True)
 
     torch.set_num_threads(a.threads)
-    result = fit(train, config, settings, validate=validate, progress=progress)
+    result = fit(train, config, settings, valid=validate, callbacks=FitCallbacks(progress=progress))
     print(f"best epoch {result.best_epoch}: valid ndcg@10 {result.best_metrics['ndcg@10']:.4f} "
           f"hr@10 {result.best_metrics['hr@10']:.4f}; {time.perf_counter() - started:.0f} s wall, "
           f"{time.process_time() - cpu_started:.0f} s CPU")

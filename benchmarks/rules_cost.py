@@ -16,7 +16,7 @@ import torch
 
 from recsys.bench import shapes
 from recsys.model.repeats import RepeatBlend
-from recsys.scoring.checks import TaskChecks
+from recsys.scoring.checks import ListRules, TaskChecks
 from recsys.scoring.core import KnownItems, Scorer
 from recsys.scoring.params import RuleParams
 from recsys.sequences import Sequences
@@ -51,10 +51,10 @@ for rep in range(3):
         score_s[name].append(time.process_time() - t)
         task = TaskChecks()
         t = time.process_time()
-        task.add_chunk(uids, history_arrow, out, candidate_ids_sorted=candidates_sorted, top_n=shape.top_n,
-                       fallback_name=base.fallback.name, fallback_len=shape.top_n, known_allowed=kn is not None,
-                       excluded=excluded_arrow if ex is not None else None, min_new_items=30 if ex is not None else 0,
-                       fill=ex is not None)
+        rules = ListRules(shape.top_n, base.fallback.name, shape.top_n, known_allowed=kn is not None,
+                          min_new_items=30 if ex is not None else 0, fill=ex is not None)
+        task.add_chunk(uids, history_arrow, out, candidate_ids_sorted=candidates_sorted, rules=rules,
+                       excluded=excluded_arrow if ex is not None else None)
         check_s[name].append(time.process_time() - t)
         assert all(v == 0 for k, v in task.finish().items() if k != "item_counts"), name
 for name in variants:

@@ -77,7 +77,7 @@ def movielens(args, cfg) -> list[dict]:
                 return metrics
 
             settings = replace(base, seed=seed, **overrides)
-            result = fit(train, config, settings, validate=validate)
+            result = fit(train, config, settings, valid=validate)
             epochs = len(result.curve)
             train_seconds = sum(r["seconds"] for r in result.curve) - sum(validation_seconds)
             row = {"config": label, "seed": seed, "valid_ndcg@10": result.best_metrics["ndcg@10"],

@@ -18,7 +18,7 @@ import torch
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.io import load_model, save_model
 from recsys.model.sasrec import SASRec, SASRecConfig
-from recsys.model.training import TrainSettings, ValidationSet, fit
+from recsys.model.training import FitCallbacks, TrainSettings, ValidationSet, fit
 from recsys.sequences import Sequences
 
 DEV = "cuda"
@@ -138,7 +138,8 @@ def movielens_epochs(path: str, epochs: int = 30, patience: int = 5, dropout: fl
     train = Sequences(np.concatenate([[0], np.cumsum(counts - 1)]), items[keep])
     config = SASRecConfig(num_items=len(ids), dropout=dropout)
     result = fit(train, config, TrainSettings(epochs=epochs, patience=patience), valid=ValidationSet(train, targets), device=DEV,
-                 progress=lambda row: print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True))
+                 callbacks=FitCallbacks(progress=lambda row: print(
+                     {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)))
     seconds = sum(row["seconds"] for row in result.curve)
     print(f"movielens on {DEV}, dropout {dropout}, patience {patience}: {len(result.curve)} epochs in {seconds:.0f} s, "
           f"best epoch {result.best_epoch} {result.best_metrics}", flush=True)

@@ -84,12 +84,13 @@ def sample_tree(pid: int, peaks: dict, stop: threading.Event, cpu: dict | None =
 
 def prepare(users: int, items: int, work: Path) -> tuple[Path, float, int]:
     """A fresh dataset and model store for ``users``: (its root, seconds to generate, events)."""
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
 
     root = work / f"u{users}"
     data = root / "data"
     started = time.perf_counter()
-    summary = generate_sample(data, users=users, items=items, days=14, seed=11, end_date=END_DATE, overwrite=True)
+    summary = generate_sample(data, SampleSpec(users=users, items=items, days=14, seed=11, end_date=END_DATE),
+                              overwrite=True)
     gen_s = time.perf_counter() - started
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
     if (root / "mlflow.db").exists():

@@ -65,13 +65,13 @@ def sample_tree(pid: int, peaks: dict, stop: threading.Event) -> None:
 
 
 def run_scale(users: int, items: int, work: Path, processes: int, driver_memory: str) -> dict:
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
 
     root = work / f"u{users}"
     data = root / "data"
     started = time.perf_counter()
     if not (data / "events").exists():
-        generate_sample(data, users=users, items=items, days=14, seed=11, end_date=END_DATE, overwrite=True)
+        generate_sample(data, SampleSpec(users=users, items=items, days=14, seed=11, end_date=END_DATE), overwrite=True)
     gen_s = time.perf_counter() - started
     if (root / "mlflow.db").exists():
         (root / "mlflow.db").unlink()

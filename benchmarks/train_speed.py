@@ -159,7 +159,7 @@ def main() -> None:
         for point in points:
             with adamw(POINTS[point][1]):
                 t0 = time.perf_counter()
-                result = fit(train, config, replace(settings[point], seed=seed), validate=validate)
+                result = fit(train, config, replace(settings[point], seed=seed), valid=validate)
                 select_s = time.perf_counter() - t0
             per_epoch = select_s / len(result.curve)
             curve = [r["ndcg@10"] for r in result.curve]

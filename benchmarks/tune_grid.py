@@ -60,7 +60,7 @@ def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_d
         return rank_phase(SequenceModelScorer(m, item_ids, valid), valid, (10,)).means()
 
     started = time.perf_counter()
-    result = fit(train, config, settings, validate=validate)
+    result = fit(train, config, settings, valid=validate)
     seconds = time.perf_counter() - started
     return {"point": point, "seed": seed, "valid_ndcg@10": result.best_metrics["ndcg@10"],
             "valid_hr@10": result.best_metrics["hr@10"], "best_epoch": result.best_epoch,

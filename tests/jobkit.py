@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from recsys.config import Config, load_config
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
+from recsys.publish.manifest import Manifest, ModelRef
 
 RUN_DATE = dt.date(2024, 5, 8)
 METASTORE_URL: str | None = None   # the session's metastore service (conftest.metastore_service sets it)
@@ -102,9 +103,9 @@ def write_night(run_dir: str | Path, version: str, users: int) -> None:
     (out / "_SUCCESS").write_bytes(b"")
 
 
-def night_manifest(run: str, version: str) -> dict:
+def night_manifest(run: str, version: str) -> Manifest:
     """The least manifest publishing needs for a :func:`write_night` run."""
-    return {"run_id": f"mlflow-{run}", "job_run": run, "model": {"version": version}, "config_digest": "d"}
+    return Manifest(run_id=f"mlflow-{run}", job_run=run, model=ModelRef(version=version), config_digest="d")
 
 
 def table_name(root: Path) -> str:

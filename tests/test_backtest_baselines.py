@@ -130,8 +130,8 @@ def test_measured_figures_match_the_hand_computed_ones(spark, night, tmp_path):
              backtest.POPULAR: baselines.popularity_lists(i.users, ranking, 3, masked=False)}
     out = tmp_path / "figures"
     backtest.measure(i.users, lists, 2, 3).write.parquet(str(out / f"dt={NIGHT}"))
-    summary = backtest.summarize(spark, str(out), systems=list(lists), start=NIGHT, end=NIGHT, k=2, n=3,
-                                 bootstrap=Bootstrap(200, 0), max_pairs=1000, settings=load_config().evaluation.backtest)
+    summary = backtest.summarize(spark, str(out), backtest.Measurement(tuple(lists), NIGHT, NIGHT, k=2, n=3),
+                                 bootstrap=Bootstrap(200, 0), settings=load_config().evaluation.backtest)
     assert summary.counts == {"user_nights": 3, "users": 3, "repeat_user_nights": 2, "new_user_nights": 3,
                               "targets": 5, "repeat_targets": 2}
     ideal = 1 + 1 / math.log2(3)                                  # two targets within k = 2

@@ -299,6 +299,7 @@ def test_race_of_4_takers_for_a_stale_lock_on_local_and_s3_exactly_one_takes_it_
 def test_race_lost_on_local_and_s3_a_holder_whose_lock_was_taken_over_stops_before_publishing(store, monkeypatch):
     """A holder on another host stalls past its ttl; a run here takes its lock over; the stalled one then
     tries to publish through the real publish step and is stopped before switching anything."""
+    from recsys.publish.manifest import Manifest
     from recsys.publish.publisher import PartitionLayout, publish
     from recsys.publish.published import pointer_path
 
@@ -316,7 +317,7 @@ def test_race_lost_on_local_and_s3_a_holder_whose_lock_was_taken_over_stops_befo
         assert taker.took_over.run == "stalled-run"
         with pytest.raises(LockHeld, match=r"lost the lock on dt=2024-05-08 \(now held by run next-run .*nothing was "
                                            r"published") as err:
-            publish(layout, {"job_run": "stalled-run"}, "copy" if store.name == "s3" else None,
+            publish(layout, Manifest(job_run="stalled-run"), "copy" if store.name == "s3" else None,
                     still_ours=stalled.verify)
         assert err.value.exit_code == 4
         assert not store.exists(pointer_path(out, DATE)) and not store.exists(layout.final_dir)   # nothing switched

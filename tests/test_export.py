@@ -129,15 +129,15 @@ def test_the_switch_refuses_a_lost_lock_a_moved_pointer_and_an_incomplete_versio
         version = store.begin_version(client, keys, {"date": "2024-05-08"})
         client.hset(keys.files_key(version), "a.parquet", 3)
         with pytest.raises(store.SwitchRefused, match="1 of 2 files"):
-            store.switch(client, keys, lock, version, None, 2, fields, {})
+            store.switch(client, keys, lock, store.Switch(version, 2, fields, {}), None)
         with pytest.raises(LockHeld, match="another export moved the pointer"):
-            store.switch(client, keys, lock, version, "v0", 1, fields, {})
+            store.switch(client, keys, lock, store.Switch(version, 1, fields, {}), "v0")
         assert store.read_pointer(client, keys) is None
-        store.switch(client, keys, lock, version, None, 1, {**fields, "version": version}, {"users": 3})
+        store.switch(client, keys, lock, store.Switch(version, 1, {**fields, "version": version}, {"users": 3}), None)
         assert store.read_pointer(client, keys).version == version
         assert store.read_versions(client, keys)[version]["state"] == store.LIVE
     with pytest.raises(LockHeld, match="lock .* was lost"):
-        store.switch(client, keys, lock, version, version, 1, fields, {})
+        store.switch(client, keys, lock, store.Switch(version, 1, fields, {}), version)
 
 
 def test_the_lookup_script_answers_from_the_version_the_pointer_names_and_removal_leaves_nothing(redis_server):
@@ -335,7 +335,7 @@ def test_the_nightly_job_exports_as_its_last_stage_when_configured(spark, publis
     assert [r.export.status for r in results] == ["exported", "skipped"]
     assert "serves the later date" in results[1].export.reason
     pointer = store.read_pointer(_client(redis_server), store.Keyspace(prefix))
-    assert pointer.date == RUN_DATE and pointer.run == results[0].manifest["job_run"]
+    assert pointer.date == RUN_DATE and pointer.run == results[0].manifest.job_run
     assert [r.exit_code for r in results] == [ExitCode.OK, ExitCode.OK]
 
 

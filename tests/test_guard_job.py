@@ -113,7 +113,7 @@ def test_the_previous_night_is_the_run_the_output_table_names(tiny):
 
     first, second = tiny["first"], tiny["second"]
     assert "/_runs/dt=2024-05-08/run=" in first.location
-    assert second.manifest["quality"]["previous"]["run"] == run_of(first.location)
+    assert second.manifest.quality.previous.run == run_of(first.location)
     found = latest_published(tiny["cfg"].paths.output, before=dt.date(2024, 5, 9))
     assert found is not None and found.path == first.location
 
@@ -168,7 +168,7 @@ def _trained_model(data: Path, before: dt.date):
 
 @pytest.fixture(scope="module")
 def nights(spark, tmp_path_factory):
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
     from recsys.pipelines.nightly import run_nightly
 
     root = tmp_path_factory.mktemp("guard-sample")
@@ -176,7 +176,7 @@ def nights(spark, tmp_path_factory):
     # The data this test was written on (repeat_rate=None: repeats by chance only, no planted returns). The
     # model trained here masks every item a user had, as the job's scoring does, and the guard judges it
     # against popularity: on the sample's default returns masked lists fall below popularity and warn.
-    generate_sample(data, users=300, items=ITEMS, days=10, seed=5, end_date=D2, repeat_rate=None)
+    generate_sample(data, SampleSpec(users=300, items=ITEMS, days=10, seed=5, end_date=D2, repeat_rate=None))
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = load_config(overrides=_overrides(root, data, uri))
     _register(root, uri, cfg.mlflow.model_name, _trained_model(data, D1), np.arange(1, ITEMS + 1))
@@ -186,13 +186,13 @@ def nights(spark, tmp_path_factory):
 
 
 def _guard_section(result) -> dict:
-    return result.manifest["quality"]["guard"]
+    return result.manifest.quality.guard
 
 
 def test_the_first_night_passes_and_says_it_has_nothing_to_compare_with(nights):
     from mlflow import MlflowClient
 
-    quality = nights["first"].manifest["quality"]
+    quality = nights["first"].manifest.quality.as_dict()
     assert quality["previous"] is None and quality["realized_for"] is None
     assert quality["guard"]["verdict"] == "pass" and quality["guard"]["first_night"]
     assert "first night: no published partition before it" in quality["guard"]["note"]
@@ -207,9 +207,9 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
 
     m, guard = nights["second"].metrics, _guard_section(nights["second"])
     assert guard["verdict"] == "pass", guard["summary"]
-    assert nights["second"].manifest["quality"]["previous"]["date"] == str(D1)
-    assert nights["second"].manifest["quality"]["previous"]["run"] == nights["first"].manifest["job_run"]
-    assert nights["second"].manifest["quality"]["realized_for"] == str(D1)
+    assert nights["second"].manifest.quality.previous.date == str(D1)
+    assert nights["second"].manifest.quality.previous.run == nights["first"].manifest.job_run
+    assert nights["second"].manifest.quality.realized_for == str(D1)
     # the previous night's lists against what users did on D1
     assert 30 <= m["realized_users"] <= m["realized_touched_users"] <= m["rows"]
     assert 0 < m["realized_hr_at_10"] <= m["realized_hr_at_n"] <= 1
@@ -219,7 +219,7 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
     # one more day of events: most lists barely move, the active users' change
     assert 0.4 < m["jaccard_at_n_mean"] < 1 and m["jaccard_at_n_p10"] <= m["jaccard_at_n_p50"] <= m["jaccard_at_n_p90"]
     assert 0 < m["first_item_changed_share"] < 0.8
-    assert m["overlap_users"] + m["users_lost"] == nights["first"].manifest["counts"]["rows"]
+    assert m["overlap_users"] + m["users_lost"] == nights["first"].manifest.counts.rows
     assert 0.7 < m["catalog_coverage_ratio"] < 1.4
     assert m["head_slot_share"] < 0.5 and 0 < m["exposure_gini"] < 1 and m["fallback_share"] < 0.1
     assert 0 <= m["score_psi"] < 0.25
@@ -269,7 +269,7 @@ def test_a_model_giving_every_user_the_same_list_is_refused_with_exit_3_and_the_
     out = root / "out"
     before = jobkit.snapshot(out / f"dt={D2}")
     night = find_published(str(out), D2)
-    assert night is not None and night.run == nights["second"].manifest["job_run"]
+    assert night is not None and night.run == nights["second"].manifest.job_run
     same = ("mlflow.model_name=recsys-same-list",)
     with caplog.at_level(logging.INFO):
         assert _recommend(monkeypatch, spark, root, data, uri, D3, extra=same) == ExitCode.VALIDATION_FAILED

@@ -65,7 +65,7 @@ def test_a_task_that_fails_or_loses_its_python_worker_is_retried_and_the_output_
     # although this session's workers had it cached from the module's first run
     assert m["model_misses"] >= 1
     assert m["model_hits"] + m["model_misses"] == m["tasks"]
-    assert result.manifest["metrics"]["task_retries"] == m["tasks"]
+    assert result.manifest.metrics["task_retries"] == m["tasks"]
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -132,19 +132,19 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     # the dead run's MLflow run no longer claims to be running: KILLED, saying who found it dead and when
     killed = client.get_run(dead)
     assert killed.info.status == "KILLED" and killed.info.end_time >= killed.info.start_time
-    assert killed.data.tags["recsys.found_dead_by"] == result.manifest["job_run"]
+    assert killed.data.tags["recsys.found_dead_by"] == result.manifest.job_run
     found_at = dt.datetime.fromisoformat(killed.data.tags["recsys.found_dead_at"])
     assert 0 <= (dt.datetime.now(dt.timezone.utc) - found_at).total_seconds() < 600
     assert f"ended MLflow run {dead} of the dead run {lock['run']} as KILLED" in caplog.text
     rows = list_runs(cfg, date=RUN_DATE)           # what `recsys runs --date` prints, newest first
     assert [(r["run_id"], r["status"]) for r in rows[:2]] == [(result.run_id, "published"), (dead, "killed")]
-    assert f"is gone; found dead by run {result.manifest['job_run']}" in rows[1]["error"]
+    assert f"is gone; found dead by run {result.manifest.job_run}" in rows[1]["error"]
     assert not [r for r in rows if r["status"] == "running"]
     assert jobkit.snapshot(out / PART) != before
-    assert json.loads((out / PART / "_manifest.json").read_text())["job_run"] == result.manifest["job_run"]
+    assert json.loads((out / PART / "_manifest.json").read_text())["job_run"] == result.manifest.job_run
     assert _users(out / PART) == list(range(1, N_USERS + 1))
     assert not (out / "_locks" / f"{PART}.lock").exists()
-    assert len(jobkit.runs(out)) == 2 and f"{PART}/run={result.manifest['job_run']}" in jobkit.runs(out)
+    assert len(jobkit.runs(out)) == 2 and f"{PART}/run={result.manifest.job_run}" in jobkit.runs(out)
 
 
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(

@@ -11,6 +11,7 @@ import jobkit
 from jobkit import RUN_DATE
 from recsys.errors import ExitCode
 from recsys.pipelines.nightly import NightlyResult, overall_exit_code, skip_reason
+from recsys.publish.manifest import Manifest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 PART = f"dt={RUN_DATE}"
@@ -50,7 +51,8 @@ def test_a_date_published_with_the_same_model_and_config_is_skipped_without_an_m
 
 
 def test_the_skip_decision_compares_model_version_and_config_digest():
-    published = {"model": {"version": "3"}, "config_digest": "abc", "run_id": "r1", "published_at": "t"}
+    published = Manifest.from_dict({"model": {"version": "3"}, "config_digest": "abc", "run_id": "r1",
+                                    "published_at": "t"})
     assert "model version 3 and config digest abc" in skip_reason(published, "3", "abc")
     assert skip_reason(published, "4", "abc") is None        # the alias moved: recompute
     assert skip_reason(published, "3", "abd") is None        # the configuration changed: recompute
@@ -66,7 +68,7 @@ def test_force_and_accept_guard_on_the_command_line_reach_the_job(monkeypatch):
 
     def fake_run_dates(spark, cfg, dates, *, force=False, hooks=None, accept_guard=None):
         seen.update(dates=dates, force=force, accept_guard=accept_guard)
-        return [NightlyResult(d, None, "out", {}, status="skipped", reason="r") for d in dates]
+        return [NightlyResult(d, None, "out", Manifest(), status="skipped", reason="r") for d in dates]
 
     monkeypatch.setattr(recsys.pipelines.nightly, "run_dates", fake_run_dates)
     monkeypatch.setattr(recsys.spark.session, "build_session", lambda *a, **k: SimpleNamespace(stop=lambda: None))
@@ -152,8 +154,8 @@ def test_a_backfill_runs_dates_in_order_in_one_session_and_stops_at_the_first_fa
 
 def test_the_exit_code_of_a_completed_backfill_is_its_worst_date():
     day = dt.date(2024, 5, 8)
-    ok = NightlyResult(day, "r", "out", {})
-    untracked = NightlyResult(day, None, "out", {}, exit_code=ExitCode.TRACKING_FAILED)
+    ok = NightlyResult(day, "r", "out", Manifest())
+    untracked = NightlyResult(day, None, "out", Manifest(), exit_code=ExitCode.TRACKING_FAILED)
     assert overall_exit_code([ok, ok]) == ExitCode.OK
     assert overall_exit_code([ok, untracked, ok]) == ExitCode.TRACKING_FAILED
     assert overall_exit_code([]) == ExitCode.OK

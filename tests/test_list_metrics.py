@@ -114,7 +114,7 @@ def test_the_matrix_forms_the_tasks_use_equal_the_ragged_definitions(monkeypatch
     ranking = rng.choice(n_items, 30, replace=False)
     seen = _random_lists(rng, 40, 0, 10, n_items)
     reference = lm.realized(lm.popularity_lists(ranking, seen, 8), touched, (k, 8))
-    fast = lm.popularity_hits(ranking, seen.rows(), seen.ids, touched.rows(), touched.ids, touched.lengths, 40, (k, 8))
+    fast = lm.popularity_hits(ranking, seen.rows(), seen.ids, touched, (k, 8))
     for cut in (k, 8):
         assert (fast[cut].hit == reference[cut].hit).all() and fast[cut].ndcg == pytest.approx(reference[cut].ndcg)
 

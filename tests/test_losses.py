@@ -165,7 +165,7 @@ def test_training_from_streamed_shards_samples_from_their_item_counts(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from recsys.model.stream import ShardFiles, StreamedWindows
+    from recsys.model.stream import ShardFiles, StreamedWindows, StreamSettings
     from recsys.sequences import Vocabulary
 
     train, _ = skewed_successor_task(users=300)
@@ -181,8 +181,9 @@ def test_training_from_streamed_shards_samples_from_their_item_counts(tmp_path):
                              loss="sampled", negatives=32)
 
     def run():
-        source = StreamedWindows(ShardFiles((str(path),)), vocab, max_len=10, batch_size=32, seed=5,
-                                 hold_out_newest=False, random_offsets=False, users_per_chunk=64, shuffle_windows=128)
+        source = StreamedWindows(ShardFiles((str(path),)), vocab, StreamSettings(
+            max_len=10, batch_size=32, seed=5, hold_out_newest=False, random_offsets=False, users_per_chunk=64,
+            shuffle_windows=128))
         assert vocabulary_counts(source.item_counts, len(vocab)).sum() == len(ids)
         return fit(source, config, settings)
 

@@ -102,10 +102,11 @@ def test_the_script_explains_itself():
 def test_on_tiny_sample_data_the_refit_model_knows_at_least_what_the_held_out_one_knows(spark, tmp_path):
     import pyarrow.dataset as ds
 
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
 
     ni = _load_script()
-    summary = generate_sample(tmp_path / "data", users=300, items=400, days=10, seed=5, end_date=dt.date(2024, 6, 9))
+    summary = generate_sample(tmp_path / "data", SampleSpec(users=300, items=400, days=10, seed=5,
+                                                            end_date=dt.date(2024, 6, 9)))
     overrides = ["train.device=cpu", "train.epochs=1", "train.model.sasrec.dim=8", "train.model.sasrec.layers=1",
                  "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8", "scoring.top_n=5"]
     report = ni.run_benchmark(spark, tmp_path / "data", tmp_path / "work", D, overrides)

@@ -164,16 +164,16 @@ def test_a_rerun_replaces_its_date_and_leaves_other_dates_alone(job):
     assert not list((root / "_staging").glob("*/*")) if (root / "_staging").exists() else True
     # both runs of the date are kept (output.keep_runs: 2); the other date has its one run
     runs = sorted(p.name for p in (root / "_runs" / f"dt={RUN_DATE}").glob("run=*"))
-    assert runs == sorted(f"run={r.manifest['job_run']}" for r in (job["first"], job["result"]))
+    assert runs == sorted(f"run={r.manifest.job_run}" for r in (job["first"], job["result"]))
 
 
 def test_the_night_is_published_to_the_table_and_a_reader_of_the_table_counts_it(job, spark):
     table = jobkit.table_name(job["root"])
     rows = spark.sql(f"select count(*) from {table} where dt = '{RUN_DATE}'").first()[0]
-    assert rows == N_USERS + 1 == job["result"].manifest["counts"]["rows"]
+    assert rows == N_USERS + 1 == job["result"].manifest.counts.rows
     location = spark.sql(f"describe formatted {table} partition (dt = '{RUN_DATE}')").collect()
     where = next(r[1] for r in location if r[0] == "Location")
-    assert where.endswith(f"/_runs/dt={RUN_DATE}/run={job['result'].manifest['job_run']}") == True
+    assert where.endswith(f"/_runs/dt={RUN_DATE}/run={job['result'].manifest.job_run}") == True
     assert where.replace("file:", "") == job["result"].location    # the run directory, never the path view
     dates = [r[0] for r in spark.sql(f"show partitions {table}").collect()]
     assert dates == ["dt=2024-05-08", "dt=2024-05-09"]
@@ -237,7 +237,7 @@ def test_training_reads_train_history_items_not_the_scoring_history_cap(job):
 
 
 def test_recsys_rollback_points_the_table_back_at_the_first_run_and_forward_again(job, spark, monkeypatch, capsys):
-    cfg, first, forced = job["cfg"], job["first"].manifest["job_run"], job["result"].manifest["job_run"]
+    cfg, first, forced = job["cfg"], job["first"].manifest.job_run, job["result"].manifest.job_run
     table = jobkit.table_name(job["root"])
     args = [a for item in [*jobkit.metastore_overrides(job["root"]), f"paths.events={cfg.paths.events}",
                            f"paths.catalog={cfg.paths.catalog}", f"paths.output={cfg.paths.output}",

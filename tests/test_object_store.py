@@ -59,9 +59,10 @@ def test_the_manifest_on_s3_is_read_back_and_rewritten_when_the_run_was_not_reco
     layout = PartitionLayout(out, DATE, "r1")
     s3.write(f"{layout.run_dir}/part-00000.parquet", b"x")
     s3.write(f"{layout.run_dir}/_SUCCESS", b"")
-    night = publish(layout, {"run_id": "m1", "job_run": "r1", "tracking": {}}, "copy")
-    assert manifest_file.read(out, DATE)["run_id"] == "m1"
-    manifest_file.mark_unrecorded([night.location, layout.final_dir], dict(night.manifest), "MLflow unreachable")
+    night = publish(layout, manifest_file.Manifest(run_id="m1", job_run="r1"), "copy")
+    assert manifest_file.read(out, DATE).run_id == "m1"
+    marked = manifest_file.mark_unrecorded([night.location, layout.final_dir], night.manifest, "MLflow unreachable")
+    assert marked.tracking.error == "MLflow unreachable" and night.manifest.tracking.error is None
     for directory in (night.location, layout.final_dir):
         fs, path = rfs.resolve(manifest_file.path_in(directory))
         assert json.loads(rfs.read_text(fs, path))["tracking"]["error"] == "MLflow unreachable"
@@ -133,7 +134,7 @@ def test_s3_race_for_the_pointer_of_runs_that_read_the_same_pointer_exactly_one_
 
         def run(layout: PartitionLayout) -> None:
             try:
-                publish(layout, {"job_run": layout.run_key}, "copy", still_ours=lambda: both_checked.wait() and None)
+                publish(layout, manifest_file.Manifest(job_run=layout.run_key), "copy", still_ours=lambda: both_checked.wait() and None)
                 outcomes[layout.run_key] = "published"
             except LockHeld as exc:
                 outcomes[layout.run_key] = exc
@@ -152,7 +153,7 @@ def test_s3_race_for_the_pointer_of_runs_that_read_the_same_pointer_exactly_one_
         history += winners
         pointer = read_pointer(out, DATE)
         assert pointer.run == winners[0] and [e.run for e in pointer.history] == history   # the loser is in none
-        assert manifest_file.read(out, DATE)["job_run"] == winners[0]
+        assert manifest_file.read(out, DATE).job_run == winners[0]
 
 
 def test_a_store_that_ignores_conditional_writes_is_named_once_and_its_lock_is_best_effort(s3_server, caplog):
@@ -228,7 +229,7 @@ def test_a_reader_with_read_only_credentials_finds_the_published_night_on_s3_wit
     with DateLock(out, DATE, "r1"):
         storekit.Store("s3", out).write(f"{layout.run_dir}/part-00000.parquet", b"x")
         storekit.Store("s3", out).write(f"{layout.run_dir}/_SUCCESS", b"")
-        publish(layout, {"job_run": "r1"}, "copy")
+        publish(layout, manifest_file.Manifest(job_run="r1"), "copy")
     conditional.forget()                                      # a fresh reader process
     with storekit.S3Proxy(s3_installed, drop_conditions_on=(), refuse=(b"PUT", b"POST", b"DELETE")) as read_only:
         previous = storage.install(read_only.object_store, environ={})

@@ -66,6 +66,7 @@ import datetime, sys
 from pyspark.sql import SparkSession
 from recsys.config import load_hooks
 from recsys.spark import metastore
+from recsys.publish.manifest import Manifest, ModelRef
 from recsys.publish.publisher import PartitionLayout, publish
 from recsys.publish import retention
 from recsys.publish.table import OutputTable
@@ -80,7 +81,7 @@ date = datetime.date(2024, 5, 8)
 if what == "retention":
     retention.retire_dates(out, date, 1, table, "retention", load_hooks())
 else:
-    publish(PartitionLayout(out, date, run), {"run_id": run, "job_run": run, "model": {"version": "2"}}, "exchange",
+    publish(PartitionLayout(out, date, run), Manifest(run_id=run, job_run=run, model=ModelRef(version="2")), "exchange",
             load_hooks(), table)
 print("done", flush=True)
 """

@@ -22,6 +22,7 @@ from recsys import fs as rfs
 from recsys.config import load_config
 from recsys.errors import ConfigError
 from recsys.publish import publisher, retention, swap
+from recsys.publish.manifest import Manifest, ModelRef, to_text
 from recsys.publish.manifest import read as read_manifest
 from recsys.publish.published import (kept_runs, new_run_key, published as published_night, published_dates,
                                      read_pointer)
@@ -41,8 +42,8 @@ def _partition(store: storekit.Store, directory: str, tag: str, files: int = 3) 
     store.write(f"{directory}/_SUCCESS", b"")
 
 
-def _manifest(run: str) -> dict:
-    return {"run_id": f"mlflow-{run}", "job_run": run, "model": {"version": "1"}, "config_digest": "d"}
+def _manifest(run: str) -> Manifest:
+    return Manifest(run_id=f"mlflow-{run}", job_run=run, model=ModelRef(version="1"), config_digest="d")
 
 
 def _data(snapshot: dict[str, bytes]) -> dict[str, bytes]:
@@ -89,7 +90,7 @@ def test_publish_points_at_the_run_directory_and_swaps_the_path_view(store):
     assert _data(store.snapshot(PartitionLayout(out, DATE, "old-run").run_dir)) == old   # the old run kept
     assert _seen(out) == "new-run" and read_pointer(out, DATE).published_runs() == ["new-run", "old-run"]
     assert _leftovers(store, out) == []                            # no staging, no trash
-    assert read_manifest(out, DATE)["job_run"] == "new-run"        # readers of the path view's manifest
+    assert read_manifest(out, DATE).job_run == "new-run"        # readers of the path view's manifest
 
 
 @needs_exchange
@@ -137,6 +138,7 @@ import datetime, sys
 import storekit
 storekit.install_from_env()
 from recsys.config import load_hooks
+from recsys.publish.manifest import Manifest
 from recsys.publish.publisher import PartitionLayout, publish
 from recsys.publish import retention
 root, date, run, method = sys.argv[1], datetime.date.fromisoformat(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -144,7 +146,7 @@ if method == "retention":
     retention.trim_runs(root, date, 1, load_hooks())
     retention.retire_dates(root, date, 1, None, "retention", load_hooks())
 else:
-    publish(PartitionLayout(root, date, run), {"run_id": run, "job_run": run}, method, load_hooks())
+    publish(PartitionLayout(root, date, run), Manifest(run_id=run, job_run=run), method, load_hooks())
 print("done", flush=True)
 """
 
@@ -267,7 +269,7 @@ def test_rollback_points_the_date_back_at_a_kept_run_and_can_go_forward_again(st
     _published_runs(store, out, DATE, ["r1", "r2"], method)
     layout = PartitionLayout(out, DATE, "rollback")
     assert roll_back(layout, None, method=method) == ("r2", "r1")
-    assert _seen(out) == "r1" and read_manifest(out, DATE)["job_run"] == "r1"
+    assert _seen(out) == "r1" and read_manifest(out, DATE).job_run == "r1"
     assert _data(store.snapshot(layout.final_dir)) == _data(store.snapshot(PartitionLayout(out, DATE, "r1").run_dir))
     assert roll_back(layout, "r2", method=method) == ("r1", "r2") and _seen(out) == "r2"
     with pytest.raises(ConfigError, match="not a kept earlier run"):
@@ -319,7 +321,7 @@ def test_a_path_view_published_before_run_directories_is_adopted_without_a_copy(
     out = store.root()
     view = f"{out}/dt={DATE}"
     _partition(store, view, "legacy")
-    store.write(f"{view}/_manifest.json", json.dumps(_manifest("legacy-run")).encode())
+    store.write(f"{view}/_manifest.json", to_text(_manifest("legacy-run")).encode())
     assert published_night(out, DATE).source == "path view"
     notes = recover(PartitionLayout(out, DATE, "next-run"))
     assert any("adopted" in n for n in notes)

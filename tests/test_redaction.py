@@ -75,6 +75,7 @@ def test_the_run_recorder_redacts_every_param_tag_and_artifact_it_is_given(tmp_p
 
 def test_the_demo_summary_prints_neither_credentials_nor_missing_titles(tmp_path, capsys):
     from recsys.cli.demo import _show
+    from recsys.publish.manifest import Manifest
 
     catalog = tmp_path / "catalog" / "dt=2024-05-01"
     catalog.mkdir(parents=True)
@@ -87,8 +88,8 @@ def test_the_demo_summary_prints_neither_credentials_nor_missing_titles(tmp_path
     cfg = load_config(overrides=[f"paths.catalog={tmp_path / 'catalog'}",
                                  "mlflow.tracking_uri=https://bob:s3cret@mlflow.example.com/?token=t0ken"])
     result = SimpleNamespace(output_dir=str(out), date=dt.date(2024, 5, 8), run_id="r1",
-                             manifest={"catalog_snapshot": "2024-05-01", "model": {"version": "3"},
-                                       "counts": {"rows": 1, "model_users": 1, "fallback_users": 0}})
+                             manifest=Manifest.from_dict({"catalog_snapshot": "2024-05-01", "model": {"version": "3"},
+                                                          "counts": {"rows": 1, "model_users": 1, "fallback_users": 0}}))
     _show(cfg, result, SimpleNamespace(summary=lambda: "trained"))
     printed = capsys.readouterr().out
     _secret_free(printed, "the demo's stdout")

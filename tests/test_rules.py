@@ -18,7 +18,7 @@ from recsys.config import load_config
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
 from recsys.errors import ConfigError
 from recsys.model.repeats import MASK_KNOWN, RepeatBlend
-from recsys.scoring.checks import TaskChecks
+from recsys.scoring.checks import ListRules, TaskChecks
 from recsys.scoring.core import Candidates, KnownItems, Scorer, popularity_fallback
 from recsys.scoring.params import DEFAULT_RULES, RuleParams
 from recsys.sequences import Sequences, Vocabulary
@@ -133,8 +133,8 @@ def _check(lists, *, histories, excluded=None, sources=None, **rules):
     task = TaskChecks()
     users = list(range(len(histories)))
     task.add_chunk(np.array(users), pa.array(histories, pa.list_(pa.int64())), _out(users, lists, sources),
-                   candidate_ids_sorted=IDS, top_n=3, fallback_name=SOURCE_POPULARITY, fallback_len=3,
-                   excluded=None if excluded is None else pa.array(excluded, pa.list_(pa.int64())), **rules)
+                   candidate_ids_sorted=IDS, rules=ListRules(3, SOURCE_POPULARITY, 3, **rules),
+                   excluded=None if excluded is None else pa.array(excluded, pa.list_(pa.int64())))
     figures = task.finish()
     return {k: v for k, v in figures.items() if k != "item_counts" and v}
 
@@ -184,10 +184,10 @@ def test_the_core_s_lists_pass_the_task_checks_under_every_rule(blend, rules):
     ex_arrow = pa.array(excluded, pa.list_(pa.int64()))
     out, _ = scorer.score(np.arange(users), hist, known, Sequences.from_arrow(ex_arrow))
     task = TaskChecks()
-    task.add_chunk(np.arange(users), pa.array(histories, pa.list_(pa.int64())), out, candidate_ids_sorted=IDS, top_n=5,
-                   fallback_name=SOURCE_POPULARITY, fallback_len=5, excluded=ex_arrow,
-                   known_allowed=not (blend.masks_known or rules.touched), min_new_items=rules.min_new_items,
-                   fill=rules.fill == "popularity")
+    list_rules = ListRules(5, SOURCE_POPULARITY, 5, known_allowed=not (blend.masks_known or rules.touched),
+                           min_new_items=rules.min_new_items, fill=rules.fill == "popularity")
+    task.add_chunk(np.arange(users), pa.array(histories, pa.list_(pa.int64())), out, candidate_ids_sorted=IDS,
+                   rules=list_rules, excluded=ex_arrow)
     figures = task.finish()
     assert {k: v for k, v in figures.items() if k != "item_counts" and v} == {}
     lists = [[r["item_id"] for r in row] for row in out.column("recommendations").to_pylist()]

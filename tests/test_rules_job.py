@@ -119,12 +119,12 @@ def test_a_night_under_the_rules_lists_no_excluded_item_and_records_the_rules(ni
         off = set(recent) | EXCLUDED_CATEGORY | _newest_two(window[row["user_id"]])
         assert not set(items) & off, (row["user_id"], items)
         assert len(items) == jobkit.TOP_N                        # 8 eligible items: every list is full
-    assert result.manifest["rules"] == cfg.recommend.summary()
-    assert result.manifest["rules"]["exclude"]["events"] == [{"event_type": "purchase", "within_days": 3}]
+    assert result.manifest.rules == cfg.recommend.summary()
+    assert result.manifest.rules["exclude"]["events"] == [{"event_type": "purchase", "within_days": 3}]
     assert result.metrics["rule_excluded_pairs"] == sum(len(set(_purchases(u)[0])) for u in range(1, N_USERS + 1))
     assert result.metrics["rule_excluded_users"] == N_USERS
     assert result.metrics["catalog_rule_excluded_items"] == len(EXCLUDED_CATEGORY)
-    assert result.manifest["validation"]["excluded_items"] == 0
+    assert result.manifest.validation["excluded_items"] == 0
     params = MlflowClient(cfg.mlflow.tracking_uri).get_run(result.run_id).data.params
     assert (params["rules_exclude_events"], params["rules_exclude_catalog"]) == ("purchase:3d", "category=b")
     assert (params["rules_exclude_touched"], params["rules_fill"], params["rules_min_new_items"]) == ("false", "popularity", "0")

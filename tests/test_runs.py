@@ -132,8 +132,8 @@ def test_automatic_task_sizing_splits_scoring_by_users_per_task_in_whole_waves(r
     result = recorded[2]
     cores = spark.sparkContext.defaultParallelism
     expected = math.ceil(math.ceil(N_USERS / USERS_PER_TASK) / cores) * cores
-    assert result.manifest["metrics"]["tasks"] == expected
-    assert result.manifest["counts"]["rows"] == N_USERS   # hash-split by user: every user once
+    assert result.manifest.metrics["tasks"] == expected
+    assert result.manifest.counts.rows == N_USERS   # hash-split by user: every user once
 
 
 def test_progress_line_reads_tasks_users_rate_and_time_left():

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA
-from recsys.data.sample import REPEAT_RATE, generate_sample
+from recsys.data.sample import REPEAT_RATE, SampleSpec, generate_sample
 from recsys.errors import InputDataError
 
 END = dt.date(2024, 5, 10)
@@ -35,7 +35,7 @@ def _read_dataset(root: Path) -> pd.DataFrame:
 def sample(tmp_path_factory):
     out = tmp_path_factory.mktemp("sample")
     messages: list[str] = []
-    summary = generate_sample(out, users=USERS, items=ITEMS, days=DAYS, seed=7, end_date=END,
+    summary = generate_sample(out, SampleSpec(users=USERS, items=ITEMS, days=DAYS, seed=7, end_date=END),
                               progress=messages.append)
     events = _read_dataset(out / "events")
     catalog = _read_dataset(out / "catalog")
@@ -107,7 +107,7 @@ def test_a_users_events_never_share_a_timestamp(sample):
 
 
 def test_end_date_defaults_to_yesterday_utc(tmp_path):
-    summary = generate_sample(tmp_path, users=20, items=30, days=1, seed=1)
+    summary = generate_sample(tmp_path, SampleSpec(users=20, items=30, days=1, seed=1))
     yesterday = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     assert summary.last_date == yesterday
     assert [p.name for p in (tmp_path / "events").iterdir()] == [f"dt={yesterday}"]
@@ -118,7 +118,7 @@ def test_end_date_defaults_to_yesterday_utc(tmp_path):
 
 def test_same_seed_gives_identical_content_and_another_seed_does_not(tmp_path):
     def make(name: str, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-        generate_sample(tmp_path / name, users=300, items=200, days=3, seed=seed, end_date=END)
+        generate_sample(tmp_path / name, SampleSpec(users=300, items=200, days=3, seed=seed, end_date=END))
         return _read_dataset(tmp_path / name / "events"), _read_dataset(tmp_path / name / "catalog")
 
     first, again, other = make("a", 11), make("b", 11), make("c", 12)
@@ -153,7 +153,7 @@ def test_items_have_named_categories_and_readable_titles_derived_from_the_id(sam
     assert match.notna().all().all()
     assert (match[1].astype(int) == titles["item_id"]).all()
     # the same item id has the same title and category whatever the seed
-    generate_sample(tmp_path, users=50, items=ITEMS, days=1, seed=999, end_date=END)
+    generate_sample(tmp_path, SampleSpec(users=50, items=ITEMS, days=1, seed=999, end_date=END))
     other = _read_dataset(tmp_path / "catalog").set_index("item_id")
     mine = catalog[catalog["dt"] == END].set_index("item_id")
     joined = mine.join(other, rsuffix="_other", how="inner")
@@ -292,7 +292,7 @@ def test_memory_does_not_grow_with_the_number_of_days(tmp_path):
     """Peak traced (numpy/Python) memory for 20 days stays at the 2-day level: days are not accumulated."""
     def peak(days: int) -> int:
         tracemalloc.start()
-        generate_sample(tmp_path / str(days), users=2000, items=300, days=days, seed=3, end_date=END)
+        generate_sample(tmp_path / str(days), SampleSpec(users=2000, items=300, days=days, seed=3, end_date=END))
         _, top = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         return top
@@ -315,15 +315,15 @@ def test_memory_does_not_grow_with_the_number_of_days(tmp_path):
 def test_rejects_impossible_arguments_naming_them(tmp_path, kwargs, word):
     args = {"users": 10, "items": 10, "days": 1, "seed": 0, **kwargs}
     with pytest.raises(InputDataError, match=word):
-        generate_sample(tmp_path, end_date=END, **args)
+        generate_sample(tmp_path, SampleSpec(end_date=END, **args))
     assert not (tmp_path / "events").exists()
 
 
 def test_refuses_to_mix_with_existing_partitions_unless_asked_to_overwrite(tmp_path):
-    generate_sample(tmp_path, users=30, items=20, days=3, seed=1, end_date=END)
+    generate_sample(tmp_path, SampleSpec(users=30, items=20, days=3, seed=1, end_date=END))
     with pytest.raises(InputDataError, match="already holds"):
-        generate_sample(tmp_path, users=30, items=20, days=2, seed=1, end_date=END)
-    generate_sample(tmp_path, users=30, items=20, days=2, seed=1, end_date=END, overwrite=True)
+        generate_sample(tmp_path, SampleSpec(users=30, items=20, days=2, seed=1, end_date=END))
+    generate_sample(tmp_path, SampleSpec(users=30, items=20, days=2, seed=1, end_date=END), overwrite=True)
     assert len(list((tmp_path / "events").iterdir())) == 2
     assert len(list((tmp_path / "catalog").iterdir())) == 2
 
@@ -350,14 +350,14 @@ def test_returning_users_come_back_to_earlier_items_at_the_default_rate(sample):
 
 
 def test_the_repeat_rate_can_be_set(tmp_path):
-    generate_sample(tmp_path, users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=0.3)
+    generate_sample(tmp_path, SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=0.3))
     views = _views_with_earlier_days(_read_dataset(tmp_path / "events"))
     assert len(views) > 2000
     assert 0.25 < views["repeat"].mean() <= 0.31
 
 
 def test_with_repeat_rate_zero_no_user_looks_at_an_item_twice(tmp_path):
-    generate_sample(tmp_path, users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=0.0)
+    generate_sample(tmp_path, SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=0.0))
     events = _read_dataset(tmp_path / "events")
     views = events[events["event_type"] == "view"]
     assert len(views) > 5000 and views.groupby("user_id")["dt"].nunique().max() > 1
@@ -426,8 +426,9 @@ def test_items_new_to_the_user_still_follow_the_previous_item(sample):
 def test_without_a_repeat_rate_users_meet_items_again_by_chance_only(tmp_path):
     """``repeat_rate=None``: the generator before returns were planted (its data reproduces figures measured
     then): discoveries may fall on items the user had, and nothing else brings users back."""
-    generate_sample(tmp_path / "chance", users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=None)
-    generate_sample(tmp_path / "planted", users=1000, items=500, days=6, seed=3, end_date=END)
+    generate_sample(tmp_path / "chance",
+                    SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END, repeat_rate=None))
+    generate_sample(tmp_path / "planted", SampleSpec(users=1000, items=500, days=6, seed=3, end_date=END))
     chance = _views_with_earlier_days(_read_dataset(tmp_path / "chance" / "events"))["repeat"].mean()
     planted = _views_with_earlier_days(_read_dataset(tmp_path / "planted" / "events"))["repeat"].mean()
     assert 0.05 < chance < planted - 0.2
@@ -436,7 +437,7 @@ def test_without_a_repeat_rate_users_meet_items_again_by_chance_only(tmp_path):
 @pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan"), True])
 def test_rejects_a_repeat_rate_outside_0_to_1(tmp_path, rate):
     with pytest.raises(InputDataError, match="repeat_rate"):
-        generate_sample(tmp_path, users=10, items=10, days=1, seed=0, end_date=END, repeat_rate=rate)
+        generate_sample(tmp_path, SampleSpec(users=10, items=10, days=1, seed=0, end_date=END, repeat_rate=rate))
     assert not (tmp_path / "events").exists()
 
 

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from recsys.scoring.cache import CacheUse
 from recsys.serve.batching import BatchSettings, Batcher, DeadlineExceeded, QueueFull
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, BatchResult
@@ -28,7 +29,7 @@ class Runner:
             assert self.gate.wait(30)
         if self.fail_on is not None and self.fail_on in users:
             raise self.error(f"job with user {self.fail_on} failed")
-        return BatchResult({u: {"user_id": u} for u in users}, {"model_hits": 1})
+        return BatchResult({u: {"user_id": u} for u in users}, CacheUse(hits=1))
 
 
 def run(coro):

@@ -123,6 +123,10 @@ def test_scoring_tasks_sizes_long_runs_and_keeps_small_ones_and_explicit_counts(
     assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=2) == 6
     # cores unknown (Spark Connect): just enough tasks
     assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=None) == 5
+    # the previous night's lists join the histories in an exchange anyway: at least one task per core
+    assert scoring_tasks(50_000, partitions=0, users_per_task=50_000, cores=2, exchange=True) == 2
+    assert scoring_tasks(10, partitions=0, users_per_task=50_000, cores=None, exchange=True) == 1
+    assert scoring_tasks(250_000, partitions=0, users_per_task=50_000, cores=2, exchange=True) == 6
 
 
 def test_candidate_index_dense_and_sparse_agree_with_a_plain_lookup():
@@ -161,7 +165,7 @@ def test_task_checks_count_items_over_chunks_with_equal_candidate_arrays():
     import pyarrow as pa
 
     from recsys.data.contracts import RECOMMENDATION_TYPE
-    from recsys.scoring.checks import TaskChecks
+    from recsys.scoring.checks import ListRules, TaskChecks
 
     def chunk(users, lists):
         return pa.RecordBatch.from_arrays(
@@ -172,10 +176,10 @@ def test_task_checks_count_items_over_chunks_with_equal_candidate_arrays():
     task = TaskChecks()
     for users, lists in (([1, 2], [[3, 4], [3, 99]]), ([5], [[4, 3]])):
         task.add_chunk(np.array(users), pa.array([[1]] * len(users), pa.list_(pa.int64())), chunk(users, lists),
-                       candidate_ids_sorted=np.arange(1, 11), top_n=2, fallback_name="popularity", fallback_len=2)
+                       candidate_ids_sorted=np.arange(1, 11), rules=ListRules(2, "popularity", 2))
     figures = task.finish()
     assert figures["item_counts"] == [[3, 4, 99], [3, 2, 1]]      # 99: not a candidate, still counted
     assert figures["unavailable_items"] == 1 and figures["excluded_items"] == 0
     with pytest.raises(ValueError, match="candidate set changed"):
         task.add_chunk(np.array([7]), pa.array([[1]], pa.list_(pa.int64())), chunk([7], [[3, 4]]),
-                       candidate_ids_sorted=np.arange(1, 12), top_n=2, fallback_name="popularity", fallback_len=2)
+                       candidate_ids_sorted=np.arange(1, 12), rules=ListRules(2, "popularity", 2))

@@ -8,7 +8,7 @@ import torch
 from cores import SHARE
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.sasrec import SASRec, SASRecConfig
-from recsys.model.training import TrainSettings, ValidationSet, fit, training_windows
+from recsys.model.training import FitCallbacks, TrainSettings, ValidationSet, fit, training_windows
 from recsys.sequences import Sequences
 
 NUM_ITEMS = 40
@@ -64,7 +64,7 @@ def test_learns_that_each_item_is_followed_by_the_next():
     untrained = SASRec(CONFIG)
     nothing = Sequences.from_lists([[]] * len(train))
     seen = []
-    result = fit(train, CONFIG, FAST, valid=valid, progress=seen.append)
+    result = fit(train, CONFIG, FAST, valid=valid, callbacks=FitCallbacks(progress=seen.append))
     assert result.best_metrics["ndcg@10"] > 0.8
     assert evaluate_ranking(untrained, valid.histories, valid.targets)["ndcg@10"] < 0.3
     # Stricter than validation: with nothing excluded, the next item must also beat the history.

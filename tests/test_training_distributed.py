@@ -25,10 +25,10 @@ USERS, ITEMS = 400, 60
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory) -> Path:
-    from recsys.data.sample import generate_sample
+    from recsys.data.sample import SampleSpec, generate_sample
 
     root = tmp_path_factory.mktemp("train-scale")
-    generate_sample(root, users=USERS, items=ITEMS, days=10, seed=11, end_date=END)
+    generate_sample(root, SampleSpec(users=USERS, items=ITEMS, days=10, seed=11, end_date=END))
     return root
 
 

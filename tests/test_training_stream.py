@@ -16,7 +16,8 @@ from recsys.learning.split import SplitData, StreamedHeldOut, split_last_item
 from recsys.model.configs import SASRecConfig
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.registry import build_model
-from recsys.model.stream import ShardFiles, StreamedWindows, count_users, held_out_chunks, ranking_sums
+from recsys.model.stream import (ShardFiles, StreamedWindows, StreamSettings, count_users, held_out_chunks,
+                                 ranking_sums)
 from recsys.model.training import InMemoryWindows, TrainSettings, fit
 from recsys.sequences import Sequences, Vocabulary
 
@@ -54,14 +55,16 @@ def test_an_epoch_streamed_holds_exactly_the_windows_of_the_in_memory_epoch(tmp_
     vocab = Vocabulary(np.unique(seqs.items))
     held_out = split_last_item(seqs)
     mapped, _ = vocab.map_sequences(held_out.train)
-    streamed = StreamedWindows(files, vocab, max_len=MAX_LEN, batch_size=5, seed=3, hold_out_newest=True,
-                               random_offsets=False, users_per_chunk=11, shuffle_windows=16)
+    streamed = StreamedWindows(files, vocab, StreamSettings(
+        max_len=MAX_LEN, batch_size=5, seed=3, hold_out_newest=True, random_offsets=False, users_per_chunk=11,
+        shuffle_windows=16))
     memory = InMemoryWindows(mapped, max_len=MAX_LEN, batch_size=5, seed=3, random_offsets=False)
     assert streamed.windows_per_epoch == memory.windows_per_epoch
     assert _window_multiset(streamed.batches(1)) == _window_multiset(memory.batches(1))
     if random_offsets:   # shifted tilings: every target still labelled exactly once per epoch
-        shifted = StreamedWindows(files, vocab, max_len=MAX_LEN, batch_size=5, seed=3, hold_out_newest=True,
-                                  random_offsets=True, users_per_chunk=11, shuffle_windows=16)
+        shifted = StreamedWindows(files, vocab, StreamSettings(
+            max_len=MAX_LEN, batch_size=5, seed=3, hold_out_newest=True, random_offsets=True, users_per_chunk=11,
+            shuffle_windows=16))
         labels = Counter(int(v) for _, y in shifted.batches(2) for v in y.flatten() if v)
         assert labels == Counter(int(v) for _, y in memory.batches(1) for v in y.flatten() if v)
 
@@ -72,8 +75,9 @@ def test_batches_are_shuffled_reproducible_and_differ_by_epoch_and_rank(tmp_path
     vocab = Vocabulary(np.unique(seqs.items))
 
     def first_batches(epoch, rank=0):
-        source = StreamedWindows(files, vocab, max_len=MAX_LEN, batch_size=4, seed=3, hold_out_newest=False,
-                                 random_offsets=True, rank=rank, users_per_chunk=11, shuffle_windows=32)
+        source = StreamedWindows(files, vocab, StreamSettings(
+            max_len=MAX_LEN, batch_size=4, seed=3, hold_out_newest=False, random_offsets=True, rank=rank,
+            users_per_chunk=11, shuffle_windows=32))
         return [x.tolist() for x, _ in source.batches(epoch)][:3]
 
     assert first_batches(1) == first_batches(1)
@@ -132,8 +136,9 @@ def test_fit_trains_from_streamed_shards(tmp_path):
     settings = TrainSettings(epochs=4, batch_size=8, seed=5, window_offsets="random")
 
     def run():
-        source = StreamedWindows(files, vocab, max_len=MAX_LEN, batch_size=8, seed=5, hold_out_newest=False,
-                                 random_offsets=True, users_per_chunk=16, shuffle_windows=64)
+        source = StreamedWindows(files, vocab, StreamSettings(
+            max_len=MAX_LEN, batch_size=8, seed=5, hold_out_newest=False, random_offsets=True, users_per_chunk=16,
+            shuffle_windows=64))
         return fit(source, config, settings)
 
     first, second = run(), run()

@@ -62,7 +62,7 @@ def _validate(spark, rows, users_in_window=3):
         names=["user_id", "recommendations", "source"])
     task = TaskChecks()
     task.add_chunk(np.array([u for u, _ in HISTORIES]), pa.array([h for _, h in HISTORIES], pa.list_(pa.int64())), out,
-                   candidate_ids_sorted=np.arange(1, 11), top_n=3, fallback_name="popularity", fallback_len=3)
+                   candidate_ids_sorted=np.arange(1, 11), rules=ListRules(3, "popularity", 3))
     figures = task.finish()
     recs = spark.createDataFrame(
         rows, "user_id bigint, recommendations array<struct<item_id: bigint, score: float>>, source string, "

@@ -20,6 +20,7 @@ from pyspark.sql import types as T
 
 from recsys.data.contracts import HISTORY_COLUMN
 from recsys.bench.shapes import BenchShape, item_ids
+from recsys.scoring.figures import WorkerFigures
 from recsys.scoring.stage import score_histories, worker_figures
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Sequences
@@ -42,7 +43,7 @@ def _noop(df: DataFrame) -> float:
     return time.perf_counter() - start
 
 
-def job_stage(spark: SparkSession, histories_path: Path, spec: ScoringSpec) -> tuple[float, dict]:
+def job_stage(spark: SparkSession, histories_path: Path, spec: ScoringSpec) -> tuple[float, WorkerFigures]:
     scored, observation = score_histories(spark.read.parquet(str(histories_path)), spec)
     seconds = _noop(scored)
     return seconds, worker_figures(observation)

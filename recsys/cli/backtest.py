@@ -307,7 +307,8 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
     model_note = import_model(cfg, scratch, request.model_uri, work, request.start) if request.model_uri else None
 
     settings, ev = cfg.evaluation.backtest, cfg.evaluation
-    k, n = SHORT_K, cfg.scoring.top_n
+    what = measure.Measurement(measure.SYSTEMS, request.start, request.end, k=SHORT_K, n=cfg.scoring.top_n)
+    k, n = what.k, what.n
     log_events = measure.read_log(spark, cfg.paths.events, request.end, tuple(cfg.history.event_types))
     replay: list[dict[str, Any]] = []
     for i, night in enumerate(nights):
@@ -325,20 +326,19 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
         row["train_s"] = round(time.perf_counter() - t0, 1)
         t1 = time.perf_counter()
         result = run_nightly(spark, scratch, night, accept_guard=True)
-        manifest = result.manifest or {}
-        version = str((manifest.get("model") or {}).get("version", "?"))
-        guard = ((manifest.get("quality") or {}).get("guard") or {}).get("verdict")
+        manifest = result.manifest
+        version = manifest.model.version or "?"
+        guard = manifest.quality.guard.get("verdict") if manifest.quality is not None else None
         row.update(model_version=version, guard=guard, published=result.status.value,
-                   lists=int((manifest.get("counts") or {}).get("rows", 0)), recommend_s=round(time.perf_counter() - t1, 1))
+                   lists=manifest.counts.rows or 0, recommend_s=round(time.perf_counter() - t1, 1))
         t2 = time.perf_counter()
-        row.update(_measure_night(spark, cfg, work, night, result, log_events, k, n))
+        row.update(_measure_night(spark, cfg, work, night, result, log_events, what))
         row.update(measure_s=round(time.perf_counter() - t2, 1), seconds=round(time.perf_counter() - t0, 1))
         replay.append(row)
         _progress(spark, work, night, i, len(nights), row, k)
 
-    summary = measure.summarize(spark, str(work / "figures"), systems=list(measure.SYSTEMS), start=request.start,
-                                end=request.end, k=k, n=n, bootstrap=Bootstrap(ev.bootstrap_resamples, ev.bootstrap_seed),
-                                max_pairs=settings.max_bootstrap_pairs, settings=settings)
+    summary = measure.summarize(spark, str(work / "figures"), what,
+                                bootstrap=Bootstrap(ev.bootstrap_resamples, ev.bootstrap_seed), settings=settings)
     by_date = {r["date"]: r for r in replay}
     for night_row in summary.nights:
         replayed = by_date.get(night_row["date"], {})
@@ -362,10 +362,14 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
     return BacktestResult(summary, table, doc, run_id, scratch.mlflow.tracking_uri, experiment, seconds, replay)
 
 
-def _measure_night(spark, cfg: Config, work: Path, night: dt.date, result, log_events, k: int, n: int) -> dict[str, Any]:
-    """The night's per-user figures under ``work/figures/dt=NIGHT``; kept from an earlier run when that run
-    measured the same published lists with the same settings (a resumed backtest measures only what changed)."""
+def _measure_night(spark, cfg: Config, work: Path, night: dt.date, result, log_events,
+                   what: measure.Measurement) -> dict[str, Any]:
+    """The night's per-user figures under ``work/figures/dt=NIGHT`` (at ``what.k`` and ``what.n``); kept from an
+    earlier run when that run measured the same published lists with the same settings (a resumed backtest
+    measures only what changed)."""
     from recsys.errors import RunStatus
+
+    k, n = what.k, what.n
 
     place = work / "measure" / f"dt={night}"
     figures = work / "figures" / f"dt={night}"

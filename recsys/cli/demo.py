@@ -193,11 +193,11 @@ def _prepare_data(root: Path, data: Path | None, synthetic: bool) -> dt.date:
                                    progress=log.info, overwrite=True)
         last = summary.last_date
     else:
-        from recsys.data.sample import generate_sample
+        from recsys.data.sample import SampleSpec, generate_sample
 
-        summary = generate_sample(root, users=source["users"], items=source["items"], days=source["days"],
-                                  seed=source["seed"], repeat_rate=source["repeat_rate"], progress=log.info,
-                                  overwrite=True)
+        spec = SampleSpec(users=source["users"], items=source["items"], days=source["days"], seed=source["seed"],
+                          repeat_rate=source["repeat_rate"])
+        summary = generate_sample(root, spec, progress=log.info, overwrite=True)
         last = summary.last_date
     log.info("%s", summary)
     run_date = last + dt.timedelta(days=1)
@@ -217,11 +217,11 @@ def _show(cfg: Config, result, trained, table_rows: tuple[str, int] | None = Non
     """Print where the output is, a few users' lists with titles, and how to open MLflow."""
     out = local_path(result.output_dir)
     table = pq.read_table(out, columns=["user_id", "recommendations", "source"])
-    titles = _titles(cfg, result.manifest["catalog_snapshot"])
-    counts = result.manifest["counts"]
+    titles = _titles(cfg, str(result.manifest.catalog_snapshot))
+    counts = result.manifest.counts
     print(f"\n== published {out} ==")
-    print(f"   {counts['rows']:,} users: {counts['model_users']:,} scored by model version "
-          f"{result.manifest['model']['version']}, {counts['fallback_users']:,} on the popularity fallback")
+    print(f"   {counts.rows:,} users: {counts.model_users:,} scored by model version "
+          f"{result.manifest.model.version}, {counts.fallback_users:,} on the popularity fallback")
     print(f"   training: {trained.summary()}")
     if table_rows is not None:
         print(f"   table {cfg.output.table}: spark.sql(\"{table_rows[0]}\") -> {table_rows[1]:,} "

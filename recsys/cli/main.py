@@ -346,13 +346,13 @@ def _dataset_root(cfg, out: Path | None) -> Path:
 
 
 def cmd_sample_data(args: argparse.Namespace) -> int:
-    from recsys.data.sample import REPEAT_RATE, generate_sample
+    from recsys.data.sample import REPEAT_RATE, SampleSpec, generate_sample
 
     cfg = _config(args)
     repeat_rate = {None: REPEAT_RATE, "chance": None}.get(args.repeat_rate, args.repeat_rate)
-    summary = generate_sample(_dataset_root(cfg, args.out), users=args.users, items=args.items, days=args.days,
-                              seed=args.seed, end_date=args.end_date, repeat_rate=repeat_rate, progress=log.info,
-                              overwrite=args.overwrite)
+    spec = SampleSpec(users=args.users, items=args.items, days=args.days, seed=args.seed, end_date=args.end_date,
+                      repeat_rate=repeat_rate)
+    summary = generate_sample(_dataset_root(cfg, args.out), spec, progress=log.info, overwrite=args.overwrite)
     print(summary)
     return ExitCode.OK
 

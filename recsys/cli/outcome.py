@@ -26,10 +26,10 @@ def recommend_detail(results: Sequence[Any]) -> str:
         if r.status == RunStatus.SKIPPED:
             parts.append(f"skipped {r.date}, {r.reason}")
         else:
-            tracking_error = (r.manifest.get("tracking") or {}).get("error")
+            tracking_error = r.manifest.tracking.error
             recorded = f"MLflow run not recorded: {tracking_error}" if tracking_error else f"MLflow run {r.run_id}"
-            rows = (r.manifest.get("counts") or {}).get("rows")
-            guard = ((r.manifest.get("quality") or {}).get("guard") or {})
+            rows = r.manifest.counts.rows
+            guard = r.manifest.quality.guard if r.manifest.quality is not None else {}
             noted = f" ({guard['summary']})" if guard.get("verdict") in ("warn", "accepted") else ""
             parts.append(f"published {r.date} ({rows:,} users) to {r.output_dir}, {recorded}{noted}" if rows is not None
                          else f"published {r.date} to {r.output_dir}, {recorded}{noted}")

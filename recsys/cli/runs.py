@@ -26,6 +26,8 @@ from typing import Any
 from recsys.config import Config
 from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line
 from recsys.publish.lock import BEST_EFFORT
+from recsys.publish.manifest import Manifest
+from recsys.publish.manifest import parse as parse_manifest
 from recsys.publish.manifest import read as read_manifest
 from recsys.tracking import tags
 from recsys.uris import redact_uri
@@ -80,7 +82,7 @@ def list_runs(cfg: Config, *, last: int = 20, date: dt.date | None = None) -> li
     return [summarise(run, _published_manifest(cfg, run.data.tags.get(tags.DATE))) for run in runs]
 
 
-def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarise(run: Any, manifest: Manifest | None = None) -> dict[str, Any]:
     """One run as the row ``recsys runs`` prints (and ``--json`` emits)."""
     run_tags, metrics = run.data.tags, run.data.metrics
     status, exit_code = _status(run, manifest)
@@ -110,15 +112,15 @@ def summarise(run: Any, manifest: dict[str, Any] | None = None) -> dict[str, Any
     }
 
 
-def _status(run: Any, manifest: dict[str, Any] | None) -> tuple[str, int | None]:
+def _status(run: Any, manifest: Manifest | None) -> tuple[str, int | None]:
     run_tags = run.data.tags
     code = run_tags.get(tags.EXIT_CODE)
     if run.info.status == "FINISHED":
         return run_tags.get(tags.STATUS, "finished"), int(code) if code is not None else 0
     if run.info.status == "FAILED":
         return RunStatus.FAILED.value, int(code) if code is not None else None
-    if manifest and manifest.get("run_id") == run.info.run_id:
-        if (manifest.get("tracking") or {}).get("error"):
+    if manifest is not None and manifest.run_id == run.info.run_id:
+        if manifest.tracking.error:
             return f"{RunStatus.PUBLISHED}, not recorded", int(ExitCode.TRACKING_FAILED)
         return f"{RunStatus.PUBLISHED}, recording unfinished", None
     if run.info.status == "KILLED":   # found dead by a later run of its date, which ended it (see the error column)
@@ -126,7 +128,7 @@ def _status(run: Any, manifest: dict[str, Any] | None) -> tuple[str, int | None]
     return run.info.status.lower(), None   # RUNNING: in progress, or killed and not yet found dead
 
 
-def _published_manifest(cfg: Config, date: str | None) -> dict[str, Any] | None:
+def _published_manifest(cfg: Config, date: str | None) -> Manifest | None:
     if not date:
         return None
     try:
@@ -212,10 +214,11 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
     if "manifest.json" in artifacts:
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                manifest = json.loads(Path(client.download_artifacts(run.info.run_id, "manifest.json", tmp)).read_text())
+                manifest = parse_manifest(Path(client.download_artifacts(run.info.run_id, "manifest.json", tmp))
+                                          .read_text())
             except Exception:
                 manifest = None
-    if manifest is None and manifest_published and manifest_published.get("run_id") == run.info.run_id:
+    if manifest is None and manifest_published is not None and manifest_published.run_id == run.info.run_id:
         manifest = manifest_published
     base = run.info.artifact_uri.rstrip("/")
     out.update(
@@ -228,7 +231,7 @@ def show_run(cfg: Config, which: str) -> dict[str, Any]:
         inputs=[{"name": d.dataset.name, "digest": d.dataset.digest, "source": _source(d.dataset.source),
                  "context": next((t.value for t in d.tags if t.key == tags.DATASET_CONTEXT), None)}
                 for d in (run.inputs.dataset_inputs if run.inputs else [])],
-        manifest=manifest,
+        manifest=manifest.as_dict() if manifest is not None else None,
         artifacts=[f"{base}/{a}" for a in artifacts],
         plots=[f"{base}/{a}" for a in artifacts if a.endswith(".png")],
         ui=_ui_link(cfg, run),

@@ -158,33 +158,39 @@ class SampleSummary:
         )
 
 
-def generate_sample(
-    out: Path,
-    *,
-    users: int,
-    items: int,
-    days: int,
-    seed: int,
-    end_date: dt.date | None = None,
-    events_per_user_day: float = 1.5,
-    repeat_rate: float | None = REPEAT_RATE,
-    progress: Callable[[str], None] | None = None,
-    overwrite: bool = False,
-) -> SampleSummary:
-    """Write ``days`` daily partitions ending at ``end_date`` (default: yesterday, UTC) under ``out``.
-
-    ``out/events/dt=.../`` and ``out/catalog/dt=.../`` (one catalog snapshot a day). User ids are
-    ``1..users``, item ids ``1..items``. ``events_per_user_day`` is the mean over all users,
+@dataclass(frozen=True)
+class SampleSpec:
+    """What sample to write: ``days`` daily partitions ending at ``end_date`` (default: yesterday, UTC),
+    user ids ``1..users``, item ids ``1..items``; ``events_per_user_day`` is the mean over all users,
     active or not. ``repeat_rate`` is the probability that an item a returning user looks at is one
     they had on an earlier day (slightly less in the data, when a user has nothing else to come back
     to): 0 gives no repeats at all, every item new to its user. ``None`` plants no returns and lets
     discoveries fall on items the user had (repeats by chance only): the generator before returns
     were planted, whose data the figures measured before then used (the same seed, the same data).
-    The same arguments give the same file contents. ``out`` must not hold date
-    partitions already unless ``overwrite`` (which replaces them all, see ``_output``).
+    The same spec gives the same file contents. Refuses impossible values, naming them."""
+
+    users: int
+    items: int
+    days: int
+    seed: int
+    end_date: dt.date | None = None
+    events_per_user_day: float = 1.5
+    repeat_rate: float | None = REPEAT_RATE
+
+    def __post_init__(self) -> None:
+        _check_args(users=self.users, items=self.items, days=self.days, seed=self.seed,
+                    events_per_user_day=self.events_per_user_day, repeat_rate=self.repeat_rate)
+
+
+def generate_sample(out: Path, spec: SampleSpec, *, progress: Callable[[str], None] | None = None,
+                    overwrite: bool = False) -> SampleSummary:
+    """Write the sample ``spec`` describes under ``out``: ``out/events/dt=.../`` and ``out/catalog/dt=.../``
+    (one catalog snapshot a day). ``out`` must not hold date partitions already unless ``overwrite``
+    (which replaces them all, see ``_output``).
     """
-    _check_args(users=users, items=items, days=days, seed=seed, events_per_user_day=events_per_user_day,
-                repeat_rate=repeat_rate)
+    users, items, days, seed, events_per_user_day = (spec.users, spec.items, spec.days, spec.seed,
+                                                     spec.events_per_user_day)
+    end_date, repeat_rate = spec.end_date, spec.repeat_rate
     if end_date is None:
         end_date = dt.datetime.now(dt.timezone.utc).date() - dt.timedelta(days=1)
     first_date = end_date - dt.timedelta(days=days - 1)
@@ -548,6 +554,35 @@ class _Memory:
         picked = slots[np.arange(len(users)), np.minimum(slot, MEMORY_SLOTS - 1)].astype(np.int64)
         return np.where(total > 0, picked, -1)
 
+    def unknown_items(self, users: np.ndarray, taste_cats: np.ndarray, today: np.ndarray, fallback: np.ndarray,
+                      item_cat: np.ndarray, day: "_Day", rng: np.random.Generator) -> np.ndarray:
+        """For each user (row), an available item they never had, by popularity, from their taste categories
+        (``taste_cats``) if one is left there; ``fallback`` (a repeat) only for a user who has had every
+        available item. ``today`` [n, k]: the items of each user's session so far. Row by item masks, in chunks."""
+        n_items = len(day.weight)
+        out = fallback.copy()
+        chunk = max(1, (1 << 22) // n_items)
+        for start in range(0, len(users), chunk):
+            rows = slice(start, start + chunk)
+            u = users[rows].astype(np.int64)
+            new = np.repeat(day.available[None, :], len(u), axis=0)                     # [r, I]
+            lo = np.searchsorted(self.known, u * n_items)
+            hi = np.searchsorted(self.known, (u + 1) * n_items)
+            counts = hi - lo
+            which = np.repeat(np.arange(len(u)), counts)
+            pos = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)
+            new[which, self.known[pos] - u[which] * n_items] = False
+            new[np.repeat(np.arange(len(u)), today.shape[1]), today[rows].ravel()] = False
+            liked = np.zeros((len(u), len(CATEGORY_NAMES)), dtype=bool)
+            liked[np.arange(len(u))[:, None], taste_cats[rows]] = True
+            in_taste = new & liked[:, item_cat]
+            pool = np.where(in_taste.any(axis=1)[:, None], in_taste, new)
+            cum = np.cumsum(np.where(pool, day.weight[None, :], 0.0), axis=1)
+            total = cum[:, -1]
+            pick = np.minimum((cum <= (rng.random(len(u)) * total)[:, None]).sum(axis=1), n_items - 1)
+            out[rows] = np.where(total > 0, pick, fallback[rows])
+        return out
+
     def use(self, users: np.ndarray, items: np.ndarray) -> None:
         """Count one use of each item by its user (users distinct): +1 in its slot, or the weakest slot."""
         hit = self.items[users] == items[:, None]                                   # [n, K]
@@ -623,8 +658,8 @@ def _session_items(world: _World, memory: _Memory, day: _Day, sessions: _Session
             draw[new[found]] = tries.reshape(len(new), DISCOVERY_TRIES)[found, fresh[found].argmax(axis=1)]
             new = new[~found]
         if len(new):                  # the model keeps drawing items the user had: pick among the others
-            draw[new] = _unknown_items(world, memory, day, taste.cats[new], who[new],
-                                       out[offsets[new][:, None] + np.arange(k)], draw[new], rng)
+            draw[new] = memory.unknown_items(who[new], taste.cats[new], out[offsets[new][:, None] + np.arange(k)],
+                                             draw[new], world.item_cat, day, rng)
         out[at] = draw
     for k, m in enumerate(running if memory.kept else ()):   # today's items join the memory after the day
         memory.use(users[:m], out[offsets[:m] + k])
@@ -673,36 +708,6 @@ def _had(memory: _Memory, out: np.ndarray, offsets: np.ndarray, users: np.ndarra
         earlier = out[offsets[rows][:, None] + np.arange(k)]                      # [n, k]
         had |= (earlier == items[:, None]).any(axis=1)
     return had
-
-
-def _unknown_items(world: _World, memory: _Memory, day: _Day, taste_cats: np.ndarray, users: np.ndarray,
-                   today: np.ndarray, fallback: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """For each user (row), an available item they never had, by popularity, from their taste categories
-    if one is left there; ``fallback`` (a repeat) only for a user who has had every available item.
-    ``today`` [n, k]: the items of each user's session so far. Row by item masks, in chunks."""
-    n_items = len(day.weight)
-    out = fallback.copy()
-    chunk = max(1, (1 << 22) // n_items)
-    for start in range(0, len(users), chunk):
-        rows = slice(start, start + chunk)
-        u = users[rows].astype(np.int64)
-        new = np.repeat(day.available[None, :], len(u), axis=0)                     # [r, I]
-        lo = np.searchsorted(memory.known, u * n_items)
-        hi = np.searchsorted(memory.known, (u + 1) * n_items)
-        counts = hi - lo
-        which = np.repeat(np.arange(len(u)), counts)
-        pos = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)
-        new[which, memory.known[pos] - u[which] * n_items] = False
-        new[np.repeat(np.arange(len(u)), today.shape[1]), today[rows].ravel()] = False
-        liked = np.zeros((len(u), len(CATEGORY_NAMES)), dtype=bool)
-        liked[np.arange(len(u))[:, None], taste_cats[rows]] = True
-        in_taste = new & liked[:, world.item_cat]
-        pool = np.where(in_taste.any(axis=1)[:, None], in_taste, new)
-        cum = np.cumsum(np.where(pool, day.weight[None, :], 0.0), axis=1)
-        total = cum[:, -1]
-        pick = np.minimum((cum <= (rng.random(len(u)) * total)[:, None]).sum(axis=1), n_items - 1)
-        out[rows] = np.where(total > 0, pick, fallback[rows])
-    return out
 
 
 def _timestamps(rng: np.random.Generator, ev_type: np.ndarray, ev_session: np.ndarray,

@@ -202,6 +202,18 @@ def _figure_batches(systems: tuple[str, ...], k: int, n: int, batches: Iterable[
 # the summary
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What a backtest's figures are of: the systems, the nights ``start..end``, HR and NDCG at ``k``, recall at
+    ``n`` (the lists' length)."""
+
+    systems: tuple[str, ...]
+    start: dt.date
+    end: dt.date
+    k: int
+    n: int
+
+
 @dataclass
 class BacktestSummary:
     """Everything the table, the JSON and the MLflow run show."""
@@ -241,9 +253,11 @@ class BacktestSummary:
         }
 
 
-def summarize(spark: SparkSession, figures_dir: str, *, systems: list[str], start: dt.date, end: dt.date, k: int,
-              n: int, bootstrap: Bootstrap, max_pairs: int, settings: BacktestConfig) -> BacktestSummary:
-    """Read every night's per-user figures back; means, intervals, paired differences and the nights."""
+def summarize(spark: SparkSession, figures_dir: str, what: Measurement, *, bootstrap: Bootstrap,
+              settings: BacktestConfig) -> BacktestSummary:
+    """Read every night's per-user figures back; means, intervals (resampling at most
+    ``settings.max_bootstrap_pairs`` pairs), paired differences and the nights."""
+    systems, start, end, k, n = list(what.systems), what.start, what.end, what.k, what.n
     frame = spark.read.parquet(figures_dir).where(F.col(PARTITION_COLUMN).between(F.lit(start), F.lit(end)))
     names = next_day_names(k, n)
     columns = {(s, f): figure_column(s, f) for s in systems for f in names}
@@ -271,7 +285,7 @@ def summarize(spark: SparkSession, figures_dir: str, *, systems: list[str], star
     if baselines_here:
         out.best_baseline = max(baselines_here, key=lambda s: _sortable(means[s][f"hr@{k}"]))
     if bootstrap.resamples > 0:
-        _intervals(out, frame, columns, bootstrap, max_pairs)
+        _intervals(out, frame, columns, bootstrap, settings.max_bootstrap_pairs)
     return out
 
 
@@ -436,6 +450,6 @@ def record(mlflow_cfg: MlflowConfig, experiment: str, summary: BacktestSummary, 
     return recorder.run_id
 
 
-__all__ = ["BASELINES", "BacktestSummary", "JOB", "NightInputs", "SYSTEMS", "baseline_lists", "describe",
+__all__ = ["BASELINES", "BacktestSummary", "JOB", "Measurement", "NightInputs", "SYSTEMS", "baseline_lists", "describe",
            "figure_column", "format_table", "job_lists", "measure", "night_inputs", "read_log", "record", "summarize",
            "write_json"]

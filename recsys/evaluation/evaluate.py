@@ -148,8 +148,8 @@ def run_evaluation(spark, cfg: Config, request: EvaluationRequest) -> Evaluation
     default = cfg.train.model.type if cfg.train.model.type in results else None
     comparison = compare(results, protocol=request.protocol, ks=ks, candidates=len(split.test.candidates),
                          reference=REFERENCE, bootstrap=Bootstrap(ev.bootstrap_resamples, ev.bootstrap_seed),
-                         default_model=default,
                          pairs=[(d["heldout_of"], row) for row, d in details.items() if "heldout_of" in d])
+    comparison.default_model = default
     comparison.notes.update(_notes(details))
     table = format_table(comparison)
     if request.json_path is not None:
@@ -217,7 +217,7 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
     from recsys.evaluation.ranking import CoreScorer
     from recsys.learning.settings import model_config, train_settings
     from recsys.learning.split import build_vocabulary
-    from recsys.model.training import fit
+    from recsys.model.training import FitCallbacks, fit
 
     cfg, split, device = run.cfg, run.split, run.device
     if run.vocab is None:
@@ -240,7 +240,8 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
     settings = train_settings(cfg.train, device)
     if seed is not None:
         settings = replace(settings, seed=seed)
-    fitted = fit(run.train_seqs, model_cfg, settings, device=device, validate=validate, progress=progress)
+    fitted = fit(run.train_seqs, model_cfg, settings, device=device, valid=validate,
+                 callbacks=FitCallbacks(progress=progress))
     details = {"best_epoch": fitted.best_epoch, "epochs_run": len(fitted.curve),
                VALID_SELECTION: fitted.best_metrics.get(SELECTION_METRIC),
                "config": {k: v for k, v in model_cfg.__dict__.items()}}

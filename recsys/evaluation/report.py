@@ -88,11 +88,11 @@ class Bootstrap:
 
 
 def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int], candidates: int,
-            reference: str | None, bootstrap: Bootstrap, default_model: str | None = None,
-            pairs: Sequence[tuple[str, str]] = ()) -> Comparison:
+            reference: str | None, bootstrap: Bootstrap, pairs: Sequence[tuple[str, str]] = ()) -> Comparison:
     """Means, bootstrap intervals and paired differences to ``reference`` for models ranked on one phase;
     and for each ``(a, b)`` in ``pairs``, the paired difference ``a - b`` (e.g. a model and its held-out fit,
-    whose seeds pair up: seed i of both is one training)."""
+    whose seeds pair up: seed i of both is one training). The caller names the default model and adds
+    notes on the result (``default_model``, ``notes``): they label rows, they change no figure."""
     resamples, seed = bootstrap.resamples, bootstrap.seed
     if not results:
         raise ValueError("no model results to compare")
@@ -103,7 +103,7 @@ def compare(results: dict[str, PhaseResult], *, protocol: str, ks: Sequence[int]
     n_users = users.pop()
     if reference is not None and reference not in results:
         reference = None
-    out = Comparison(protocol=protocol, ks=ks, users=n_users, reference=reference, default_model=default_model)
+    out = Comparison(protocol=protocol, ks=ks, users=n_users, reference=reference)
     for name, result in results.items():
         out.models[name] = {}
         for metric in metric_names(ks):

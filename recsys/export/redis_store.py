@@ -189,16 +189,28 @@ class SwitchRefused(RecsysError):
     """The pointer was not moved: the lock was lost, another export moved it, or the version is incomplete."""
 
 
-def switch(client, keys: Keyspace, lock: "ExportLock", version: str, expected_current: str | None, files: int,
-           pointer: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-    """Point readers at ``version``, in one step, if this export still holds the lock, the pointer is still
-    where it was when the export started, and all ``files`` of the version are recorded as written."""
+@dataclass(frozen=True)
+class Switch:
+    """What one switch makes current: ``version``, complete once all its ``files`` are recorded as written;
+    the pointer's fields readers will see, and the version's record (its state becomes live)."""
+
+    version: str
+    files: int
+    pointer: Mapping[str, Any]
+    record: Mapping[str, Any]
+
+
+def switch(client, keys: Keyspace, lock: "ExportLock", to: Switch, expected_current: str | None) -> None:
+    """Point readers at ``to.version``, in one step, if this export still holds the lock, the pointer is still
+    where it was when the export started (``expected_current``), and all files of the version are recorded
+    as written."""
+    version, files = to.version, to.files
     fields: list[str] = []
-    for name, value in pointer.items():
+    for name, value in to.pointer.items():
         fields += [name, value if isinstance(value, str) else json.dumps(value)]
     answer = _text(client.eval(_SWITCH, 4, keys.pointer, keys.versions, keys.lock, keys.files_key(version),
                                lock.value, expected_current or "", version, files,
-                               json.dumps({**record, "state": LIVE}), *fields))
+                               json.dumps({**to.record, "state": LIVE}), *fields))
     if answer == "ok":
         return
     if answer == "lock":

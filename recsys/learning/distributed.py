@@ -141,8 +141,8 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
     import torch.distributed as dist
 
     from recsys.model.metrics import SELECTION_K
-    from recsys.model.stream import ShardFiles, StreamedWindows, held_out_chunks, ranking_sums
-    from recsys.model.training import fit
+    from recsys.model.stream import ShardFiles, StreamedWindows, StreamSettings, held_out_chunks, ranking_sums
+    from recsys.model.training import FitCallbacks, fit
     from recsys.sequences import Vocabulary
 
     device = job.device
@@ -155,11 +155,10 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
         files = ShardFiles(job.files).for_rank(rank, world)
         vocab = Vocabulary(job.vocab_ids)
         batch_size = max(1, job.settings.batch_size // world)
-        source = StreamedWindows(files, vocab, max_len=job.model_config.max_len, batch_size=batch_size,
-                                 seed=job.settings.seed, hold_out_newest=job.hold_out_newest,
-                                 random_offsets=job.settings.window_offsets == "random", rank=rank,
-                                 users_per_chunk=job.users_per_chunk, shuffle_windows=max(job.shuffle_windows,
-                                                                                          batch_size))
+        source = StreamedWindows(files, vocab, StreamSettings(
+            max_len=job.model_config.max_len, batch_size=batch_size, seed=job.settings.seed,
+            hold_out_newest=job.hold_out_newest, random_offsets=job.settings.window_offsets == "random", rank=rank,
+            users_per_chunk=job.users_per_chunk, shuffle_windows=max(job.shuffle_windows, batch_size)))
 
         def validate(model) -> dict[str, float]:
             part = ranking_sums(model, vocab, held_out_chunks(files, users_per_chunk=job.users_per_chunk),
@@ -202,9 +201,10 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
         if rank == 0:
             _print(f"{job.label} {world} process(es), {len(files.paths)} of {len(job.files)} shard file(s) here, "
                    f"{source.windows_per_epoch:,} windows an epoch in this process, batches of {batch_size}")
-        result = fit(source, job.model_config, job.settings, device=device, progress=epoch_done,
-                     validate=validate if job.validate else None, stop_after=job.stop_after, steps_progress=steps,
-                     progress_every_s=job.progress_every_s, on_step=on_step)
+        result = fit(source, job.model_config, job.settings, device=device,
+                     valid=validate if job.validate else None, stop_after=job.stop_after,
+                     callbacks=FitCallbacks(progress=epoch_done, steps_progress=steps,
+                                            progress_every_s=job.progress_every_s, on_step=on_step))
         state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
         return FitOutput(state, result.curve, result.best_epoch, result.best_metrics, world)
     finally:

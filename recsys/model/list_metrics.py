@@ -429,11 +429,12 @@ def hits_in_lists(lists: np.ndarray, touched_rows: np.ndarray, touched_ids: np.n
     return _realized_at(rows, pos, n_touched, n_rows, ks)
 
 
-def popularity_hits(ranking: np.ndarray, seen_rows: np.ndarray, seen_ids: np.ndarray, touched_rows: np.ndarray,
-                    touched_ids: np.ndarray, n_touched: np.ndarray, n_rows: int, ks: tuple[int, ...]
-                    ) -> dict[int, Realized]:
+def popularity_hits(ranking: np.ndarray, seen_rows: np.ndarray, seen_ids: np.ndarray, touched: Lists,
+                    ks: tuple[int, ...]) -> dict[int, Realized]:
     """:func:`realized` of :func:`popularity_lists` (``ranking`` without each row's seen items, cut to k)
-    without building the lists: each touched item's place among the ranking's items its user had not seen."""
+    without building the lists: each touched item's place among the ranking's items its user had not seen.
+    ``seen_rows``/``seen_ids``: the (row, item) pairs each user had seen; ``touched``: one row per user."""
+    touched_rows, touched_ids, n_touched, n_rows = touched.rows(), touched.ids, touched.lengths, touched.n_rows
     ranking = np.asarray(ranking, np.int64)
     m = len(ranking)
     if m == 0 or n_rows == 0:

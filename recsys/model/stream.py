@@ -81,22 +81,40 @@ def window_count(seqs: Sequences, max_len: int) -> int:
     return int(np.where(n >= 2, -(-(n - 1) // max_len), 0).sum())
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """How an epoch's windows are cut from the shards and batched.
+
+    ``hold_out_newest``: drop each user's newest item (the selection fit) or train on everything (the
+    refit); ``random_offsets``: shift each long user's window tiling every epoch; ``rank``: this process's
+    place in a data-parallel training (its shuffle differs); ``users_per_chunk`` users are read at a time
+    and ``shuffle_windows`` windows shuffled together.
+    """
+
+    max_len: int
+    batch_size: int
+    seed: int
+    hold_out_newest: bool
+    random_offsets: bool
+    rank: int = 0
+    users_per_chunk: int = USERS_PER_CHUNK
+    shuffle_windows: int = SHUFFLE_WINDOWS
+
+
 class StreamedWindows:
     """An epoch's training batches, streamed from shard files: ``batches(epoch)`` yields (inputs, labels).
 
-    ``hold_out_newest``: drop each user's newest item (the selection fit) or train on everything (the
-    refit). Items outside ``vocab`` are dropped from the sequences, as ``Vocabulary.map_sequences`` does.
+    Items outside ``vocab`` are dropped from the sequences, as ``Vocabulary.map_sequences`` does.
     """
 
-    def __init__(self, files: ShardFiles, vocab: Vocabulary, *, max_len: int, batch_size: int, seed: int,
-                 hold_out_newest: bool, random_offsets: bool, rank: int = 0,
-                 users_per_chunk: int = USERS_PER_CHUNK, shuffle_windows: int = SHUFFLE_WINDOWS):
-        if batch_size < 1 or shuffle_windows < batch_size:
-            raise ValueError(f"need 1 <= batch_size ({batch_size}) <= shuffle_windows ({shuffle_windows})")
+    def __init__(self, files: ShardFiles, vocab: Vocabulary, settings: StreamSettings):
+        s = settings
+        if s.batch_size < 1 or s.shuffle_windows < s.batch_size:
+            raise ValueError(f"need 1 <= batch_size ({s.batch_size}) <= shuffle_windows ({s.shuffle_windows})")
         self.files, self.vocab = files, vocab
-        self.max_len, self.batch_size, self.seed, self.rank = max_len, batch_size, seed, rank
-        self.hold_out_newest, self.random_offsets = hold_out_newest, random_offsets
-        self.users_per_chunk, self.shuffle_windows = users_per_chunk, shuffle_windows
+        self.max_len, self.batch_size, self.seed, self.rank = s.max_len, s.batch_size, s.seed, s.rank
+        self.hold_out_newest, self.random_offsets = s.hold_out_newest, s.random_offsets
+        self.users_per_chunk, self.shuffle_windows = s.users_per_chunk, s.shuffle_windows
         self._windows: int | None = None
         self._item_counts: np.ndarray | None = None
 

@@ -180,12 +180,35 @@ class InMemoryWindows:
             yield inputs[rows], labels[rows]
 
 
+def _held_out_ndcg(valid: ValidationSet, device: torch.device) -> Callable[[torch.nn.Module], dict[str, float]]:
+    def validate(model: torch.nn.Module) -> dict[str, float]:
+        return evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
+
+    return validate
+
+
+@dataclass(frozen=True)
+class FitCallbacks:
+    """The caller's hooks into the training loop: per-epoch rows, progress lines within an epoch, per-step faults.
+
+    ``progress`` receives each epoch's curve row as soon as the epoch ends; ``steps_progress``, every
+    ``progress_every_s`` seconds within an epoch, the step, the steps expected, windows/s and the seconds
+    left in the epoch; ``on_step(epoch, step)`` runs after each optimizer step (fault injection).
+    """
+
+    progress: Callable[[dict], None] | None = None
+    steps_progress: Callable[[dict], None] | None = None
+    progress_every_s: float = 30.0
+    on_step: Callable[[int, int], None] | None = None
+
+
+NO_CALLBACKS = FitCallbacks()
+
+
 def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSettings, *,
-        valid: ValidationSet | None = None, device: str | torch.device = "cpu",
-        progress: Callable[[dict], None] | None = None,
-        validate: Callable[[torch.nn.Module], dict[str, float]] | None = None,
-        stop_after: int | None = None, steps_progress: Callable[[dict], None] | None = None,
-        progress_every_s: float = 30.0, on_step: Callable[[int, int], None] | None = None) -> FitResult:
+        valid: ValidationSet | Callable[[torch.nn.Module], dict[str, float]] | None = None,
+        device: str | torch.device = "cpu", stop_after: int | None = None,
+        callbacks: FitCallbacks = NO_CALLBACKS) -> FitResult:
     """Train a model from scratch; with ``valid``, keep the epoch with the best validation NDCG@10.
 
     ``train`` is either sequences in memory (model indices) or a :class:`StreamedWindows` reading
@@ -195,17 +218,15 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
     Data-parallel when ``torch.distributed`` is initialised with more than one process (the
     processes that ``recsys.learning.distributed`` starts): each process trains on its own data with
     ``settings.batch_size`` divided among the processes, gradients are averaged (DDP), and an epoch
-    ends for all when the first runs out of batches. ``validate`` must then return the same figures
-    on every process (sum across them first).
+    ends for all when the first runs out of batches. A ``valid`` function must then return the same
+    figures on every process (sum across them first).
 
     Reproducible: the same data, config and settings give the same weights on CPU (on CUDA, up to
     the nondeterminism of its kernels). The caller's global torch RNG state is left untouched.
-    ``progress`` receives each epoch's curve row as soon as the epoch ends; ``steps_progress``,
-    every ``progress_every_s`` seconds within an epoch, the step, the steps expected, windows/s and
-    the seconds left in the epoch. ``validate``, instead of ``valid``, measures the model (in eval mode)
-    by any protocol, e.g. several targets per user or a ranking restricted to a catalog; it must
-    return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics. ``on_step(epoch, step)`` runs after
-    each optimizer step (fault injection).
+    ``valid``: a held-out :class:`ValidationSet` (NDCG@10 of its targets), or a function that measures
+    the model (in eval mode) by any protocol, e.g. several targets per user or a ranking restricted to
+    a catalog; it must return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics. ``callbacks``: what
+    the caller hears from the loop (:class:`FitCallbacks`).
 
     ``stop_after`` ends training after that many epochs while the learning-rate schedule keeps its
     horizon of ``settings.epochs``: how a refit repeats the first epochs of a run that early stopping
@@ -213,8 +234,6 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
     """
     if stop_after is not None and not 1 <= stop_after <= settings.epochs:
         raise ValueError(f"stop_after must be in 1..{settings.epochs} (settings.epochs), got {stop_after}")
-    if valid is not None and validate is not None:
-        raise ValueError("pass valid or validate, not both")
     device = torch.device(device)
     if isinstance(train, Sequences):
         _check_items(train.items, model_config.num_items, "train")
@@ -227,7 +246,7 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
         if len(source.vocab) != model_config.num_items:
             raise ValueError(f"the streamed data's vocabulary has {len(source.vocab)} items, the model "
                              f"{model_config.num_items}")
-    if valid is not None:
+    if isinstance(valid, ValidationSet):
         _check_items(np.asarray(valid.targets), model_config.num_items, "valid.targets", allow_empty=False)
         _check_items(valid.histories.items, model_config.num_items, "valid.histories")
 
@@ -238,23 +257,10 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
         cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(settings.seed)
-            if valid is not None:
-                def validate(model: torch.nn.Module) -> dict[str, float]:
-                    return evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
-            loop = _Loop(progress, steps_progress, progress_every_s, on_step)
-            return _fit(source, model_config, settings, validate, device, loop, stop_after or settings.epochs)
+            validate = _held_out_ndcg(valid, device) if isinstance(valid, ValidationSet) else valid
+            return _fit(source, model_config, settings, validate, device, callbacks, stop_after or settings.epochs)
     finally:
         torch.set_num_threads(previous_threads)
-
-
-@dataclass(frozen=True)
-class _Loop:
-    """The caller's hooks into the loop: per-epoch rows, progress lines within an epoch, per-step faults."""
-
-    epoch_done: Callable[[dict], None] | None
-    steps: Callable[[dict], None] | None
-    every_s: float
-    on_step: Callable[[int, int], None] | None
 
 
 def _world() -> tuple[int, int]:
@@ -279,7 +285,7 @@ def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 def _fit(source, model_config, settings: TrainSettings,
          validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
-         loop: _Loop, last_epoch: int) -> FitResult:
+         loop: FitCallbacks, last_epoch: int) -> FitResult:
     rank, world = _world()
     autocast = _autocast(settings.precision, device)
     model = build_model(model_config).to(device)
@@ -331,12 +337,12 @@ def _fit(source, model_config, settings: TrainSettings,
             if loop.on_step is not None:
                 loop.on_step(epoch, step)
             now = time.perf_counter()
-            if loop.steps is not None and now - last_report >= loop.every_s:
+            if loop.steps_progress is not None and now - last_report >= loop.progress_every_s:
                 last_report = now
                 rate = windows_seen * world / (now - started)
-                loop.steps({"epoch": epoch, "epochs": last_epoch, "step": step, "steps": steps_per_epoch,
-                            "windows_per_s": rate,
-                            "epoch_seconds_left": max(0.0, (steps_per_epoch - step) * (now - started) / step)})
+                loop.steps_progress({"epoch": epoch, "epochs": last_epoch, "step": step, "steps": steps_per_epoch,
+                                     "windows_per_s": rate,
+                                     "epoch_seconds_left": max(0.0, (steps_per_epoch - step) * (now - started) / step)})
         loss_total, targets_total = _all_reduce([float(loss_sum), float(targets_seen)])
         row: dict = {"epoch": epoch, "train_loss": loss_total / max(targets_total, 1.0)}
 
@@ -353,8 +359,8 @@ def _fit(source, model_config, settings: TrainSettings,
             stop = epoch - best_epoch >= settings.patience
         row["seconds"] = time.perf_counter() - started
         curve.append(row)
-        if loop.epoch_done is not None:
-            loop.epoch_done(dict(row))
+        if loop.progress is not None:
+            loop.progress(dict(row))
         if stop:
             break
 

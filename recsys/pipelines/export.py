@@ -98,8 +98,8 @@ def run_export(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool =
             raise InputDataError(f"not exporting {date}: {refusal}")
         client = store.connect(export.redis_url, export.timeout_s)
         try:
-            result = _export(spark, cfg, client, published, run_key, force=force, allow_older=allow_older,
-                             older_is_error=older_is_error, hooks=hooks)
+            result = _export(_Export(spark, cfg, client, run_key, hooks), published, force=force,
+                             allow_older=allow_older, older_is_error=older_is_error)
         finally:
             client.close()
     if result.status == "exported":
@@ -124,10 +124,23 @@ def _not_published(cfg: Config, date: dt.date) -> str:
             f"run `recsys recommend --date {date}` first")
 
 
-def _export(spark: SparkSession, cfg: Config, client, published: PublishedPartition, run_key: str, *, force: bool,
-            allow_older: bool, older_is_error: bool, hooks: Hooks) -> ExportResult:
+@dataclass(frozen=True)
+class _Export:
+    """One export's context, handed down once: the session, the configuration, the Redis client, this
+    export's run key (``exported_by``) and the hooks."""
+
+    spark: SparkSession
+    cfg: Config
+    client: Any                       # redis.Redis (imported where it is used)
+    run_key: str
+    hooks: Hooks
+
+
+def _export(job: _Export, published: PublishedPartition, *, force: bool, allow_older: bool,
+            older_is_error: bool) -> ExportResult:
     import redis
 
+    cfg, client = job.cfg, job.client
     export, date = cfg.export, published.date
     keys = store.Keyspace(export.prefix)
     where = redact_uri(export.redis_url)
@@ -153,7 +166,7 @@ def _export(spark: SparkSession, cfg: Config, client, published: PublishedPartit
             if older_is_error:
                 raise ConfigError(f"not exporting {date}: {why}; pass --allow-older to do it")
             return ExportResult(date, "skipped", current, current, where, reason=why, removed=tuple(removed))
-        result = _write_and_switch(spark, cfg, client, keys, lock, published, pointer, run_key, hooks)
+        result = _write_and_switch(job, keys, lock, published, pointer)
         try:
             removed += _retention(client, keys, result.version, export.keep_versions)
         except redis.RedisError as exc:   # the switch happened: old versions are removed by the next export
@@ -186,11 +199,11 @@ def _retention(client, keys: store.Keyspace, current: str | None, keep: int) -> 
     return doomed
 
 
-def _write_and_switch(spark: SparkSession, cfg: Config, client, keys: store.Keyspace, lock: store.ExportLock,
-                      published: PublishedPartition, pointer: store.Pointer | None, run_key: str,
-                      hooks: Hooks) -> ExportResult:
+def _write_and_switch(job: _Export, keys: store.Keyspace, lock: store.ExportLock, published: PublishedPartition,
+                      pointer: store.Pointer | None) -> ExportResult:
     import redis
 
+    spark, cfg, client, run_key, hooks = job.spark, job.cfg, job.client, job.run_key, job.hooks
     export, date = cfg.export, published.date
     where = redact_uri(export.redis_url)
     files = published.files()
@@ -230,8 +243,9 @@ def _write_and_switch(spark: SparkSession, cfg: Config, client, keys: store.Keys
                           "catalog_snapshot": published.catalog_snapshot, "sources": list(sources),
                           "fallback_name": fallback[2] if fallback else "", "users": str(figures["users"]),
                           "switched_at": switched_at, "format": str(store.FORMAT)}
-        store.switch(client, keys, lock, version, pointer.version if pointer else None, len(files), pointer_fields,
-                     {**record, **figures, "switched_at": switched_at})
+        store.switch(client, keys, lock, store.Switch(version, len(files), pointer_fields,
+                                                      {**record, **figures, "switched_at": switched_at}),
+                     pointer.version if pointer else None)
     except BaseException as exc:
         _abandon(client, keys, version, date)
         if isinstance(exc, redis.RedisError) or (not isinstance(exc, (KeyboardInterrupt, store.StoreUnavailable))
@@ -260,8 +274,8 @@ def _check_written(written: list[dict[str, Any]], files: list[str], published: P
 def _fallback(published: PublishedPartition, files: list[str]) -> tuple[Any, Any, str] | None:
     """(item ids, scores, name) of the list users without a row get: from the manifest, else from a row that has it."""
     recorded = published.fallback
-    if recorded and recorded.get("item_ids") is not None:
-        return recorded["item_ids"], recorded["scores"], recorded["name"]
+    if recorded is not None:
+        return list(recorded.item_ids), list(recorded.scores), recorded.name
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 

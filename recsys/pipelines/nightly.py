@@ -21,7 +21,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pyspark.sql import SparkSession
 
@@ -35,15 +35,14 @@ from recsys.pipelines import nightly_compare as compare
 from recsys.pipelines import nightly_stages as stages
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
-from recsys.publish import retention
 from recsys.publish.lock import DateLock, Holder
+from recsys.publish.manifest import Manifest
 from recsys.publish.published import find_published, new_run_key
-from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish, publish_method,
-                                      recover, register_dates)
+from recsys.publish.publisher import (PartitionLayout, check_output_location, discard_staging, publish_method, recover,
+                                      register_dates)
 from recsys.publish.table import OutputTable, open_table
 from recsys.spark import metastore
-from recsys.scoring.shipping import ship_model
-from recsys.spark.session import default_parallelism, job_description
+from recsys.spark.session import job_description
 from recsys.spark.task_progress import LiveProgress
 from recsys.spark.workdir import check_executors_can_write
 from recsys.tracking import run_notes as run_record
@@ -51,6 +50,9 @@ from recsys.tracking import store as tracking
 from recsys.tracking import tags
 from recsys.tracking.last_model import resolve_or_remembered
 from recsys.uris import redact_text
+
+if TYPE_CHECKING:   # the export pipeline is imported where it runs: it imports this module (nightly.output_table)
+    from recsys.pipelines.export import ExportResult
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +64,13 @@ class NightlyResult:
     date: dt.date
     run_id: str | None
     output_dir: str                  # the path view dt=D/
-    manifest: dict[str, Any]
+    manifest: Manifest
     metrics: dict[str, float] = field(default_factory=dict)
     exit_code: ExitCode = ExitCode.OK
     status: RunStatus = RunStatus.PUBLISHED   # or SKIPPED: the date was already published the same way
     reason: str | None = None        # why it was skipped
     location: str | None = None      # the published run's directory (what output.table's partition points at)
-    export: Any = None               # the last stage's ExportResult when export.after_publish is set
+    export: ExportResult | None = None   # the last stage's result when export.after_publish is set
 
 
 def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, force: bool = False,
@@ -167,7 +169,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         reason = skip_reason(published, model.version, config_digest)
         if reason is not None and not force:
             log.info("recommend %s: skipped: %s; pass --force to recompute it", date, reason)
-            return NightlyResult(date, published.get("run_id"), layout.final_dir, published, status=RunStatus.SKIPPED,
+            return NightlyResult(date, published.run_id, layout.final_dir, published, status=RunStatus.SKIPPED,
                                  reason=reason, location=found.path)
         if published is not None:
             log.info("recommend %s: replacing the published partition (%s)", date,
@@ -201,8 +203,8 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         recorder.end("FINISHED")
         if recorder.failed:
             result.exit_code = ExitCode.TRACKING_FAILED
-            manifest_file.mark_unrecorded([d for d in (result.location, result.output_dir) if d], result.manifest,
-                                          recorder.error)
+            result.manifest = manifest_file.mark_unrecorded([d for d in (result.location, result.output_dir) if d],
+                                                            result.manifest, recorder.error)
             log.warning("recommendations for %s are published, but the MLflow run could not be recorded (%s); "
                         "the manifest holds the run's figures", date, recorder.error)
         return result
@@ -257,22 +259,22 @@ def _end_dead_run(cfg: Config, date: dt.date, dead: Holder, why: str, run_key: s
                     ended, dead.run, run_key)
 
 
-def skip_reason(published: dict[str, Any] | None, model_version: str, config_digest: str) -> str | None:
+def skip_reason(published: Manifest | None, model_version: str, config_digest: str) -> str | None:
     """Why the published partition already is what this run would produce, or None if it is not."""
     if published is None:
         return None
-    if str(published.get("model", {}).get("version")) == model_version and published.get("config_digest") == config_digest:
-        return (f"already published at {published.get('published_at', '?')} by run "
-                f"{published.get('run_id') or published.get('job_run') or '?'} with model version {model_version} "
+    if published.model.version == model_version and published.config_digest == config_digest:
+        return (f"already published at {published.published_at or '?'} by run "
+                f"{published.run_id or published.job_run or '?'} with model version {model_version} "
                 f"and config digest {config_digest}")
     return None
 
 
-def _difference(published: dict[str, Any], model_version: str, config_digest: str) -> str:
-    old_version = published.get("model", {}).get("version")
-    if str(old_version) != model_version:
+def _difference(published: Manifest, model_version: str, config_digest: str) -> str:
+    old_version = published.model.version
+    if old_version != model_version:
         return f"published with model version {old_version}, the alias now points at {model_version}"
-    return f"published with config digest {published.get('config_digest')}, now {config_digest}"
+    return f"published with config digest {published.config_digest}, now {config_digest}"
 
 
 def _remove_stale_work_dirs(cfg: Config, date: dt.date, run_key: str) -> None:
@@ -286,24 +288,21 @@ def _remove_stale_work_dirs(cfg: Config, date: dt.date, run_key: str) -> None:
 
 
 def _run(run: stages.NightlyRun) -> NightlyResult:
-    """The stages in the order data flows through them; each hands its frozen result to the next."""
-    spark, cfg, date, model, hooks = run.spark, run.cfg, run.date, run.model, run.hooks
-    timer, recorder = run.timer, run.recorder
+    """The stages in the order data flows through them; each takes the frozen results of the ones before."""
+    cfg, date, model, timer, recorder = run.cfg, run.date, run.model, run.timer, run.recorder
     recorder.log_params(stages.run_params(cfg, date, model, run.config_digest))
     with timer.stage("read_catalog", "read the latest catalog snapshot") as c:
-        catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, date, stages.load_vocabulary(model),
-                                      model.version, cfg.recommend)
+        catalog = stages.read_catalog(run.spark, cfg.paths, cfg.catalog.max_age_days, date,
+                                      stages.load_vocabulary(model), model.version, cfg.recommend)
         c.update(snapshot=str(catalog.snapshot.date), **catalog.figures)
     recorder.log_params({"catalog_snapshot": str(catalog.snapshot.date)})
 
     with timer.stage("previous", "find the previous published partition") as c:
         previous = compare.previous_night(cfg, date, run.table)
-        touched_since = compare.touched_since(previous, cfg.history, date)
-        c.update(previous=str(previous.date) if previous else "none")
+        c.update(previous=str(previous.previous.date) if previous.previous else "none")
 
     with timer.stage("histories", "read events and build histories") as c:
-        history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"),
-                                        touched_since=touched_since, rules=cfg.recommend)
+        history = stages.read_histories(run, touched_since=previous.touched_since)
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:
@@ -311,73 +310,43 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         c.update(items=len(fallback.fallback.item_ids))
 
     with timer.stage("score", "score users", expected_users=history.figures["users_in_window"]) as c:
-        shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
-                             scratch=cfg.paths.driver_dir)
-        spec = compare.with_compare(stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks,
-                                                        lists_for=date, rules=cfg.recommend,
-                                                        popularity=fallback.popularity),
-                                    compare.compare_spec(previous, cfg))
-        cores = default_parallelism(spark)
-        tasks = stages.scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
-                                     users_per_task=cfg.scoring.users_per_task, cores=cores)
-        to_score, tasks = compare.join_previous(history.histories, previous, tasks, cores)
-        scored = stages.score(to_score, spec, tasks, run.layout.staging_dir, hooks)
+        scored = stages.score(run, catalog, history, fallback, previous)
         w = scored.worker
-        c.update(users=w["users"], model_users=w["model_users"], fallback=w["fallback_users"],
-                 users_per_s=round(scored.users_per_s), device=w["device"], model_loads=w["model_misses"],
-                 workers=w["workers"], tasks=w["tasks"], retried_tasks=w["task_retries"])
-        if w["task_retries"]:
+        c.update(users=w.users, model_users=w.totals.chunks.model_users, fallback=w.totals.chunks.fallback_users,
+                 users_per_s=round(scored.users_per_s), device=w.device, model_loads=w.totals.model.misses,
+                 workers=len(w.workers), tasks=w.tasks, retried_tasks=w.task_retries)
+        if w.task_retries:
             log.warning("recommend %s: %d scoring task(s) succeeded only on a retry; their model was loaded again "
-                        "(model_misses=%d)", date, w["task_retries"], w["model_misses"])
-    hooks.pause("staged")
+                        "(model_misses=%d)", date, w.task_retries, w.totals.model.misses)
+    run.hooks.pause("staged")
 
     with timer.stage("validate", "validate staged output") as c:
         report = stages.validate(scored, history, catalog, date)
         c.update(passed=report.passed, rows=report.figures["rows"], coverage=round(report.figures["catalog_coverage"], 4))
 
     with timer.stage("guard", "judge the night against the previous one") as c:
-        guard = compare.guard_stage(cfg, date, previous=previous, realized_from=touched_since,
-                                    compare=scored.worker.get("compare"), report_figures=report.figures,
-                                    item_counts=report.item_counts, candidate_ids=catalog.candidates.item_ids,
-                                    popularity=fallback.popularity, accept=run.accept_guard)
+        guard = compare.guard_stage(previous, scored.worker.compare, report, catalog.candidates.item_ids,
+                                    fallback.popularity, run.accept_guard)
         c.update(verdict=guard.verdict.verdict)
 
     results = stages.StageResults(catalog, history, fallback, scored, report, guard)
     metrics = stages.run_metrics(results)
-    method = publish_method(run.layout)
-    manifest = stages.manifest(run, results, metrics, method)
+    manifest = stages.manifest(run, results, metrics)
     with timer.stage("publish", "publish partition") as c:
-        night = publish(run.layout, manifest, method, hooks, run.table, still_ours=run.lock.verify)
-        published_dir = night.path
-        c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none", method=method)
+        night = stages.publish(run, manifest)
+        c.update(path=run.layout.final_dir, run_dir=night.path, table=cfg.output.table or "none",
+                 method=manifest.publish_method)
     with timer.stage("retention", "remove what output.keep_runs and output.retention_days no longer keep") as c:
-        removed = _retain(run)
+        removed = stages.retain(run)
         c.update(removed=len(removed))
 
     metrics = {**metrics, **timer.as_metrics(), **timer.shares(), "total_s": timer.total}
     with timer.stage("record", "record the run"):
-        stages.record(run, results, published_dir, manifest, metrics)
-        compare.record(recorder, cfg, date, guard, report.figures["catalog_coverage"], run.table)
-        run_record.record(recorder, manifest, metrics, run_record.Inputs.of(cfg.paths, cfg.history))
+        stages.record(run, results, night, manifest, metrics)
     log.info("recommend %s: %s %s", date, STAGE_BREAKDOWN, json.dumps(timer.breakdown()))
-    log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], published_dir,
+    log.info("recommend %s: published %s rows to %s in %.1fs (run %s)", date, report.figures["rows"], night.path,
              timer.total, recorder.run_id or "untracked")
-    return NightlyResult(date, recorder.run_id, run.layout.final_dir, manifest, metrics, location=published_dir)
-
-
-def _retain(run: stages.NightlyRun) -> list[str]:
-    """Retention after a publish; a failure only warns: the night is published, the next one tries again."""
-    out, date = run.cfg.output, run.date
-    try:
-        notes = retention.trim_runs(run.cfg.paths.output, date, out.keep_runs, run.hooks)
-        notes += retention.retire_dates(run.cfg.paths.output, date, out.retention_days, run.table, run.layout.run_key,
-                                        run.hooks)
-    except Exception as exc:   # never worth failing a published night for
-        log.warning("recommend %s: retention stopped: %s; the next run tries again", date, first_line(exc, with_type=True))
-        return []
-    for note in notes:
-        log.info("recommend %s: %s", date, note)
-    return notes
+    return NightlyResult(date, recorder.run_id, run.layout.final_dir, manifest, metrics, location=night.path)
 
 
 def _cleanup(work_dir: str) -> None:

@@ -1,14 +1,17 @@
 """Each night against the previous one and against what users did with it: the figures the guard judges.
 
-Inside the nightly job (the stages of :mod:`recsys.pipelines.nightly`), in the order data flows:
+The comparison is one stage object, :class:`Comparison`, found once (:func:`previous_night`) before the
+histories are read; the stages after it use its parts, in the order data flows through the nightly job
+(:func:`recsys.pipelines.nightly.run_nightly`):
 
 1. :func:`previous_night`: the latest published partition P before the date D
    (:func:`recsys.publish.published.latest_published`: the one place that knows where a date's night is,
    the run directory that ``output.table`` or the date's pointer names), and what its
    manifest kept for tonight: P's popularity ranking and P's score deciles.
 2. The histories stage also collects, per user, the distinct items touched since P
-   (``touched_items``, same aggregation, no second pass over the window; :func:`touched_since`).
-3. :func:`join_previous`: P's lists (item ids only, read with nested-column pruning) brought next to
+   (``touched_items``, same aggregation, no second pass over the window; :attr:`Comparison.touched_since`).
+3. The scoring stage puts :attr:`Comparison.spec` in the scoring spec and scores
+   :meth:`Comparison.join`: P's lists (item ids only, read with nested-column pruning) brought next to
    the histories in the one exchange that hash-partitions them by user into the scoring tasks. The
    scoring tasks compare each user's new list with the previous one
    and the previous one with what the user touched (:mod:`recsys.scoring.compare`).
@@ -23,7 +26,6 @@ so it measures the lists together with their effect, not what users would have d
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import math
@@ -34,16 +36,19 @@ import numpy as np
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from recsys.config import Config, HistoryConfig
+from recsys.config import Config
 from recsys.data.contracts import HISTORY_COLUMN, PREVIOUS_COLUMN
 from recsys.data.readers import window_start
 from recsys.errors import GuardRefused
 from recsys.model import list_metrics as lm
 from recsys.pipelines import guard as guard_rules
 from recsys.publish import published as published_nights
+from recsys.publish.manifest import Manifest, NextNight, PreviousRef, Quality
+from recsys.publish.validate import ValidationReport
 from recsys.scoring.compare import CompareSpec
 from recsys.scoring.core import counts_per_candidate, popularity_fallback
 from recsys.tracking import tags
+from recsys.tracking.store import RunRecorder
 
 log = logging.getLogger(__name__)
 
@@ -67,96 +72,114 @@ class PreviousNight:
         return self.published.path
 
     @property
-    def manifest(self) -> Mapping[str, Any]:
+    def manifest(self) -> Manifest:
         return self.published.manifest
 
     @property
     def rows(self) -> int:
-        return int((self.manifest.get("counts") or {}).get("rows") or 0)
+        return self.manifest.counts.rows or 0
 
-    def _kept(self, key: str) -> np.ndarray:
-        return np.asarray(((self.manifest.get("quality") or {}).get("for_next_night") or {}).get(key) or [])
+    @property
+    def _kept(self) -> NextNight:
+        return self.manifest.quality.for_next_night if self.manifest.quality is not None else NextNight()
 
     @property
     def popularity_ranking(self) -> np.ndarray:
-        return self._kept("popularity_ranking").astype(np.int64)
+        return np.asarray(self._kept.popularity_ranking, dtype=np.int64)
 
     @property
     def score_edges(self) -> np.ndarray:
-        return self._kept("score_deciles").astype(np.float64)
+        return np.asarray(self._kept.score_deciles or (), dtype=np.float64)
 
     @property
     def score_shares(self) -> np.ndarray:
-        return self._kept("score_decile_shares").astype(np.float64)
+        return np.asarray(self._kept.score_decile_shares or (), dtype=np.float64)
 
     def metric(self, name: str) -> float | None:
-        value = (self.manifest.get("metrics") or {}).get(name)
+        value = self.manifest.metrics.get(name)
         return float(value) if isinstance(value, (int, float)) else None
 
 
-def previous_night(cfg: Config, date: dt.date, table: published_nights.TableView | None = None
-                   ) -> PreviousNight | None:
-    """The partition to compare with (None: the first night, or ``guard.compare`` off): the latest night
-    published before ``date`` as its readers see it (``table``: ``output.table``'s partitions decide)."""
-    if not cfg.guard.compare:
-        return None
-    found = published_nights.latest_published(cfg.paths.output, before=date, table=table)
-    return PreviousNight(found) if found is not None else None
+@dataclass(frozen=True)
+class Comparison:
+    """Tonight against the previous published night: the stage whose parts the histories
+    (:attr:`touched_since`), the scoring pass (:attr:`spec`, :meth:`join`) and the guard
+    (:func:`guard_stage`) use. ``previous`` None: the first night, or ``guard.compare`` off."""
+
+    cfg: Config
+    date: dt.date
+    previous: PreviousNight | None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.guard.compare
+
+    @property
+    def touched_since(self) -> dt.date | None:
+        """From which day the histories collect what users touched: P's date, if the events window reaches back
+        that far (the job reads no event outside its window, so an older P's hit rate is not measured). The
+        guard's realized hit rate belongs to the lists of that date."""
+        previous = self.previous
+        if previous is None or previous.date < window_start(self.date, self.cfg.history.window_days):
+            return None
+        return previous.date
+
+    @property
+    def spec(self) -> CompareSpec | None:
+        """What the scoring tasks need; None with ``guard.compare`` off. On the first night the tasks still
+        sample the scores (tomorrow's bins)."""
+        if not self.enabled:
+            return None
+        top_n = self.cfg.scoring.top_n
+        if self.previous is None:
+            return CompareSpec(top_n, np.zeros(0, np.int64), np.zeros(0))
+        return CompareSpec(top_n, self.previous.popularity_ranking, self.previous.score_edges)
+
+    @property
+    def joins(self) -> bool:
+        """Whether the scoring pass reads the previous night's lists (:meth:`join`)."""
+        return self.previous is not None
+
+    def join(self, histories: DataFrame, tasks: int) -> DataFrame:
+        """The histories with each user's previous list (``previous``), in ``tasks`` partitions by user.
+
+        The two are unioned and hash-partitioned by user into the scoring tasks in one exchange (the one
+        the histories were to go through anyway), then folded to one row per user of the histories (a
+        sort within each task). A join would not do: Spark plans both sides of a join into
+        ``spark.sql.shuffle.partitions`` partitions whatever they were repartitioned into (measured with
+        Spark 4: 200 tasks where 6 were asked for), which would change the scoring tasks, and it costs an
+        exchange per side. Only the item ids of P's lists are read (Parquet nested-column pruning).
+        """
+        if self.previous is None:
+            raise ValueError("no previous night to join: the first night scores its histories as they are")
+        lists = histories.sparkSession.read.parquet(self.previous.path).select(
+            "user_id", F.col("recommendations.item_id").alias(PREVIOUS_COLUMN))
+        both = histories.unionByName(lists, allowMissingColumns=True).repartition(tasks, "user_id")
+        columns = [c for c in histories.columns if c != "user_id"] + [PREVIOUS_COLUMN]
+        folded = both.groupBy("user_id").agg(*[F.first(c, ignorenulls=True).alias(c) for c in columns])
+        return folded.filter(F.col(HISTORY_COLUMN).isNotNull())   # users of P without a history tonight: lost
 
 
-def touched_since(previous: PreviousNight | None, history: HistoryConfig, date: dt.date) -> dt.date | None:
-    """From which day the histories collect what users touched: P's date, if the events window reaches back
-    that far (the job reads no event outside its window, so an older P's hit rate is not measured)."""
-    if previous is None or previous.date < window_start(date, history.window_days):
-        return None
-    return previous.date
-
-
-def compare_spec(previous: PreviousNight | None, cfg: Config) -> CompareSpec | None:
-    """What the scoring tasks need; None with ``guard.compare`` off. On the first night the tasks still
-    sample the scores (tomorrow's bins)."""
-    if not cfg.guard.compare:
-        return None
-    if previous is None:
-        return CompareSpec(cfg.scoring.top_n, np.zeros(0, np.int64), np.zeros(0))
-    return CompareSpec(cfg.scoring.top_n, previous.popularity_ranking, previous.score_edges)
-
-
-def join_previous(histories: DataFrame, previous: PreviousNight | None, tasks: int, cores: int | None
-                  ) -> tuple[DataFrame, int]:
-    """-> (what the scoring stage scores, the partitions it still has to make).
-
-    With a previous partition, each user's list there is brought next to the user's history: the two
-    are unioned and hash-partitioned by user into the scoring tasks in one exchange (the one the
-    histories were to go through anyway), then folded to one row per user of the histories (a sort
-    within each task). A join would not do: Spark plans both sides of a join into
-    ``spark.sql.shuffle.partitions`` partitions whatever they were repartitioned into (measured with
-    Spark 4: 200 tasks where 6 were asked for), which would change the scoring tasks, and it costs an
-    exchange per side. Only the item ids of P's lists are read (Parquet nested-column pruning). The
-    scoring stage then keeps that split (0).
-    """
-    if previous is None:
-        return histories, tasks
-    n = tasks or max(1, cores or 1)
-    spark = histories.sparkSession
-    lists = spark.read.parquet(previous.path).select(
-        "user_id", F.col("recommendations.item_id").alias(PREVIOUS_COLUMN))
-    both = histories.unionByName(lists, allowMissingColumns=True).repartition(n, "user_id")
-    columns = [c for c in histories.columns if c != "user_id"] + [PREVIOUS_COLUMN]
-    folded = both.groupBy("user_id").agg(*[F.first(c, ignorenulls=True).alias(c) for c in columns])
-    return folded.filter(F.col(HISTORY_COLUMN).isNotNull()), 0   # users of P without a history tonight: lost
+def previous_night(cfg: Config, date: dt.date, table: published_nights.TableView | None = None) -> Comparison:
+    """The comparison stage: the latest night published before ``date`` as its readers see it (``table``:
+    ``output.table``'s partitions decide), none on the first night or with ``guard.compare`` off."""
+    found = published_nights.latest_published(cfg.paths.output, before=date, table=table) if cfg.guard.compare else None
+    return Comparison(cfg, date, PreviousNight(found) if found is not None else None)
 
 
 # ------------------------------------------------------------------------------------------------
 # figures
 
 
-def figures(*, compare: Mapping[str, Any] | None, previous: PreviousNight | None, realized_from: dt.date | None,
-            date: dt.date, rows: int, fallback_rows: int, coverage: float, per_candidate: np.ndarray,
-            top_n: int) -> dict[str, float]:
+def figures(comparison: Comparison, compare: Mapping[str, Any] | None, report_figures: Mapping[str, Any],
+            per_candidate: np.ndarray) -> dict[str, float]:
     """The night's figures: the previous night's realized hit rate, the drift against it, and tonight's
     concentration. ``compare``: the tasks' merged totals (:func:`recsys.scoring.compare.merge`);
-    ``per_candidate``: times each candidate was recommended tonight (zeros included)."""
+    ``report_figures``: the validation report's (rows, fallback rows, coverage); ``per_candidate``: times
+    each candidate was recommended tonight (zeros included)."""
+    previous, realized_from, date = comparison.previous, comparison.touched_since, comparison.date
+    rows, fallback_rows = int(report_figures["rows"]), int(report_figures["fallback_rows"])
+    coverage, top_n = float(report_figures["catalog_coverage"]), comparison.cfg.scoring.top_n
     out: dict[str, float] = {"rows": float(rows), "catalog_coverage": coverage,
                              "fallback_share": fallback_rows / rows if rows else math.nan,
                              "exposure_gini": lm.gini(per_candidate),
@@ -215,11 +238,19 @@ class GuardStage:
 
     figures: Mapping[str, float]
     verdict: guard_rules.Verdict
-    previous: PreviousNight | None
-    realized_from: dt.date | None
-    for_next_night: Mapping[str, Any]
+    comparison: Comparison
+    for_next_night: NextNight
 
-    def manifest_section(self) -> dict[str, Any]:
+    @property
+    def previous(self) -> PreviousNight | None:
+        return self.comparison.previous
+
+    @property
+    def realized_from(self) -> dt.date | None:
+        """The date of the lists whose realized hit rate the figures hold (None: not measured)."""
+        return self.comparison.touched_since
+
+    def manifest_section(self) -> Quality:
         return manifest_section(self)
 
     def metrics(self) -> dict[str, float]:
@@ -228,22 +259,20 @@ class GuardStage:
                 if isinstance(v, (int, float)) and not math.isnan(v) and k != "rows"}
 
 
-def guard_stage(cfg: Config, date: dt.date, *, previous: PreviousNight | None, realized_from: dt.date | None,
-                compare: Mapping[str, Any] | None, report_figures: Mapping[str, Any],
-                item_counts: tuple[np.ndarray, np.ndarray], candidate_ids: np.ndarray, popularity: np.ndarray,
-                accept: bool) -> GuardStage:
+def guard_stage(comparison: Comparison, compare: Mapping[str, Any] | None, report: ValidationReport,
+                candidate_ids: np.ndarray, popularity: np.ndarray, accept: bool) -> GuardStage:
     """Figures -> verdict; raises :class:`GuardRefused` on ``fail`` unless ``accept``.
 
-    ``report_figures``: the validation report's (rows, fallback rows, coverage); ``item_counts`` its
-    (item ids, times recommended); ``popularity``: users per candidate in the window (the fallback's).
+    ``compare``: the scoring tasks' merged comparison (None with ``guard.compare`` off); ``report``: the
+    validation's (rows, fallback rows, coverage, and the times each item was recommended);
+    ``popularity``: users per candidate in the window (the fallback's), aligned with ``candidate_ids``.
     """
-    per_candidate = counts_per_candidate(candidate_ids, *item_counts)
-    figs = figures(compare=compare, previous=previous, realized_from=realized_from, date=date,
-                   rows=int(report_figures["rows"]), fallback_rows=int(report_figures["fallback_rows"]),
-                   coverage=float(report_figures["catalog_coverage"]), per_candidate=per_candidate,
-                   top_n=cfg.scoring.top_n)
+    cfg, date, previous = comparison.cfg, comparison.date, comparison.previous
+    item_ids, times = report.item_counts or (np.zeros(0, np.int64), np.zeros(0, np.int64))
+    per_candidate = counts_per_candidate(candidate_ids, item_ids, times)
+    figs = figures(comparison, compare, report.figures, per_candidate)
     verdict = guard_rules.judge(figs, cfg.guard, first_night=previous is None and cfg.guard.compare, accepted=accept)
-    if previous is not None and realized_from is None and cfg.guard.compare:
+    if previous is not None and comparison.touched_since is None and cfg.guard.compare:
         log.info("recommend %s: the previous partition (%s) is older than the history window, so its realized hit "
                  "rate is not measured", date, previous.date)
     for check in verdict.crossed("fail") + verdict.crossed("warn"):
@@ -252,41 +281,39 @@ def guard_stage(cfg: Config, date: dt.date, *, previous: PreviousNight | None, r
         log.warning("recommend %s: the guard refused this night and it is published anyway (--accept-guard)", date)
     log.info("recommend %s: %s", date, verdict.summary())
     next_night = _for_next_night(candidate_ids, popularity, compare, cfg)
-    stage = GuardStage(figs, verdict, previous, realized_from, next_night)
+    stage = GuardStage(figs, verdict, comparison, next_night)
     try:
         guard_rules.enforce(verdict, date)
     except GuardRefused as exc:
-        exc.report.update({k: v for k, v in manifest_section(stage).items() if k != "guard"})
+        exc.report.update({k: v for k, v in manifest_section(stage).as_dict().items() if k != "guard"})
         raise
     return stage
 
 
 def _for_next_night(candidate_ids: np.ndarray, popularity: np.ndarray, compare: Mapping[str, Any] | None,
-                    cfg: Config) -> dict[str, Any]:
+                    cfg: Config) -> NextNight:
     """What tomorrow's run compares with, kept in tonight's manifest: the popularity ranking (long enough
     that N items remain after a user's seen items are removed) and the deciles of tonight's scores."""
     ranking = popularity_fallback(candidate_ids, popularity, cfg.scoring.top_n + cfg.history.max_items).item_ids
-    out: dict[str, Any] = {"popularity_ranking": [int(i) for i in ranking]}
     sample = np.asarray(compare["score_sample"]) if compare is not None else np.zeros(0)
     edges = lm.decile_edges(sample)
-    if len(edges):
-        out["score_deciles"] = [float(e) for e in edges]
-        out["score_decile_shares"] = [float(c) / len(sample) for c in lm.bin_counts(sample, edges)]
-    return out
+    if not len(edges):
+        return NextNight(popularity_ranking=tuple(int(i) for i in ranking))
+    return NextNight(popularity_ranking=tuple(int(i) for i in ranking), score_deciles=tuple(float(e) for e in edges),
+                     score_decile_shares=tuple(float(c) / len(sample) for c in lm.bin_counts(sample, edges)))
 
 
-def manifest_section(stage: GuardStage) -> dict[str, Any]:
+def manifest_section(stage: GuardStage) -> Quality:
     """The manifest's ``quality`` section (its figures are also in ``metrics``)."""
     previous = stage.previous
-    return {
-        "previous": None if previous is None else {
-            "date": str(previous.date), "run": previous.published.run, "run_id": previous.manifest.get("run_id"),
-            "rows": previous.rows,
-            "model_version": (previous.manifest.get("model") or {}).get("version")},
-        "realized_for": str(stage.realized_from) if stage.realized_from else None,
-        "guard": stage.verdict.as_dict(),
-        "for_next_night": dict(stage.for_next_night),
-    }
+    return Quality(
+        previous=None if previous is None else PreviousRef(
+            date=str(previous.date), run=previous.published.run, run_id=previous.manifest.run_id, rows=previous.rows,
+            model_version=previous.manifest.model.version),
+        realized_for=str(stage.realized_from) if stage.realized_from else None,
+        guard=stage.verdict.as_dict(),
+        for_next_night=stage.for_next_night,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,19 +332,18 @@ def trend(cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
     for published in reversed(published_nights.recent_published(cfg.paths.output, TREND_NIGHTS - 1, before=date,
                                                                 table=table)):
         m = published.manifest
-        quality = m.get("quality") or {}
-        rows.append({"date": str(published.date), "verdict": (quality.get("guard") or {}).get("verdict"),
-                     "realized_for": quality.get("realized_for"),
-                     **{f: (m.get("metrics") or {}).get(f) for f in TREND_FIGURES}})
+        quality = m.quality or Quality()
+        rows.append({"date": str(published.date), "verdict": quality.guard.get("verdict"),
+                     "realized_for": quality.realized_for, **{f: m.metrics.get(f) for f in TREND_FIGURES}})
     rows.append({"date": str(date), "verdict": verdict, "realized_for": str(realized_from) if realized_from else None,
                  **{f: tonight.get(f) for f in TREND_FIGURES}})
     return rows
 
 
-def record(recorder: Any, cfg: Config, date: dt.date, stage: GuardStage, coverage: float,
+def record(recorder: RunRecorder, stage: GuardStage, coverage: float,
            table: published_nights.TableView | None = None) -> None:
     """Tags, ``guard_report.json`` and the trend plot of a published night (each call degrades, never raises)."""
-    verdict = stage.verdict
+    cfg, date, verdict = stage.comparison.cfg, stage.comparison.date, stage.verdict
     crossed = verdict.crossed("fail") + verdict.crossed("warn")
     recorder.set_tags({GUARD: verdict.verdict, **({GUARD_CROSSED: "; ".join(c.why for c in crossed)} if crossed else {}),
                        **({GUARD_ACCEPTED: "true"} if verdict.accepted else {})})
@@ -326,7 +352,7 @@ def record(recorder: Any, cfg: Config, date: dt.date, stage: GuardStage, coverag
                stage.realized_from, table)
 
 
-def record_refusal(recorder: Any, cfg: Config, date: dt.date, exc: GuardRefused,
+def record_refusal(recorder: RunRecorder, cfg: Config, date: dt.date, exc: GuardRefused,
                    table: published_nights.TableView | None = None) -> None:
     """A refused night's MLflow run: its figures, the guard's report and tag, and the trend with tonight's
     refused point (the run itself is marked FAILED by the caller)."""
@@ -339,7 +365,7 @@ def record_refusal(recorder: Any, cfg: Config, date: dt.date, exc: GuardRefused,
     _log_trend(recorder, cfg, date, figs, "fail", dt.date.fromisoformat(realized) if realized else None, table)
 
 
-def _log_trend(recorder: Any, cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
+def _log_trend(recorder: RunRecorder, cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,
                realized_from: dt.date | None, table: published_nights.TableView | None) -> None:
     if recorder.failed or recorder.run_id is None:
         return
@@ -357,8 +383,3 @@ def _log_trend(recorder: Any, cfg: Config, date: dt.date, tonight: Mapping[str, 
     import matplotlib.pyplot as plt
 
     plt.close(fig)
-
-
-def with_compare(spec: Any, compare: CompareSpec | None) -> Any:
-    """The scoring spec with the comparison asked for (or not)."""
-    return dataclasses.replace(spec, compare=compare)

@@ -1,11 +1,14 @@
 """The stages of the nightly path, each a function with typed inputs and a small frozen result.
 
-    read_catalog -> read_histories -> popularity_fallback_stage -> score -> validate -> publish -> record
+    read_catalog -> (the previous night) -> read_histories -> popularity_fallback_stage -> score -> validate
+    -> (the guard) -> manifest -> publish -> retain -> record
 
 ``recsys.pipelines.nightly.run_nightly`` calls them in that order, one call each, under the date's lock and
-an MLflow run. An on-demand request for a few users calls the same functions: ``read_histories``
-takes a user filter, and ``scoring_spec`` + ``score_users`` score any histories DataFrame without
-writing or publishing anything. Data flows one way: a stage reads only the results handed to it.
+an MLflow run; the comparison with the previous night is one stage object
+(:class:`recsys.pipelines.nightly_compare.Comparison`) that the histories, the scoring pass and the guard
+use. An on-demand request for a few users calls the same functions: ``read_catalog``,
+``popularity_fallback_stage``, and ``scoring_spec`` + ``score_users`` score any histories DataFrame
+without writing or publishing anything. Data flows one way: a stage reads only the results handed to it.
 
 The figures of a run (MLflow metrics, the manifest's ``metrics`` and ``counts``) are assembled from
 the stage results in one place, :func:`run_metrics`; the per-stage log lines show the same numbers.
@@ -26,27 +29,38 @@ from pyspark.sql import functions as F
 
 from recsys import __version__
 from recsys import fs as rfs
-from recsys.config import Config, HistoryConfig, PathsConfig, RecommendConfig, ScoringConfig
+from recsys.config import Config, PathsConfig, RecommendConfig
 from recsys.data import history as hist
 from recsys.data import rules as data_rules
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
-from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed
+from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import ITEM_IDS_FILE
+from recsys.pipelines import nightly_compare as compare
+from recsys.pipelines.nightly_compare import Comparison, GuardStage
 from recsys.pipelines.timing import StageTimer
 from recsys.publish import manifest as manifest_file
+from recsys.publish import retention
 from recsys.publish.lock import DateLock
-from recsys.publish.publisher import PartitionLayout
+from recsys.publish.manifest import Counts, FallbackList, Manifest, ModelRef, TrackingNote
+from recsys.publish.published import PublishedPartition
+from recsys.publish.publisher import PartitionLayout, publish_method
+from recsys.publish.publisher import publish as publish_partition
+from recsys.publish.table import OutputTable
 from recsys.publish.validate import ValidationReport, in_pass_report, row_checks
+from recsys.scoring.compare import CompareSpec
 from recsys.scoring.core import (Candidates, Fallback, UnsupportedDtype, candidate_set, counts_per_candidate,
                                  popularity_fallback)
-from recsys.scoring.params import DEFAULT_RULES, RuleParams, ScoringParams
-from recsys.scoring.shipping import ShippedModel
-from recsys.scoring.stage import WorkerFigures, score_histories, scoring_tasks, worker_figures
+from recsys.scoring.figures import WorkerFigures
+from recsys.scoring.params import RuleParams, ScoringParams
+from recsys.scoring.shipping import ShippedModel, ship_model
+from recsys.scoring.stage import score_histories, scoring_tasks, worker_figures
 from recsys.scoring.udf import ScoringSpec
 from recsys.sequences import Vocabulary
+from recsys.spark.session import default_parallelism
+from recsys.tracking import run_notes
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
 from recsys.uris import redact_text, redact_uri
@@ -75,7 +89,7 @@ class NightlyRun:
     recorder: tracking.RunRecorder
     timer: StageTimer
     hooks: Hooks = NO_HOOKS
-    table: Any = None                     # output.table (recsys.publish.table.OutputTable), None: the paths only
+    table: OutputTable | None = None      # output.table; None: the paths only
     accept_guard: bool = False            # publish even if the guard refuses the night (--accept-guard), recorded
 
     @property
@@ -162,24 +176,26 @@ class HistoryStage:
     window_start: dt.date             # first day of the window; the window ends before the run date
 
 
-def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConfig, date: dt.date, out_dir: str,
-                   users: Iterable[int] | None = None, touched_since: dt.date | None = None,
-                   rules: RecommendConfig | None = None) -> HistoryStage:
-    """Events of the ``history.window_days`` days before ``date`` -> histories written to ``out_dir``.
+def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
+                   users: Iterable[int] | None = None) -> HistoryStage:
+    """Events of the ``history.window_days`` days before the run's date -> histories written to the run's
+    scratch directory (``histories``), read back from there.
 
-    ``users``: only these user ids (an on-demand request); None: every user with events in the window.
     ``touched_since``: the histories also hold each user's items touched from that day on
-    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits.
-    ``rules``: with event rules (``recommend.exclude.events``), the histories also hold each user's
-    ``excluded_items``, from the same aggregation; a rule whose event type the window never holds stops the run
-    (exit 2) naming it, before anything is scored.
-    Refuses a window without usable events, naming the path and the settings to check.
+    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits
+    (:attr:`recsys.pipelines.nightly_compare.Comparison.touched_since`). ``users``: only these user ids;
+    None: every user with events in the window. With event rules (``recommend.exclude.events``), the
+    histories also hold each user's ``excluded_items``, from the same aggregation; a rule whose event type
+    the window never holds stops the run (exit 2) naming it, before anything is scored. Refuses a window
+    without usable events, naming the path and the settings to check.
     """
+    spark, paths, history, rules, date = run.spark, run.cfg.paths, run.cfg.history, run.cfg.recommend, run.date
+    out_dir = rfs.join(run.work_dir, "histories")
     obs_events, obs_hist = Observation("events"), Observation("histories")
     raw = read_events_window(spark, paths.events, date, history.window_days, history.event_types)
     if users is not None:
         raw = raw.filter(F.col("user_id").isin([int(u) for u in users]))
-    exclude = data_rules.exclusion_since(rules, date) if rules is not None else []
+    exclude = data_rules.exclusion_since(rules, date)
     event_metrics = [*hist.input_quality_metrics(), *(data_rules.event_type_counts(rules) if exclude else [])]
     history_metrics = hist.history_metrics(excluded=bool(exclude))
     events = hist.drop_null_ids(raw.observe(obs_events, *event_metrics))
@@ -251,28 +267,29 @@ def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_
 # score
 
 
-def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: Fallback, scoring: ScoringConfig,
-                 hooks: Hooks = NO_HOOKS, *, lists_for: dt.date | None = None, rules: RecommendConfig | None = None,
-                 popularity: np.ndarray | None = None) -> ScoringSpec:
+def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: FallbackStage, cfg: Config, *,
+                 lists_for: dt.date | None, hooks: Hooks = NO_HOOKS, compare: CompareSpec | None = None) -> ScoringSpec:
     """What every scoring task needs, minted once on the driver; ``model``: the files handed to Spark
-    (:func:`recsys.scoring.shipping.ship_model`), never a driver path. ``lists_for``: the date the lists are
-    for, from whose start known items' ages are counted (the repeat blend). ``rules``: the operators' rules the
-    scorer applies per list; ``popularity``: users per candidate (:class:`FallbackStage`), what lists the rules
-    left short are filled from."""
+    (:func:`recsys.scoring.shipping.ship_model`), never a driver path. ``fallback``: the fallback list and the
+    popularity ranking that lists the operators' rules (``cfg.recommend``) left short are filled from.
+    ``lists_for``: the date the lists are for, from whose start known items' ages are counted (the repeat
+    blend; None: no ages, known items masked). ``compare``: what the tasks compare tonight's lists with
+    (:attr:`recsys.pipelines.nightly_compare.Comparison.spec`), None: nothing."""
     return ScoringSpec(
         model=model,
         model_version=model.version,
         candidates_index=catalog.candidates.index.astype(np.int64),
         candidates_item_ids=catalog.candidates.item_ids.astype(np.int64),
         candidates_digest=catalog.digest,
-        fallback_item_ids=fallback.item_ids,
-        fallback_scores=fallback.scores,
-        fallback_name=fallback.name,
-        params=ScoringParams.from_config(scoring),
+        fallback_item_ids=fallback.fallback.item_ids,
+        fallback_scores=fallback.fallback.scores,
+        fallback_name=fallback.fallback.name,
+        params=ScoringParams.from_config(cfg.scoring),
         hooks=hooks,
+        compare=compare,
         lists_for_us=None if lists_for is None else start_of_day_us(lists_for),
-        rules=RuleParams.from_config(rules) if rules is not None else DEFAULT_RULES,
-        popularity=None if popularity is None else np.asarray(popularity, dtype=np.int64),
+        rules=RuleParams.from_config(cfg.recommend),
+        popularity=np.asarray(fallback.popularity, dtype=np.int64),
     )
 
 
@@ -296,20 +313,38 @@ class ScoreStage:
     output_dir: str
     worker: WorkerFigures
     write_seconds: float
-    rows: Mapping[str, Any]           # recsys.publish.validate.row_checks, observed on the rows as written
+    rows: Mapping[str, int]           # recsys.publish.validate.row_checks, observed on the rows as written
 
     @property
     def users_per_s(self) -> float:
-        return self.worker["users"] / self.write_seconds if self.write_seconds > 0 else 0.0
+        return self.worker.users / self.write_seconds if self.write_seconds > 0 else 0.0
 
 
-def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
-          hooks: Hooks = NO_HOOKS) -> ScoreStage:
-    """Score every user of ``histories`` and write the rows to ``output_dir`` (overwritten).
+def score(run: NightlyRun, catalog: CatalogStage, history: HistoryStage, fallback: FallbackStage,
+          previous: Comparison) -> ScoreStage:
+    """Score every user of the histories and write the rows to the run's staging directory (overwritten).
 
+    The scoring spec is built here, once: the model shipped through Spark, tonight's candidates and
+    fallback, and the comparison the tasks make (``previous.spec``). So is the number of tasks
+    (:func:`recsys.scoring.stage.scoring_tasks`): the histories are split by user into them, together
+    with the previous night's lists when there is one (``previous.join``, the same exchange).
     Validation happens in this pass: the tasks check their own rows (``recsys.scoring.checks``) and
     the row checks are observed on the rows as they are written; :func:`validate` only adds up.
     """
+    spark, cfg, model = run.spark, run.cfg, run.model
+    shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version, scratch=cfg.paths.driver_dir)
+    spec = scoring_spec(shipped, catalog, fallback, cfg, lists_for=run.date, hooks=run.hooks, compare=previous.spec)
+    tasks = scoring_tasks(history.figures["users_in_window"], partitions=cfg.scoring.partitions,
+                          users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark),
+                          exchange=previous.joins)
+    if previous.joins:   # split into the tasks together with the previous lists: the scoring pass keeps that split
+        return _score_and_write(previous.join(history.histories, tasks), spec, 0, run.layout.staging_dir, run.hooks)
+    return _score_and_write(history.histories, spec, tasks, run.layout.staging_dir, run.hooks)
+
+
+def _score_and_write(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
+                     hooks: Hooks) -> ScoreStage:
+    """Score ``histories`` (split into ``partitions`` by user first; 0: as they are) and write the rows."""
     scored, observation = score_users(histories, spec, partitions)
     if hooks.holds_while_writing():
         scored = scored.mapInArrow(_hold_first_task_while_writing(hooks.pause_max_s), OUTPUT_SPARK_DDL)
@@ -325,7 +360,7 @@ def score(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: 
         raise ConfigError(f"the executors refused scoring.dtype={spec.params.dtype}: {refusal}") from None
     seconds = time.perf_counter() - started
     observed = _observed(rows, lambda: histories.sparkSession.read.parquet(output_dir).agg(*checks).first().asDict())
-    return ScoreStage(output_dir, worker_figures(observation), seconds, observed)
+    return ScoreStage(output_dir, worker_figures(observation), seconds, {k: int(v or 0) for k, v in observed.items()})
 
 
 def workers_refusal(exc: BaseException) -> str | None:
@@ -371,8 +406,8 @@ def validate(scored: ScoreStage, history: HistoryStage, catalog: CatalogStage, d
     when one failed. No pass over the output: the tasks' counts and the observed row checks are added
     up, and rows out are compared with the users counted while the histories were built.
     """
-    checks = scored.worker["checks"]
-    report = in_pass_report(scored.rows, checks, (checks["item_ids"], checks["item_times"]),
+    checks = scored.worker.checks
+    report = in_pass_report(scored.rows, checks.counts, (checks.item_ids, checks.item_times),
                             candidate_ids=catalog.candidates.item_ids,
                             users_in_window=history.figures["users_in_window"])
     if not report.passed:
@@ -389,14 +424,14 @@ def validate(scored: ScoreStage, history: HistoryStage, catalog: CatalogStage, d
 
 @dataclass(frozen=True)
 class StageResults:
-    """What the stages up to validation handed on: everything the manifest and the record are made of."""
+    """What the stages up to the guard handed on: everything the manifest and the record are made of."""
 
     catalog: CatalogStage
     history: HistoryStage
     fallback: FallbackStage
     scored: ScoreStage
     report: ValidationReport
-    guard: Any = None                 # recsys.pipelines.nightly_compare.GuardStage: tonight against the last night
+    guard: GuardStage                 # tonight against the last night, judged
 
 
 def run_metrics(results: StageResults) -> dict[str, float]:
@@ -409,12 +444,12 @@ def run_metrics(results: StageResults) -> dict[str, float]:
     return {
         **{f"catalog_{k}": v for k, v in results.catalog.figures.items()},
         **results.history.figures,
-        "users_scored": worker["model_users"],
-        "fallback_users": worker["fallback_users"],
+        "users_scored": worker.totals.chunks.model_users,
+        "fallback_users": worker.totals.chunks.fallback_users,
         "users_per_s": results.scored.users_per_s,
-        **{k: v for k, v in worker.items() if v is not None and not isinstance(v, (list, dict, str))},
+        **worker.metrics(),
         **results.report.figures,
-        **(results.guard.metrics() if results.guard is not None else {}),
+        **results.guard.metrics(),
     }
 
 
@@ -464,48 +499,79 @@ def rule_params(rules: RecommendConfig) -> dict[str, Any]:
     }
 
 
-def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float], method: str) -> dict[str, Any]:
-    """The content of ``_manifest.json`` from the run and its stage results, finished (format fields,
-    redaction) by :func:`recsys.publish.manifest.finish`: written into the partition as it is published,
-    and logged to MLflow unchanged. The timings are the stage timer's at this moment (before publish)."""
+def manifest(run: NightlyRun, results: StageResults, metrics: Mapping[str, float]) -> Manifest:
+    """``_manifest.json`` from the run and its stage results, finished (format fields, redaction) by
+    :func:`recsys.publish.manifest.finish`: written into the partition as it is published (by the method
+    it names, :func:`recsys.publish.publisher.publish_method`), and logged to MLflow unchanged. The timings
+    are the stage timer's at this moment (before publish)."""
     cfg, model, model_resolution_error, report = run.cfg, run.model, run.model_resolution_error, results.report
-    return manifest_file.finish({
-        "date": str(run.date),
-        "run_id": run.recorder.run_id,
-        "job_run": run.layout.run_key,
-        "publish_method": method,
-        "model": {"uri": model.uri, "name": model.name, "alias": model.alias, "version": model.version,
-                  "source": redact_uri(model.source),
-                  "resolution": f"remembered: {model_resolution_error}" if model_resolution_error else "registry"},
-        "catalog_snapshot": str(results.catalog.snapshot.date),
-        "config_digest": run.config_digest,
-        "rules": cfg.recommend.summary(),               # what the operators' rules excluded, included, filled
-        "counts": {
-            "rows": report.figures["rows"],
-            "users_in_window": int(metrics.get("users_in_window", 0)),
-            "model_users": int(metrics.get("users_scored", 0)),
-            "fallback_users": int(metrics.get("fallback_users", 0)),
-            "candidate_items": int(metrics.get("catalog_candidate_items", 0)),
-            "events_read": int(metrics.get("events_read", 0)),
-        },
-        "validation": report.as_dict()["violations"],
-        "fallback": {"name": results.fallback.fallback.name,    # what users without a row get (recsys export)
-                     "item_ids": [int(i) for i in results.fallback.fallback.item_ids],
-                     "scores": [float(x) for x in results.fallback.fallback.scores]},
-        "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-        "timings": {**run.timer.as_metrics(), **run.timer.shares()},
-        "tracking": {"uri": redact_uri(cfg.mlflow.tracking_uri), "experiment": cfg.mlflow.experiment,
-                     "error": run.recorder.error},
-        "workers": worker_summary(results.scored),
-        **({"quality": results.guard.manifest_section()} if results.guard is not None else {}),
-    })
+    fallback = results.fallback.fallback
+    return manifest_file.finish(Manifest(
+        date=run.date,
+        run_id=run.recorder.run_id,
+        job_run=run.layout.run_key,
+        publish_method=publish_method(run.layout),
+        model=ModelRef(uri=model.uri, name=model.name, alias=model.alias, version=model.version,
+                       source=redact_uri(model.source),
+                       resolution=f"remembered: {model_resolution_error}" if model_resolution_error else "registry"),
+        catalog_snapshot=results.catalog.snapshot.date,
+        config_digest=run.config_digest,
+        rules=cfg.recommend.summary(),              # what the operators' rules excluded, included, filled
+        counts=Counts(
+            rows=report.figures["rows"],
+            users_in_window=int(metrics.get("users_in_window", 0)),
+            model_users=int(metrics.get("users_scored", 0)),
+            fallback_users=int(metrics.get("fallback_users", 0)),
+            candidate_items=int(metrics.get("catalog_candidate_items", 0)),
+            events_read=int(metrics.get("events_read", 0)),
+        ),
+        validation=report.as_dict()["violations"],
+        fallback=FallbackList(name=fallback.name,    # what users without a row get (recsys export)
+                              item_ids=tuple(int(i) for i in fallback.item_ids),
+                              scores=tuple(float(x) for x in fallback.scores)),
+        metrics={k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        timings={**run.timer.as_metrics(), **run.timer.shares()},
+        tracking=TrackingNote(uri=redact_uri(cfg.mlflow.tracking_uri), experiment=cfg.mlflow.experiment,
+                              error=run.recorder.error),
+        workers=tuple(worker_summary(results.scored)),
+        quality=results.guard.manifest_section(),
+    ))
 
 
 def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
     """Who scored, for the manifest: each Python worker's interpreter, GPU addresses, tasks and model loads."""
-    return [{"host": w["host"], "pid": w["pid"], "python": w["python"], "gpus": w["gpus"],
-             **{k: int(w[k]) for k in ("tasks", "model_misses", "model_hits")}}
-            for w in scored.worker["per_worker"]]
+    return [{"host": w.host, "pid": w.pid, "python": w.python, "gpus": w.gpus, "tasks": w.tasks,
+             "model_misses": w.sums.model.misses, "model_hits": w.sums.model.hits}
+            for w in scored.worker.workers]
+
+
+# ------------------------------------------------------------------------------------------------
+# publish, retention
+
+
+def publish(run: NightlyRun, published_manifest: Manifest) -> PublishedPartition:
+    """The validated, judged night published with its manifest, by the manifest's method, if this run
+    still holds the date's lock (checked after the pointer is read, before the first switch); returns what
+    is now published (its path: the run directory)."""
+    return publish_partition(run.layout, published_manifest, published_manifest.publish_method, run.hooks,
+                             run.table, still_ours=run.lock.verify)
+
+
+def retain(run: NightlyRun) -> list[str]:
+    """Retention after a publish (``output.keep_runs``, ``output.retention_days``); what it removed.
+
+    A failure only warns: the night is published, the next run tries again."""
+    out, date = run.cfg.output, run.date
+    try:
+        notes = retention.trim_runs(run.cfg.paths.output, date, out.keep_runs, run.hooks)
+        notes += retention.retire_dates(run.cfg.paths.output, date, out.retention_days, run.table, run.layout.run_key,
+                                        run.hooks)
+    except Exception as exc:   # never worth failing a published night for
+        log.warning("recommend %s: retention stopped: %s; the next run tries again", date, first_line(exc, with_type=True))
+        return []
+    for note in notes:
+        log.info("recommend %s: %s", date, note)
+    return notes
 
 
 # ------------------------------------------------------------------------------------------------
@@ -515,9 +581,19 @@ def worker_summary(scored: ScoreStage) -> list[dict[str, Any]]:
 SCORE_SAMPLE = 20_000   # scores (with their ranks) plotted in the score distribution
 
 
-def record(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Mapping[str, Any],
+def record(run: NightlyRun, results: StageResults, night: PublishedPartition, published_manifest: Manifest,
            metrics: Mapping[str, float]) -> None:
-    """Metrics, per-worker cache figures, artifacts and plots; each call degrades, never raises."""
+    """The run in MLflow: metrics, per-worker cache figures, artifacts and plots, the guard's report and
+    trend (:func:`recsys.pipelines.nightly_compare.record`), the run's note and input datasets
+    (:func:`recsys.tracking.run_notes.record`); each call degrades, never raises."""
+    _record_run(run, results, night.path, published_manifest, metrics)
+    compare.record(run.recorder, results.guard, results.report.figures["catalog_coverage"], run.table)
+    run_notes.record(run.recorder, published_manifest.as_dict(), metrics, run_notes.Inputs.of(run.cfg.paths,
+                                                                                              run.cfg.history))
+
+
+def _record_run(run: NightlyRun, results: StageResults, published_dir: str, published_manifest: Manifest,
+                metrics: Mapping[str, float]) -> None:
     import yaml
 
     from recsys.tracking import plots
@@ -526,15 +602,15 @@ def record(run: NightlyRun, results: StageResults, published_dir: str, published
     scored, report, catalog, fallback = results.scored, results.report, results.catalog, results.fallback
 
     recorder.log_metrics({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-    for step, w in enumerate(scored.worker["per_worker"]):   # one point per worker: a per-worker series in the UI
-        recorder.log_metrics({"worker_model_misses": w["model_misses"], "worker_model_hits": w["model_hits"],
-                              "worker_model_load_s": w["model_load_s"], "worker_tasks": w["tasks"]}, step=step)
-    recorder.log_dict(published_manifest, "manifest.json")
+    for step, w in enumerate(scored.worker.workers):   # one point per worker: a per-worker series in the UI
+        recorder.log_metrics({"worker_model_misses": w.sums.model.misses, "worker_model_hits": w.sums.model.hits,
+                              "worker_model_load_s": w.sums.model.load_s, "worker_tasks": w.tasks}, step=step)
+    recorder.log_dict(published_manifest.as_dict(), "manifest.json")
     recorder.log_text(yaml.safe_dump(cfg.redacted_dict(), sort_keys=False), "config.yaml")
-    recorder.log_dict({"workers": scored.worker["per_worker"]}, "worker_stats.json")
+    recorder.log_dict({"workers": [w.as_dict() for w in scored.worker.workers]}, "worker_stats.json")
     recorder.log_dict(report.as_dict(), "validation_report.json")
     recorder.set_tags({tags.STATUS: RunStatus.PUBLISHED.value, tags.OUTPUT: redact_uri(published_dir),
-                       tags.MODEL_VERSION: published_manifest["model"]["version"]})
+                       tags.MODEL_VERSION: published_manifest.model.version})
     if recorder.failed or recorder.run_id is None:
         return
     # Samples from the first rows Spark reads (a limit without an order stops after the first file):
@@ -579,6 +655,6 @@ def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users
 
 
 __all__ = ["CatalogStage", "FallbackStage", "HistoryStage", "NightlyRun", "ScoreStage", "StageResults",
-           "load_vocabulary", "manifest", "popularity_fallback_stage", "read_catalog", "read_histories", "record", "rule_params",
-           "run_metrics", "run_params",
-           "score", "score_users", "scoring_spec", "scoring_tasks", "validate"]
+           "load_vocabulary", "manifest", "popularity_fallback_stage", "publish", "read_catalog", "read_histories",
+           "record", "retain", "rule_params", "run_metrics", "run_params", "score", "score_users", "scoring_spec",
+           "validate"]

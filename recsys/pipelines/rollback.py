@@ -7,15 +7,13 @@ kept (``output.keep_runs``); a later run of the date (a scheduler's retry, ``--f
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from dataclasses import dataclass
 
-from recsys import fs as rfs
 from recsys.config import Config
 from recsys.publish import manifest as manifest_file
 from recsys.publish.lock import DateLock
-from recsys.publish.published import is_complete, kept_runs, new_run_key, read_pointer, run_dir
+from recsys.publish.published import kept_runs, new_run_key, read_pointer, run_dir
 from recsys.publish.publisher import PartitionLayout, check_output_location, publish_method, recover, roll_back
 
 log = logging.getLogger(__name__)
@@ -39,13 +37,8 @@ def kept(cfg: Config, date: dt.date) -> list[KeptRun]:
     found = []
     for run in sorted(kept_runs(root, date), reverse=True):
         location = run_dir(root, date, run)
-        version = None
-        if is_complete(location):
-            fs, path = rfs.resolve(manifest_file.path_in(location))
-            try:
-                version = str(json.loads(rfs.read_text(fs, path)).get("model", {}).get("version"))
-            except ValueError:
-                pass
+        manifest = manifest_file.read_at(location)
+        version = manifest.model.version if manifest is not None else None
         found.append(KeptRun(run, run in published, bool(pointer and pointer.run == run), version, when.get(run)))
     return found
 

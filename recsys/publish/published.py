@@ -31,13 +31,14 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from recsys import conditional
 from recsys import fs as rfs
 from recsys.data.contracts import SOURCE_MODEL, SUCCESS_MARKER, partition_name
 from recsys.errors import LockHeld
 from recsys.publish import manifest as manifest_file
+from recsys.publish.manifest import FallbackList, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class PublishedPartition:
 
     date: dt.date
     path: str                 # the directory holding the night's files (the run directory), spelled like paths.output
-    manifest: dict[str, Any]
+    manifest: Manifest
     source: str = "pointer"   # "table", "pointer", or "path view" (a date published before run directories)
 
     @property
@@ -229,41 +230,39 @@ class PublishedPartition:
     @property
     def run(self) -> str:
         """The attempt that published it (``job_run``): unique per run, also when MLflow was down."""
-        return run_of(self.path) or str(self.manifest.get("job_run") or self.manifest.get("run_id") or "")
+        return run_of(self.path) or self.manifest.run
 
     @property
     def run_id(self) -> str | None:
         """Its MLflow run, if it was recorded."""
-        return self.manifest.get("run_id")
+        return self.manifest.run_id
 
     @property
     def model_version(self) -> str:
-        return str((self.manifest.get("model") or {}).get("version", ""))
+        return self.manifest.model.version or ""
 
     @property
     def rows(self) -> int | None:
-        rows = (self.manifest.get("counts") or {}).get("rows")
-        return int(rows) if rows is not None else None
+        return self.manifest.counts.rows
 
     @property
     def catalog_snapshot(self) -> str:
-        return str(self.manifest.get("catalog_snapshot", ""))
+        return str(self.manifest.catalog_snapshot or "")
 
     @property
-    def fallback(self) -> dict[str, Any] | None:
-        """``{"name", "item_ids", "scores"}``: the list users the model could not score got (None in manifests
-        written before it was recorded there)."""
-        return self.manifest.get("fallback")
+    def fallback(self) -> FallbackList | None:
+        """The list users the model could not score got (None in manifests written before it was recorded there)."""
+        return self.manifest.fallback
 
     @property
     def sources(self) -> list[str]:
         """The values the rows' ``source`` column can hold: ``model``, then the fallback's name."""
-        fallback = (self.fallback or {}).get("name") or "popularity"
+        fallback = (self.fallback.name if self.fallback else None) or "popularity"
         return [SOURCE_MODEL, fallback] if fallback != SOURCE_MODEL else [SOURCE_MODEL]
 
     def refusal(self) -> str | None:
         """Why this night must not be served (None: it may): its manifest records failed checks."""
-        failed = {k: v for k, v in (self.manifest.get("validation") or {}).items() if v}
+        failed = {k: v for k, v in self.manifest.validation.items() if v}
         if failed:
             return (f"the partition for {self.date} records failed validation checks {failed} in its manifest; "
                     f"rerun `recsys recommend --date {self.date} --force` once the input is fixed")
@@ -355,15 +354,8 @@ def is_complete(location: str) -> bool:
 
 
 def _complete(date: dt.date, location: str, source: str) -> PublishedPartition | None:
-    fs, path = rfs.resolve(location)
-    if not rfs.exists(fs, rfs.join(path, SUCCESS_MARKER)) or not rfs.exists(fs, manifest_file.path_in(path)):
-        return None
-    try:
-        data = json.loads(rfs.read_text(fs, manifest_file.path_in(path)))
-    except ValueError:
-        log.warning("the manifest of %s is not valid JSON; treating %s as not published", location, date)
-        return None
-    return PublishedPartition(date, location, data, source)
+    manifest = manifest_file.read_at(location)
+    return PublishedPartition(date, location, manifest, source) if manifest is not None else None
 
 
 def _spelled_like(output_root: str, location: str) -> str:

@@ -39,6 +39,7 @@ from recsys.data.contracts import SUCCESS_MARKER, partition_name
 from recsys.errors import ConfigError
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.publish import manifest as manifest_file
+from recsys.publish.manifest import Manifest
 from recsys.publish import swap
 from recsys.publish.published import (Pointer, PublishedPartition, is_complete, kept_runs, read_pointer, run_dir,
                                       run_of, runs_root, view_dir, write_pointer)
@@ -119,7 +120,7 @@ def publish_method(layout: PartitionLayout) -> swap.Method:
     return method
 
 
-def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Method | None = None,
+def publish(layout: PartitionLayout, manifest: Manifest, method: swap.Method | None = None,
             hooks: Hooks = NO_HOOKS, table: Any = None,
             still_ours: Callable[[], None] | None = None) -> PublishedPartition:
     """Publish the validated run directory as the date's night; returns what is now published.
@@ -138,7 +139,7 @@ def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Meth
     fs, run = rfs.resolve(layout.run_dir)
     if not rfs.exists(fs, rfs.join(run, SUCCESS_MARKER)):
         raise RuntimeError(f"run directory {layout.run_dir} has no {SUCCESS_MARKER}; refusing to publish")
-    rfs.write_text_atomic(fs, manifest_file.path_in(run), manifest_file.to_text(manifest))
+    manifest_file.write(layout.run_dir, manifest)
     hooks.pause("before_swap")
     previous = read_pointer(layout.output_root, layout.date)
     if still_ours is not None:
@@ -149,7 +150,7 @@ def publish(layout: PartitionLayout, manifest: dict[str, Any], method: swap.Meth
     write_pointer(layout.output_root, layout.date, layout.run_key, "publish", previous)
     hooks.pause("after_pointer")
     refresh_view(layout, layout.run_key, method, hooks)
-    return PublishedPartition(layout.date, layout.run_dir, dict(manifest), "table" if table is not None else "pointer")
+    return PublishedPartition(layout.date, layout.run_dir, manifest, "table" if table is not None else "pointer")
 
 
 def refresh_view(layout: PartitionLayout, run: str, method: swap.Method, hooks: Hooks = NO_HOOKS) -> None:
@@ -310,14 +311,8 @@ def _restore_trashed_view(layout: PartitionLayout, fs: pafs.FileSystem, final: s
 
 def _view_run(fs: pafs.FileSystem, final: str) -> str | None:
     """The run a complete path view holds (its manifest's ``job_run``), None if it is not complete."""
-    import json
-
-    if not rfs.exists(fs, rfs.join(final, SUCCESS_MARKER)) or not rfs.exists(fs, manifest_file.path_in(final)):
-        return None
-    try:
-        return str(json.loads(rfs.read_text(fs, manifest_file.path_in(final))).get("job_run") or "") or None
-    except ValueError:
-        return None
+    manifest = manifest_file.read_in(fs, final)
+    return (manifest.job_run or None) if manifest is not None else None
 
 
 def _adopt_view(layout: PartitionLayout, fs: pafs.FileSystem, final: str, table: Any,

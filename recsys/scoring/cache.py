@@ -48,6 +48,24 @@ class CacheStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class CacheUse:
+    """One task's (or many tasks') use of a worker cache: hits, misses, and the seconds its loads took."""
+
+    hits: int = 0
+    misses: int = 0
+    load_s: float = 0.0
+
+    @classmethod
+    def between(cls, before: CacheStats, after: CacheStats) -> "CacheUse":
+        """What happened between two snapshots of one cache (:meth:`BoundedCache.snapshot`)."""
+        delta = after.minus(before)
+        return cls(delta.hits, delta.misses, delta.load_seconds)
+
+    def __add__(self, other: "CacheUse") -> "CacheUse":
+        return CacheUse(self.hits + other.hits, self.misses + other.misses, self.load_s + other.load_s)
+
+
 class BoundedCache(Generic[V]):
     """A thread-safe LRU. Loads run under the lock so two threads never load the same key twice."""
 

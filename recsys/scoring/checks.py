@@ -42,13 +42,10 @@ class TaskChecks:
     _others: list[np.ndarray] = field(default_factory=list)        # recommended ids that are not candidates
 
     def add_chunk(self, in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *,
-                  candidate_ids_sorted: np.ndarray, top_n: int, fallback_name: str, fallback_len: int,
-                  known_allowed: bool = False, excluded: pa.Array | None = None, min_new_items: int = 0,
-                  fill: bool = False) -> None:
+                  candidate_ids_sorted: np.ndarray, rules: ListRules, excluded: pa.Array | None = None) -> None:
         """Check ``out`` (user_id, recommendations, source) against the chunk it was scored from.
-        ``known_allowed``: the model's repeat blend lets known items compete (and no rule masks them), so a list
-        may hold them; ``excluded``: each user's items the rules exclude (list<bigint> aligned with ``in_users``);
-        ``min_new_items``, ``fill``: the rules that shape a list's length (:class:`ListRules`)."""
+        ``rules``: what a well-formed list holds and how long it is (:class:`ListRules`); ``excluded``: each
+        user's items the rules exclude (list<bigint> aligned with ``in_users``)."""
         if self._index is None:
             self._index = CandidateIndex(candidate_ids_sorted)
             self._per_candidate = np.zeros(len(candidate_ids_sorted), dtype=np.int64)
@@ -58,9 +55,8 @@ class TaskChecks:
                              f"({len(self._index.ids)} -> {len(candidate_ids_sorted)} ids); use one TaskChecks per set")
         flat_ids = _flat_ids(out.column("recommendations"))
         positions = self._index.positions(flat_ids)
-        c = check_rows(in_users, histories, out, candidate_ids_sorted=candidate_ids_sorted,
-                       rules=ListRules(top_n, fallback_name, fallback_len, known_allowed, min_new_items, fill),
-                       positions=positions, excluded=excluded, index=self._index)
+        c = check_rows(in_users, histories, out, candidates=self._index, rules=rules, positions=positions,
+                       excluded=excluded)
         for name in TASK_CHECKS:
             if name != "duplicate_rows":
                 self.counts[name] += c[name]
@@ -156,16 +152,17 @@ class ListRules:
         return min(self.top_n, self.fallback_len)
 
 
-def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *, candidate_ids_sorted: np.ndarray,
-               rules: ListRules, positions: np.ndarray | None = None, excluded: pa.Array | None = None,
-               index: "CandidateIndex | None" = None) -> dict[str, int]:
+def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *,
+               candidates: "CandidateIndex | np.ndarray", rules: ListRules, positions: np.ndarray | None = None,
+               excluded: pa.Array | None = None) -> dict[str, int]:
     """The task-side checks for one batch of emitted rows against the users (and histories) it read.
 
     ``histories`` is the list<bigint> history column aligned with ``in_users``, ``excluded`` the rules'
-    excluded items likewise (None: none). Vectorised over the batch: no Python per row. ``positions``: the
-    recommended ids' positions in the candidate set, and ``index`` that set's :class:`CandidateIndex`, when
-    the caller has them already.
+    excluded items likewise (None: none). Vectorised over the batch: no Python per row. ``candidates``: the
+    sorted candidate ids, or their :class:`CandidateIndex` when the caller has one already (a task's checks
+    build it once); ``positions``: the recommended ids' positions in it, likewise.
     """
+    index = candidates if isinstance(candidates, CandidateIndex) else CandidateIndex(np.asarray(candidates))
     in_users = np.asarray(in_users, dtype=np.int64)
     out_users_arr = out.column("user_id")
     valid_user = ~np.asarray(out_users_arr.is_null().to_numpy(zero_copy_only=False), dtype=bool)
@@ -200,14 +197,13 @@ def check_rows(in_users: np.ndarray, histories: pa.Array, out: pa.RecordBatch, *
         hits |= _rows_holding(sizes, flat_ids, in_row, ex_len, ex_ids)
 
     # how many of each user's history and excluded items are candidates: what the rules take from a list
-    index = index or CandidateIndex(candidate_ids_sorted)
     n_users = len(hist_len)
     hist_cand = _per_row(hist_len, index.positions(hist_ids) >= 0, n_users)          # [U]
     ex_cand = _per_row(ex_len, index.positions(ex_ids) >= 0, n_users)                # [U]
     own = np.maximum(in_row, 0)
     hist_r = np.where(found, hist_cand[own] if n_users else 0, 0)                   # [R]
     ex_r = np.where(found, ex_cand[own] if n_users else 0, 0)                       # [R]
-    n_candidates, top_n = len(candidate_ids_sorted), rules.top_n
+    n_candidates, top_n = len(index.ids), rules.top_n
     off = ex_r + (0 if rules.known_allowed else hist_r)                             # [R] off limits (at most)
     eligible = np.maximum(n_candidates - off, 0)
     model_len = np.minimum(top_n, eligible)

@@ -183,8 +183,7 @@ class TaskComparison:
         hist = history.take(rows)
         before = np.maximum(hist.lengths - n_touched, 0)
         keep = hist.positions() < np.repeat(before, hist.lengths)
-        pop = lm.popularity_hits(self.spec.popularity_ranking, hist.rows()[keep], hist.ids[keep], t_rows,
-                                 touched_r.ids, n_touched, len(rows), (k, n))
+        pop = lm.popularity_hits(self.spec.popularity_ranking, hist.rows()[keep], hist.ids[keep], touched_r, (k, n))
         t["realized_pop_users"] += len(rows)
         t["pop_hr_k"] += int(pop[k].hit.sum())
         t["pop_hr_n"] += int(pop[n].hit.sum())

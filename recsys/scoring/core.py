@@ -571,8 +571,7 @@ class Scorer:
             t1 = time.perf_counter()
             vals, cols = self._select(user, sel_rows, sel_cols, k)                  # [B, k], [B, k] new items
             if not mask_known:
-                max_known = k - self.rules.min_new_items if self.rules.min_new_items else None
-                vals, cols = self._blend(vals, cols, seen_rows, seen_cols, seen_at, known, k, max_known)
+                vals, cols = self._blend(vals, cols, seen_rows, seen_cols, seen_at, known, k)
             vals = vals.float()
             if k:
                 fallback_rows = torch.nonzero(~usable).squeeze(1)                   # [F] the fallback's users
@@ -677,10 +676,10 @@ class Scorer:
         vals[rows], cols[rows] = v, c
 
     def _blend(self, new_vals: torch.Tensor, new_cols: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-               at: torch.Tensor, known: "KnownItems | None", k: int,
-               max_known: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The new items' top k merged with the user's known candidates by blended score (recsys.model.repeats);
-        ``max_known``: the most known items a list may hold (``recommend.min_new_items``)."""
+               at: torch.Tensor, known: "KnownItems | None", k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new items' top k merged with the user's known candidates by blended score (recsys.model.repeats),
+        a list holding at most ``k - recommend.min_new_items`` known items."""
+        max_known = k - self.rules.min_new_items if self.rules.min_new_items else None
         dev = new_vals.device
         if known is None:
             counts = torch.ones(len(at), device=dev)

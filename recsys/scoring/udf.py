@@ -7,15 +7,14 @@ values that the core turns into a padded tensor without per-row Python.
 
 Arrow batches hold at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows; a scoring chunk
 is usually larger, so the iterator assembles chunks across batches. Each task ends with one
-statistics row (``user_id`` null, ``_stats`` a JSON object): the worker's cache hits and misses,
-load and scoring seconds, device and memory, and the validation counts of the rows it emitted
-(``recsys.scoring.checks``). That is how executor-side figures travel back to the
+statistics row (``user_id`` null, ``_stats`` a :class:`recsys.scoring.figures.TaskFigures` as JSON): the
+worker's cache hits and misses, load and scoring seconds, device and memory, and the validation counts
+of the rows it emitted (``recsys.scoring.checks``). That is how executor-side figures travel back to the
 driver as data (no accumulators, so it works over Spark Connect too); the driver observes and drops
 those rows before writing.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -68,9 +67,11 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         from pyspark import TaskContext
 
         from recsys.scoring import cache
-        from recsys.scoring.checks import TaskChecks
+        from recsys.scoring.checks import ListRules, TaskChecks
         from recsys.scoring.compare import TaskComparison
         from recsys.scoring.core import ChunkStats, resolve_device
+        from recsys.scoring.cache import CacheUse
+        from recsys.scoring.figures import TaskFigures, TaskSums
         from recsys.sequences import Sequences
 
         task_start = time.perf_counter()
@@ -93,6 +94,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
         comparison = TaskComparison(spec.compare, candidates_sorted) if spec.compare is not None else None
+        list_rules = ListRules(params.top_n, spec.fallback_name, len(spec.fallback_item_ids),
+                               known_allowed=not (scorer.blend.masks_known or spec.rules.touched),
+                               min_new_items=spec.rules.min_new_items,
+                               fill=spec.rules.fill == "popularity" and spec.popularity is not None)
         check_s = 0.0
         for chunk in _chunks(batches, params.chunk_size):
             histories = Sequences.from_arrow(chunk.column(HISTORY_COLUMN))
@@ -103,10 +108,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
             stats.add(chunk_stats)
             started = time.perf_counter()
             checks.add_chunk(user_ids, chunk.column(HISTORY_COLUMN), out, candidate_ids_sorted=candidates_sorted,
-                             top_n=params.top_n, fallback_name=spec.fallback_name, fallback_len=len(spec.fallback_item_ids),
-                             known_allowed=not (scorer.blend.masks_known or spec.rules.touched), excluded=excluded,
-                             min_new_items=spec.rules.min_new_items,
-                             fill=spec.rules.fill == "popularity" and spec.popularity is not None)
+                             rules=list_rules, excluded=excluded)
             check_s += time.perf_counter() - started
             if comparison is not None:
                 comparison.add_chunk(chunk, out)
@@ -115,38 +117,24 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
                 list(out.columns) + [pa.repeat(pa.scalar(spec.model_version, pa.string()), n), pa.nulls(n, pa.string())],
                 names=["user_id", "recommendations", "source", "model_version", STATS_COLUMN],
             )
-        models_delta = cache.MODELS.snapshot().minus(models_before)
-        loaded_weights = models_delta.misses > 0
-        scorers_delta = cache.SCORERS.snapshot().minus(scorers_before)
-        int8_delta = cache.INT8.snapshot().minus(int8_before)
-        payload = {
-            **cache.worker_identity(),
-            "partition": ctx.partitionId() if ctx else -1,
-            "attempt": attempt,
-            "device": str(device),
-            "gpus": ",".join(gpus),   # the GPU address(es) Spark assigned to this task; "" without GPU scheduling
-            "threads": threads if device.type == "cpu" else None,
-            # per task: 1 if it found the weights already loaded in this worker, else 0; model_misses
-            # counts the loads. (The scorer cache sits in front of the model cache, so the model
-            # cache's own hit count misses the tasks whose whole scorer was cached.)
-            "model_hits": int(not loaded_weights),
-            "model_misses": models_delta.misses,
-            "model_load_s": models_delta.load_seconds,
-            "scorer_hits": scorers_delta.hits,
-            "scorer_misses": scorers_delta.misses,
-            "scorer_load_s": scorers_delta.load_seconds,
-            # scoring.dtype=int8: the model's int8 parts, quantized once per model load (int8_misses)
-            "int8_hits": int8_delta.hits,
-            "int8_misses": int8_delta.misses,
-            "int8_build_s": int8_delta.load_seconds,
-            "task_s": time.perf_counter() - task_start,
-            "peak_rss_mb": _peak_rss_mb(),
-            **{k: getattr(stats, k) for k in stats.__dataclass_fields__},
-            "check_s": check_s,
-            "checks": checks.finish(),
-            "compare": comparison.finish() if comparison is not None else None,
-        }
-        yield _stats_batch(json.dumps(payload))
+        models = CacheUse.between(models_before, cache.MODELS.snapshot())
+        sums = TaskSums(
+            chunks=stats,
+            # per task: 1 if it found the weights already loaded in this worker, else 0 (TaskSums says why)
+            model=CacheUse(int(models.misses == 0), models.misses, models.load_s),
+            scorer=CacheUse.between(scorers_before, cache.SCORERS.snapshot()),
+            int8=CacheUse.between(int8_before, cache.INT8.snapshot()),
+            task_s=time.perf_counter() - task_start,
+            check_s=check_s,
+        )
+        identity = cache.worker_identity()
+        figures = TaskFigures(
+            host=identity["host"], pid=identity["pid"], python=identity["python"],
+            partition=ctx.partitionId() if ctx else -1, attempt=attempt, device=str(device), gpus=",".join(gpus),
+            threads=threads if device.type == "cpu" else None, peak_rss_mb=_peak_rss_mb(), sums=sums,
+            checks=checks.finish(), compare=comparison.finish() if comparison is not None else None,
+        )
+        yield _stats_batch(figures.to_json())
 
     return score_partition
 

@@ -220,9 +220,9 @@ class Service:
         with ThreadPoolExecutor(n) as pool:
             results = list(pool.map(lambda _: backend.score([0]), range(n)))
         for r in results:
-            self.metrics.cache_hits.inc(r.figures.get("model_hits", 0))
-            self.metrics.cache_misses.inc(r.figures.get("model_misses", 0))
-            self.metrics.cache_load_seconds.inc(r.figures.get("model_load_s", 0.0))
+            self.metrics.cache_hits.inc(r.model_cache.hits)
+            self.metrics.cache_misses.inc(r.model_cache.misses)
+            self.metrics.cache_load_seconds.inc(r.model_cache.load_s)
         self._last_batch = time.monotonic()
 
     async def maintain_forever(self) -> None:

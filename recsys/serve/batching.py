@@ -248,9 +248,9 @@ class Batcher:
             self._slots.release()
             self._changed.set()
         self.metrics.spark_jobs.labels("ok").inc()
-        self.metrics.cache_hits.inc(result.figures.get("model_hits", 0))
-        self.metrics.cache_misses.inc(result.figures.get("model_misses", 0))
-        self.metrics.cache_load_seconds.inc(result.figures.get("model_load_s", 0.0))
+        self.metrics.cache_hits.inc(result.model_cache.hits)
+        self.metrics.cache_misses.inc(result.model_cache.misses)
+        self.metrics.cache_load_seconds.inc(result.model_cache.load_s)
         for pending, part in batch:
             pending.outstanding -= 1
             for user in part:

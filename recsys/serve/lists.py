@@ -277,7 +277,7 @@ def load_index(published) -> _Index:
                   flat.field("score").to_numpy(zero_copy_only=False).astype(np.float32),
                   lookup[codes.indices.to_numpy(zero_copy_only=False)])
     fallback = published.fallback
-    fb = (list(fallback["item_ids"]), [float(s) for s in fallback["scores"]], fallback["name"]) if fallback else None
+    fb = (list(fallback.item_ids), list(fallback.scores), fallback.name) if fallback is not None else None
     version = ListVersion("embedded", published.run, str(published.date), published.model_version,
                           published.catalog_snapshot, sources)
     return _Index(version, (published.date, published.run), *arrays, fb, time.perf_counter() - started)

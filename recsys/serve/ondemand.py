@@ -35,13 +35,14 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import pyarrow as pa
 
 from recsys.config import Config
 from recsys.errors import first_line
+from recsys.scoring.cache import CacheUse
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class ScoringContext:
 @dataclass
 class BatchResult:
     rows: dict[int, dict[str, Any]]
-    figures: dict[str, Any] = field(default_factory=dict)
+    model_cache: CacheUse = CacheUse()   # the workers' model cache in this job: hits, loads, load seconds
     seconds: float = 0.0
 
 
@@ -365,7 +366,7 @@ class OnDemand:
         rows = {}
         for row in table.to_pylist():
             rows[row["user_id"]] = row
-        return BatchResult(rows, figures, time.perf_counter() - started)
+        return BatchResult(rows, figures.totals.model, time.perf_counter() - started)
 
 
 def _newest_snapshot(root: str, as_of: dt.date) -> str | None:
@@ -393,6 +394,5 @@ def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tup
                                                 cfg.scoring.top_n)
     shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                          scratch=cfg.paths.driver_dir)   # the backend's executors get the files through Spark
-    spec = stages.scoring_spec(shipped, catalog, fallback.fallback, cfg.scoring, hooks or NO_HOOKS,
-                               lists_for=window.as_of, rules=cfg.recommend, popularity=fallback.popularity)
+    spec = stages.scoring_spec(shipped, catalog, fallback, cfg, lists_for=window.as_of, hooks=hooks or NO_HOOKS)
     return spec, catalog.snapshot.date
