@@ -303,7 +303,8 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
 
     with timer.stage("histories", "read events and build histories") as c:
         history = stages.read_histories(spark, cfg.paths, cfg.history, date, rfs.join(run.work_dir, "histories"),
-                                        touched_since=touched_since, rules=cfg.recommend)
+                                        touched_since=touched_since, frequency_items=cfg.scoring.top_n,
+                                        rules=cfg.recommend)
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:

@@ -164,12 +164,14 @@ class HistoryStage:
 
 def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConfig, date: dt.date, out_dir: str,
                    users: Iterable[int] | None = None, touched_since: dt.date | None = None,
-                   rules: RecommendConfig | None = None) -> HistoryStage:
+                   frequency_items: int | None = None, rules: RecommendConfig | None = None) -> HistoryStage:
     """Events of the ``history.window_days`` days before ``date`` -> histories written to ``out_dir``.
 
     ``users``: only these user ids (an on-demand request); None: every user with events in the window.
     ``touched_since``: the histories also hold each user's items touched from that day on
-    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits.
+    (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits, which
+    of them the user knew before (``touched_known_items``) and, given ``frequency_items`` (scoring.top_n), the
+    user's personal-frequency list as of that day (``personal_frequency_items``), the baseline beside popularity.
     ``rules``: with event rules (``recommend.exclude.events``), the histories also hold each user's
     ``excluded_items``, from the same aggregation; a rule whose event type the window never holds stops the run
     (exit 2) naming it, before anything is scored.
@@ -185,7 +187,7 @@ def read_histories(spark: SparkSession, paths: PathsConfig, history: HistoryConf
     events = hist.drop_null_ids(raw.observe(obs_events, *event_metrics))
     since = dt.datetime.combine(touched_since, dt.time()) if touched_since is not None else None
     histories = hist.build_histories(events, max_items=history.max_items, tie_break_seed=history.tie_break_seed,
-                                     touched_since=since, exclude=exclude)
+                                     touched_since=since, frequency_items=frequency_items, exclude=exclude)
     with read_errors_as_input_errors("events", paths.events):
         histories.observe(obs_hist, *history_metrics).write.mode("overwrite").parquet(out_dir)
         observed = {
