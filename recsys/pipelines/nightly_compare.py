@@ -7,7 +7,8 @@ Inside the nightly job (the stages of :mod:`recsys.pipelines.nightly`), in the o
    the run directory that ``output.table`` or the date's pointer names), and what its
    manifest kept for tonight: P's popularity ranking and P's score deciles.
 2. The histories stage also collects, per user, the distinct items touched since P
-   (``touched_items``, same aggregation, no second pass over the window; :func:`touched_since`).
+   (``touched_items``, same aggregation, no second pass over the window; :func:`touched_since`), which of them
+   the user had before P (``touched_known_items``) and the user's personal-frequency list as of P.
 3. :func:`join_previous`: P's lists (item ids only, read with nested-column pruning) brought next to
    the histories in the one exchange that hash-partitions them by user into the scoring tasks. The
    scoring tasks compare each user's new list with the previous one

@@ -2,8 +2,9 @@
 computed in each scoring task on the rows it emits. Pure numpy/pyarrow, like :mod:`recsys.scoring.checks`.
 
 The nightly job joins each user's previous list (column :data:`PREVIOUS_COLUMN`, null for a user who had
-none) and the items the user touched since that list was published (:data:`TOUCHED_COLUMN`) onto the
-histories it scores, so each task holds, per user, everything the comparison needs; the task adds up
+none) and the items the user touched since that list was published (:data:`TOUCHED_COLUMN`; those the user
+had touched before, :data:`TOUCHED_KNOWN_COLUMN`; the user's personal-frequency list as of then,
+:data:`PERSONAL_FREQUENCY_COLUMN`) onto the histories it scores, so each task holds, per user, everything the comparison needs; the task adds up
 counts, sums and histograms (:class:`TaskComparison`) and ships them back in its statistics row, and
 the driver merges them (:func:`merge`). No second pass over the events or the output, no per-user data
 on the driver. The figures are defined in :mod:`recsys.model.list_metrics`.
