@@ -440,6 +440,9 @@ GUARD_FIGURES: dict[str, tuple[Literal["min", "max"], str]] = {
     "score_psi": ("max", "population stability index of the model's scores against the previous night's deciles"),
     "realized_hr_ratio_at_n": ("min", "the previous lists' realized HR@N over the popularity baseline's"),
     "realized_hr_ratio_at_10": ("min", "the same at 10"),
+    "realized_hr_pfreq_ratio_at_n": ("min", "the previous lists' realized HR@N over the personal-frequency "
+                                            "baseline's (each user's most touched items)"),
+    "realized_hr_pfreq_ratio_at_10": ("min", "the same at 10"),
 }
 # figures that compare with the previous night: not judged on the first night
 GUARD_NEEDS_PREVIOUS = frozenset(name for name in GUARD_FIGURES

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 from recsys.config import load_config
-from recsys.data.contracts import HISTORY_COLUMN, PREVIOUS_COLUMN, RECOMMENDATION_TYPE, TOUCHED_COLUMN
+from recsys.data.contracts import (HISTORY_COLUMN, PERSONAL_FREQUENCY_COLUMN, PREVIOUS_COLUMN, RECOMMENDATION_TYPE,
+                                   TOUCHED_COLUMN, TOUCHED_KNOWN_COLUMN)
 from recsys.errors import ConfigError, ExitCode, GuardRefused
 from recsys.pipelines import guard
 from recsys.scoring.compare import CompareSpec, TaskComparison, merge
@@ -24,7 +25,8 @@ def _figures(**changes):
     base = {"rows": 1000.0, "overlap_users": 900.0, "previous_rows": 950.0, "realized_users": 300.0,
             "jaccard_at_n_mean": 0.8, "first_item_changed_share": 0.2, "catalog_coverage_ratio": 1.0,
             "head_slot_share": 0.2, "fallback_share": 0.01, "users_lost_share": 0.05, "score_psi": 0.02,
-            "realized_hr_ratio_at_n": 1.4}
+            "realized_hr_ratio_at_n": 1.4, "realized_pfreq_users": 300.0, "realized_hr_pfreq_ratio_at_n": 1.1,
+            "realized_hr_pfreq_ratio_at_10": 1.05}
     return {**base, **changes}
 
 
@@ -132,3 +134,75 @@ def test_a_task_adds_up_overlap_and_realized_hits_as_worked_out_by_hand():
     # scores of the 12 model slots in the previous night's bins (< 1.5, [1.5, 2.5), >= 2.5)
     assert t["score_bins"].tolist() == [5, 3, 4] and t["score_count"] == 12
     assert t["jaccard_n_hist"][33] == 1 and t["jaccard_n_hist"][100] == 1
+
+
+def _chunk_and_lists(users, history, touched, known, frequent, previous):
+    chunk = pa.RecordBatch.from_pydict({
+        "user_id": pa.array(users, pa.int64()), HISTORY_COLUMN: _list(history), TOUCHED_COLUMN: _list(touched),
+        TOUCHED_KNOWN_COLUMN: _list(known), PERSONAL_FREQUENCY_COLUMN: _list(frequent), PREVIOUS_COLUMN: _list(previous),
+    })
+    recs = pa.array([[{"item_id": i, "score": 1.0 / (1 + p)} for p, i in enumerate(range(1, 13))]] * len(users),
+                    type=RECOMMENDATION_TYPE)
+    out = pa.RecordBatch.from_arrays([pa.array(users, pa.int64()), recs, pa.array(["model"] * len(users))],
+                                     names=["user_id", "recommendations", "source"])
+    return chunk, out
+
+
+def test_a_task_splits_realized_hits_into_repeats_and_new_items_and_scores_personal_frequency_by_hand():
+    """top_n 12 (k = 10). u1 repeated 3 and 50 and found 12 (place 11 of its previous list: a hit at n only);
+    its personal-frequency list held 50 and 3 first. u2 found only 40, new to it, and has no personal-frequency
+    list (new since). u3 had no previous list, u4 touched nothing: neither is counted. A second chunk whose one
+    user has no personal-frequency list either (an empty column of lists)."""
+    twelve = list(range(1, 13))
+    chunk, out = _chunk_and_lists(
+        [1, 2, 3, 4], history=[[7, 3, 50, 12], [40], [5], [1]], touched=[[3, 12, 50], [40], [5], []],
+        known=[[3, 50], [], [5], []], frequent=[[50, 3, 7], [], [5], [1]],
+        previous=[twelve, list(range(20, 32)), None, twelve])
+    alone, alone_out = _chunk_and_lists([5], history=[[60]], touched=[[60]], known=[[]], frequent=[[]],
+                                        previous=[twelve])
+    task = TaskComparison(CompareSpec(top_n=12, popularity_ranking=np.zeros(0, np.int64), score_edges=np.zeros(0)),
+                          np.arange(1, 100, dtype=np.int64))
+    task.add_chunk(chunk, out)
+    task.add_chunk(alone, alone_out)
+    t = merge([task.finish()])
+    assert t["realized_users"] == 3 and t["realized_pfreq_users"] == 3
+    assert t["realized_repeat_users"] == 1 and t["realized_new_users"] == 3      # u1; u1, u2, u5
+    # repeats: u1's 3 at place 2 of 12, over the ideal of two targets
+    ideal2 = 1 + 1 / math.log2(3)
+    assert t["repeat_hr_k"] == 1 and t["repeat_hr_n"] == 1
+    assert t["repeat_ndcg_k"] == pytest.approx((1 / math.log2(4)) / ideal2) == t["repeat_ndcg_n"]
+    # new: u1's 12 at place 11, past k; u2's 40 and u5's 60 missed
+    assert t["new_hr_k"] == 0 and t["new_ndcg_k"] == 0
+    assert t["new_hr_n"] == 1 and t["new_ndcg_n"] == pytest.approx(1 / math.log2(13))
+    # personal frequency over all of u1's three targets: 50 and 3 at places 0 and 1; u2 and u5 had no list
+    assert t["pfreq_hr_k"] == 1 and t["pfreq_hr_n"] == 1
+    assert t["pfreq_ndcg_k"] == pytest.approx(ideal2 / (ideal2 + 1 / math.log2(4)))
+
+    from recsys.pipelines.nightly_compare import repeat_and_personal_figures
+
+    model = {"realized_hr_at_10": t["hr_k"] / 3, "realized_hr_at_n": t["hr_n"] / 3}
+    figs = repeat_and_personal_figures(t, model)
+    assert figs["realized_repeat_users"] == 1 and figs["realized_new_users"] == 3
+    assert figs["realized_hr_at_10_repeat"] == 1 and figs["realized_hr_at_10_new"] == 0
+    assert figs["realized_hr_at_n_new"] == pytest.approx(1 / 3)
+    assert figs["realized_ndcg_at_n_new"] == pytest.approx(1 / math.log2(13) / 3)
+    assert figs["realized_pfreq_hr_at_10"] == pytest.approx(1 / 3) == figs["realized_pfreq_hr_at_n"]
+    assert figs["realized_hr_pfreq_ratio_at_10"] == pytest.approx(model["realized_hr_at_10"] / (1 / 3))
+    # no personal-frequency hit at all: no ratio (nothing to divide by), and no repeat users: no repeat figures
+    none = repeat_and_personal_figures({**t, "pfreq_hr_k": 0.0, "pfreq_hr_n": 0.0, "realized_repeat_users": 0.0}, model)
+    assert "realized_hr_pfreq_ratio_at_10" not in none and "realized_hr_at_10_repeat" not in none
+    assert none["realized_pfreq_hr_at_10"] == 0 and none["realized_repeat_users"] == 0
+
+
+def test_the_personal_frequency_ratio_is_judged_only_over_enough_users_and_only_warns_by_default():
+    figures = _figures(realized_pfreq_users=300.0, realized_hr_pfreq_ratio_at_n=0.2, realized_hr_pfreq_ratio_at_10=0.9)
+    verdict = guard.judge(figures, _guard(), first_night=False)
+    levels = {c.figure: c for c in verdict.checks}
+    assert verdict.verdict == "warn" and [c.figure for c in verdict.crossed("warn")] == ["realized_hr_pfreq_ratio_at_n"]
+    assert "below the warn threshold 0.5 by 0.3" in levels["realized_hr_pfreq_ratio_at_n"].why
+    assert levels["realized_hr_pfreq_ratio_at_10"].level == "pass" and levels["realized_hr_pfreq_ratio_at_n"].users == 300
+    few = guard.judge({**figures, "realized_pfreq_users": 3.0}, _guard(), first_night=False)
+    assert {c.figure: c.level for c in few.checks}["realized_hr_pfreq_ratio_at_n"] == "not judged"
+    assert few.verdict == "pass"
+    assert {c.figure: c.level for c in guard.judge(figures, _guard(), first_night=True).checks}[
+        "realized_hr_pfreq_ratio_at_n"] == "not judged"

@@ -94,6 +94,50 @@ def test_the_realized_hit_rate_equals_a_hand_computation_from_the_published_list
     assert 0 < hr < 1 and 0 < pop_hr <= 1                         # the fixture has both hits and misses
 
 
+def test_the_repeat_and_new_split_and_the_personal_frequency_baseline_equal_a_hand_computation(tiny):
+    """The same night, its targets split by whether the user had touched the item before P, and each user's
+    personal-frequency list as of P (most events before P first, ties by the latest of them, then item id)."""
+    out, events = Path(tiny["cfg"].paths.output), Path(tiny["cfg"].paths.events)
+    since = dt.datetime(2024, 5, 8, tzinfo=UTC)
+    previous = _lists(out / "dt=2024-05-08")
+    touched = _touched(events, since, dt.datetime(2024, 5, 9, tzinfo=UTC))
+    counts: dict[int, dict[int, int]] = {}
+    latest: dict[int, dict[int, dt.datetime]] = {}
+    for e in pq.read_table(events).to_pylist():
+        if e["ts"] < since:
+            u, i = e["user_id"], e["item_id"]
+            counts.setdefault(u, {})[i] = counts.get(u, {}).get(i, 0) + 1
+            latest.setdefault(u, {})[i] = max(latest.get(u, {}).get(i, e["ts"]), e["ts"])
+    n = jobkit.TOP_N
+    users = sorted(set(touched) & set(previous))
+    repeat = {u: touched[u] & set(counts.get(u, {})) for u in users}
+    new = {u: touched[u] - repeat[u] for u in users}
+    pfreq = {u: sorted(counts.get(u, {}), key=lambda i: (-counts[u][i], -latest[u][i].timestamp(), i))[:n] for u in users}
+    with_repeats, with_new = [u for u in users if repeat[u]], [u for u in users if new[u]]
+    assert with_repeats and with_new                               # the fixture's day holds both kinds
+
+    def hr(lists, targets, who):
+        return np.mean([bool(set(lists[u][:n]) & targets[u]) for u in who])
+
+    m = tiny["second"].metrics
+    assert m["realized_repeat_users"] == len(with_repeats) and m["realized_new_users"] == len(with_new)
+    assert m["realized_hr_at_n_repeat"] == pytest.approx(hr(previous, repeat, with_repeats))
+    assert m["realized_ndcg_at_n_repeat"] == pytest.approx(np.mean([_ndcg(previous[u], repeat[u], n) for u in with_repeats]))
+    assert m["realized_hr_at_n_new"] == pytest.approx(hr(previous, new, with_new))
+    assert m["realized_ndcg_at_10_new"] == pytest.approx(np.mean([_ndcg(previous[u], new[u], n) for u in with_new]))
+    assert m["realized_pfreq_users"] == len(users)
+    pfreq_hr = hr(pfreq, touched, users)
+    assert m["realized_pfreq_hr_at_n"] == pytest.approx(pfreq_hr) == m["realized_pfreq_hr_at_10"]
+    assert m["realized_pfreq_ndcg_at_n"] == pytest.approx(np.mean([_ndcg(pfreq[u], touched[u], n) for u in users]))
+    assert m["realized_hr_pfreq_ratio_at_n"] == pytest.approx(m["realized_hr_at_n"] / pfreq_hr)
+    assert 0 < pfreq_hr < 1
+    # the figures reach the manifest and the guard's report, the ratio judged over realized_pfreq_users
+    assert tiny["second"].manifest["metrics"]["realized_pfreq_hr_at_n"] == pytest.approx(pfreq_hr)
+    checks = {c["figure"]: c for c in tiny["second"].manifest["quality"]["guard"]["checks"]}
+    assert checks["realized_hr_pfreq_ratio_at_n"]["users"] == len(users)
+    assert checks["realized_hr_pfreq_ratio_at_n"]["value"] == pytest.approx(m["realized_hr_pfreq_ratio_at_n"])
+
+
 def test_the_overlap_with_the_previous_night_equals_a_hand_computation(tiny):
     out = Path(tiny["cfg"].paths.output)
     previous, tonight = _lists(out / "dt=2024-05-08"), _lists(out / "dt=2024-05-09")
@@ -206,7 +250,12 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
     from mlflow import MlflowClient
 
     m, guard = nights["second"].metrics, _guard_section(nights["second"])
-    assert guard["verdict"] == "pass", guard["summary"]
+    # The model fitted here masks every item its user had (it has no repeat blend): where users come back to
+    # items even by chance, their own most touched items hit about twice as often, and the guard may warn on
+    # that ratio (warn only, by design); nothing else crosses a threshold on a normal night.
+    crossed = {c["figure"] for c in guard["checks"] if c["level"] in ("warn", "fail")}
+    assert crossed <= {"realized_hr_pfreq_ratio_at_n", "realized_hr_pfreq_ratio_at_10"}, guard["summary"]
+    assert guard["verdict"] == ("warn" if crossed else "pass")
     assert nights["second"].manifest.quality.previous.date == str(D1)
     assert nights["second"].manifest.quality.previous.run == nights["first"].manifest.job_run
     assert nights["second"].manifest.quality.realized_for == str(D1)
@@ -216,6 +265,13 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
     assert 0 < m["realized_ndcg_at_10"] <= m["realized_hr_at_10"]
     assert 0 < m["realized_pop_hr_at_10"] <= m["realized_pop_hr_at_n"] <= 1 and m["realized_pop_users"] == m["realized_users"]
     assert m["realized_hr_ratio_at_n"] > 0.3
+    # repeats apart from new items, and personal frequency on the same users (the data repeats by chance only)
+    assert m["realized_pfreq_users"] == m["realized_users"]
+    assert 0 < m["realized_repeat_users"] <= m["realized_users"] and 0 < m["realized_new_users"] <= m["realized_users"]
+    assert m["realized_repeat_users"] + m["realized_new_users"] >= m["realized_users"]
+    assert 0 < m["realized_hr_at_10_new"] <= 1 and 0 < m["realized_pfreq_hr_at_10"] <= m["realized_pfreq_hr_at_n"] <= 1
+    assert m["realized_hr_at_10_repeat"] == 0          # masked lists hold no item the user had: no repeat is hit
+    assert m["realized_hr_pfreq_ratio_at_n"] < 1       # and personal frequency, which holds only those, does better
     # one more day of events: most lists barely move, the active users' change
     assert 0.4 < m["jaccard_at_n_mean"] < 1 and m["jaccard_at_n_p10"] <= m["jaccard_at_n_p50"] <= m["jaccard_at_n_p90"]
     assert 0 < m["first_item_changed_share"] < 0.8
@@ -225,9 +281,11 @@ def test_a_normal_next_night_passes_with_figures_in_a_plausible_range(nights):
     assert 0 <= m["score_psi"] < 0.25
     client = MlflowClient(nights["uri"])
     run = client.get_run(nights["second"].run_id)
-    assert run.data.tags["recsys.guard"] == "pass"
+    assert run.data.tags["recsys.guard"] == guard["verdict"]
     assert run.data.metrics["realized_hr_at_10"] == pytest.approx(m["realized_hr_at_10"])
     assert run.data.metrics["jaccard_at_n_mean"] == pytest.approx(m["jaccard_at_n_mean"])
+    assert run.data.metrics["realized_pfreq_hr_at_10"] == pytest.approx(m["realized_pfreq_hr_at_10"])
+    assert run.data.metrics["realized_hr_at_10_new"] == pytest.approx(m["realized_hr_at_10_new"])
     names = {a.path for a in client.list_artifacts(run.info.run_id)} | \
         {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"guard_report.json", "guard_trend.json", "plots/guard_trend.png"} <= names
@@ -331,11 +389,19 @@ def test_recsys_runs_prints_the_guard_s_verdict_and_the_trend(nights):
 
     cfg = nights["cfg"]
     rows = {r["date"]: r for r in runs.list_runs(cfg, last=50) if r["status"] == "published"}
-    assert rows[str(D2)]["guard"] == "pass" and rows[str(D1)]["guard"] == "pass"
+    assert rows[str(D2)]["guard"] == _guard_section(nights["second"])["verdict"] and rows[str(D1)]["guard"] == "pass"
     assert rows[str(D2)]["realized_hr_at_10"] == pytest.approx(nights["second"].metrics["realized_hr_at_10"], abs=1e-4)
     table = runs.format_table(list(rows.values()))
-    assert "guard" in table.splitlines()[0] and "HR@10 model/pop" in table.splitlines()[0]
+    assert "guard" in table.splitlines()[0] and "HR@10 model/pop/pfreq" in table.splitlines()[0]
+    assert "rep/new" in table.splitlines()[0]
+    second = rows[str(D2)]
+    assert second["realized_pfreq_hr_at_10"] == pytest.approx(nights["second"].metrics["realized_pfreq_hr_at_10"],
+                                                             abs=1e-4)
+    line = next(x for x in table.splitlines() if x.startswith(str(D2)))
+    assert f"{second['realized_hr_at_10']:.3f}/{second['realized_pop_hr_at_10']:.3f}/" \
+           f"{second['realized_pfreq_hr_at_10']:.3f}" in line, table
+    assert f"{second['realized_hr_at_10_repeat']:.3f}/{second['realized_hr_at_10_new']:.3f}" in line, table
     shown = runs.format_run(runs.show_run(cfg, str(D2)))
-    assert "guard: pass" in shown
+    assert f"guard: {rows[str(D2)]['guard']}" in shown
     trend = shown.split("last nights", 1)[1]
     assert str(D1) in trend and str(D2) in trend

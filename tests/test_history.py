@@ -102,3 +102,29 @@ def test_schema_drift_names_the_column(spark, tmp_path):
     write_partition(bad, events, dt.date(2024, 5, 1))
     with pytest.raises(InputDataError, match=r"lacks column\(s\) \['user_id'\]"):
         read_events_window(spark, str(events), dt.date(2024, 5, 2), 7)
+
+
+def test_touched_items_are_split_into_known_and_new_and_the_personal_frequency_list_is_as_of_the_since_time(spark):
+    """Since day 3: user 1 repeats 10 and finds 12; user 2 is new since; user 3 touched nothing since."""
+    rows = [(1, 11, ts(1, 8)), (1, 11, ts(1, 9)), (1, 11, ts(1, 10)),   # 3 events before
+            (1, 10, ts(1)), (1, 10, ts(2)), (1, 10, ts(3)),                # 2 before (latest day 2), 1 since
+            (1, 16, ts(1, 8)), (1, 16, ts(1, 9)),                          # 2 before (latest day 1)
+            (1, 14, ts(2)), (1, 13, ts(2)),                                # 1 each at the same time: 13 first
+            (1, 15, ts(1)),                                                # 1, earlier: cut off at 5
+            (1, 12, ts(4)),                                                # new since
+            (2, 20, ts(4)), (3, 30, ts(1))]
+    df = spark.createDataFrame(rows, "user_id long, item_id long, ts timestamp")
+    out = {r.user_id: r for r in hist.build_histories(df, max_items=2, tie_break_seed=1, touched_since=ts(3, 0),
+                                                      frequency_items=5).collect()}
+    assert sorted(out[1].touched_items) == [10, 12] and out[1].touched_known_items == [10]
+    assert out[1].personal_frequency_items == [11, 10, 16, 13, 14]
+    assert out[1].history == [10, 12]          # max_items cuts the history, not the other columns
+    assert (out[2].touched_items, out[2].touched_known_items, out[2].personal_frequency_items) == ([20], [], [])
+    assert (out[3].touched_items, out[3].touched_known_items, out[3].personal_frequency_items) == ([], [], [30])
+    # without a length the list is not built; without a since time none of the three is
+    assert "personal_frequency_items" not in hist.build_histories(df, max_items=2, tie_break_seed=1,
+                                                                  touched_since=ts(3, 0)).columns
+    assert not {"touched_items", "touched_known_items"} & set(hist.build_histories(df, max_items=2,
+                                                                                   tie_break_seed=1).columns)
+    with pytest.raises(ValueError, match="frequency_items=0"):
+        hist.build_histories(df, max_items=2, tie_break_seed=1, touched_since=ts(3, 0), frequency_items=0)

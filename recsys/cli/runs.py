@@ -33,8 +33,10 @@ from recsys.tracking import tags
 from recsys.uris import redact_uri
 
 # the trend `recsys runs` shows beside the guard's verdict: the previous night's lists' realized HR@10
-# (model, popularity baseline), the overlap with the previous night and catalog coverage
-TREND_METRICS = ("realized_hr_at_10", "realized_pop_hr_at_10", "jaccard_at_n_mean", "catalog_coverage")
+# (model, popularity baseline, personal-frequency baseline; the model's over repeats and over new items),
+# the overlap with the previous night and catalog coverage
+TREND_METRICS = ("realized_hr_at_10", "realized_pop_hr_at_10", "realized_pfreq_hr_at_10", "realized_hr_at_10_repeat",
+                 "realized_hr_at_10_new", "jaccard_at_n_mean", "catalog_coverage")
 TREND_NIGHTS = 30
 PROBLEM_METRICS = ("dropped_null_user_id", "dropped_null_item_id", "unknown_items", "nonfinite_users",
                    "task_retries", "fallback_users")
@@ -150,24 +152,34 @@ def _figure(value: float | None, spec: str = ".3f") -> str:
 
 
 def _hit_rates(r: dict[str, Any]) -> str:
-    if r.get("realized_hr_at_10") is None and r.get("realized_pop_hr_at_10") is None:
+    """model/popularity/personal frequency; empty when none was measured."""
+    names = ("realized_hr_at_10", "realized_pop_hr_at_10", "realized_pfreq_hr_at_10")
+    if all(r.get(name) is None for name in names):
         return ""
-    return f"{_figure(r.get('realized_hr_at_10'))}/{_figure(r.get('realized_pop_hr_at_10'))}"
+    return "/".join(_figure(r.get(name)) for name in names)
+
+
+def _repeat_new(r: dict[str, Any]) -> str:
+    """The model's HR@10 over repeats/over new items; '-' for a kind no user had."""
+    names = ("realized_hr_at_10_repeat", "realized_hr_at_10_new")
+    if all(r.get(name) is None for name in names):
+        return ""
+    return "/".join(_figure(r.get(name)) for name in names)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """A fixed-width table, newest first; stage seconds and problems in the last columns."""
     if not rows:
         return "no nightly runs recorded"
-    header = ["date", "status", "exit", "guard", "HR@10 model/pop", "overlap", "coverage", "model", "users", "users/s",
-              "wall s", "run", "stages (s)", "problems / error"]
+    header = ["date", "status", "exit", "guard", "HR@10 model/pop/pfreq", "rep/new", "overlap", "coverage", "model",
+              "users", "users/s", "wall s", "run", "stages (s)", "problems / error"]
     lines = [header]
     for r in rows:
         stages = " ".join(f"{k}={v:g}" for k, v in r["stages_s"].items())
         problems = ", ".join(f"{k}={v:,}" for k, v in r["problems"].items())
         lines.append([
             r["date"] or "?", r["status"], "" if r["exit_code"] is None else str(r["exit_code"]),
-            r.get("guard") or "", _hit_rates(r),
+            r.get("guard") or "", _hit_rates(r), _repeat_new(r),
             "" if r.get("jaccard_at_n_mean") is None else _figure(r["jaccard_at_n_mean"]),
             "" if r.get("catalog_coverage") is None else _figure(r["catalog_coverage"]),
             r["model_version"] or "", "" if r["users"] is None else f"{r['users']:,}",
@@ -292,11 +304,12 @@ def format_run(run: dict[str, Any]) -> str:
     if run.get("guard"):
         lines += ["", f"guard: {run['guard']}" + (f" ({run['guard_crossed']})" if run.get("guard_crossed") else "")]
     if run.get("trend"):
-        lines += ["", f"last nights (realized HR@10 of the previous night's lists, model/popularity; overlap with "
-                      f"the previous night; catalog coverage):"]
-        lines += [f"  {t['date']}  {(t.get('guard') or '-'):8}  HR@10 {_hit_rates(t) or '-':13}  overlap "
-                  f"{_figure(t.get('jaccard_at_n_mean'))}  coverage {_figure(t.get('catalog_coverage'))}"
-                  for t in run["trend"]]
+        lines += ["", f"last nights (realized HR@10 of the previous night's lists, model/popularity/personal "
+                      f"frequency, and the model's over repeats/new items; overlap with the previous night; "
+                      f"catalog coverage):"]
+        lines += [f"  {t['date']}  {(t.get('guard') or '-'):8}  HR@10 {_hit_rates(t) or '-':17}  rep/new "
+                  f"{_repeat_new(t) or '-':11}  overlap {_figure(t.get('jaccard_at_n_mean'))}  coverage "
+                  f"{_figure(t.get('catalog_coverage'))}" for t in run["trend"]]
     lines += ["", f"users {run['users']}, {run['users_per_s']} users/s, {run['wall_s']} s in all"]
     if run["stages_s"]:
         lines.append("stages (s): " + ", ".join(f"{k} {v:g}" for k, v in run["stages_s"].items()))

@@ -69,6 +69,12 @@ HISTORY_LAST_US_COLUMN = "history_last_us"
 # user's events since that partition's date. Internal too.
 PREVIOUS_COLUMN = "previous_items"
 TOUCHED_COLUMN = "touched_items"
+# Beside them, from the same aggregation: which of the touched items the user had an event with before that
+# date (known when the list was made: the repeat targets; the rest are new to the user), and the user's
+# personal-frequency list as of that date (items with most events before it first, ties by the latest such
+# event, then item id; at most scoring.top_n): the baseline a repeat-heavy log is measured against. Internal.
+TOUCHED_KNOWN_COLUMN = "touched_known_items"
+PERSONAL_FREQUENCY_COLUMN = "personal_frequency_items"
 # Beside it too, when the operators' rules exclude items by event (recommend.exclude.events): the distinct items
 # each user had such an event with recently enough, whether or not the history kept them. Internal.
 EXCLUDED_COLUMN = "excluded_items"

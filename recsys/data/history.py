@@ -28,7 +28,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from recsys.data.contracts import (EXCLUDED_COLUMN, HISTORY_COLUMN, HISTORY_COUNTS_COLUMN, HISTORY_LAST_US_COLUMN,
-                                   TOUCHED_COLUMN)
+                                   PERSONAL_FREQUENCY_COLUMN, TOUCHED_COLUMN, TOUCHED_KNOWN_COLUMN)
 from recsys.sequences import Sequences
 
 __all__ = ["ENTRIES_COLUMN", "EXCLUDED_COLUMN", "HISTORY_COLUMN", "HISTORY_COUNTS_COLUMN", "HISTORY_LAST_US_COLUMN", "WEIGHT_COLUMN",
@@ -55,19 +55,27 @@ ExcludeSince = Sequence[tuple[str, dt.datetime]]   # (event_type, since): recomm
 
 
 def build_histories(events: DataFrame, *, max_items: int, tie_break_seed: int,
-                    touched_since: dt.datetime | None = None, exclude: ExcludeSince = ()) -> DataFrame:
+                    touched_since: dt.datetime | None = None, frequency_items: int | None = None,
+                    exclude: ExcludeSince = ()) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, history (array<bigint>, oldest first, <= max_items), and aligned
     with it history_counts (array<bigint>: events per item) and history_last_us (array<bigint>: the latest).
 
     ``touched_since``: also ``touched_items``, the distinct items whose latest event is at or after that
     time (every one of them, not only the newest ``max_items``), from the same aggregation: what the
-    nightly job measures the previous night's lists against without a second pass over the events.
+    nightly job measures the previous night's lists against without a second pass over the events; and
+    ``touched_known_items``, those of them the user had an event with before that time (the repeats among
+    what the user did; the rest were new to the user).
+    ``frequency_items`` (with ``touched_since``): also ``personal_frequency_items``, the user's personal-frequency
+    list as of ``touched_since``: the items with events before it, most such events first, ties by the latest
+    such event, then by item id, at most ``frequency_items`` of them (empty for a user new since then): the
+    baseline the previous night's lists are measured against beside popularity, from the same aggregation.
     ``exclude``: also ``excluded_items``, the distinct items the user had an event of one of the types with at or
     after its time (events need ``event_type``), every one of them, from the same aggregation: the operators'
     exclusions hold for items the history's ``max_items`` let go.
     """
     return entries_to_histories(newest_entries(events, max_items=max_items, tie_break_seed=tie_break_seed,
-                                               touched_since=touched_since, exclude=exclude))
+                                               touched_since=touched_since, frequency_items=frequency_items,
+                                               exclude=exclude))
 
 
 ENTRIES_COLUMN = "_entries"   # array<struct<ts, tie, item_id, n>>, newest first
@@ -75,8 +83,8 @@ WEIGHT_COLUMN = "_events"     # optional on events: how many events one row stan
 
 
 def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
-                   touched_since: dt.datetime | None = None, keys: tuple[str, ...] = ("user_id",),
-                   exclude: ExcludeSince = ()) -> DataFrame:
+                   touched_since: dt.datetime | None = None, frequency_items: int | None = None,
+                   keys: tuple[str, ...] = ("user_id",), exclude: ExcludeSince = ()) -> DataFrame:
     """events(user_id, item_id, ts) -> user_id, _entries: each user's newest ``max_items`` distinct items.
     ``keys``: what one history is of (default: a user; the repeat blend's validation: a user on a day).
 
@@ -88,16 +96,36 @@ def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
     # One shuffle by user serves both aggregations below (per user and item, then per user); left to
     # itself Spark shuffles twice, by (user, item) and then by user. Measured on 21M events (the 1M-user
     # scale test's window, 2 cores): 22-33 s -> 11-12 s, the same histories.
+    if frequency_items is not None and frequency_items < 1:
+        raise ValueError(f"frequency_items={frequency_items}: a personal-frequency list needs room for at least "
+                         f"1 item; pass scoring.top_n")
     count = F.sum(WEIGHT_COLUMN) if WEIGHT_COLUMN in events.columns else F.count(F.lit(1))
     excluded = ([F.bool_or(reduce(lambda a, b: a | b, [(F.col("event_type") == F.lit(event_type)) &
                                                         (F.col("ts") >= F.lit(since)) for event_type, since in exclude]))
                  .alias("_excluded")] if exclude else [])
+    before = []   # per (user, item): events before touched_since, and the latest of them
+    if touched_since is not None:
+        earlier = F.col("ts") < F.lit(touched_since)
+        weight = F.col(WEIGHT_COLUMN) if WEIGHT_COLUMN in events.columns else F.lit(1)
+        before = [F.sum(F.when(earlier, weight).otherwise(0)).cast("bigint").alias("_n_before"),
+                  F.max(F.when(earlier, F.col("ts"))).alias("_ts_before")]
     latest = events.repartition("user_id").groupBy(*keys, "item_id").agg(F.max("ts").alias("ts"),
-                                                                          count.cast("bigint").alias("n"), *excluded)
+                                                                          count.cast("bigint").alias("n"),
+                                                                          *excluded, *before)
     tie = F.xxhash64(F.col("user_id"), F.col("item_id"), F.lit(tie_break_seed))
     entry = F.struct(F.col("ts"), tie.alias("tie"), F.col("item_id"), F.col("n"))
-    touched = ([F.collect_list(F.when(F.col("ts") >= F.lit(touched_since), F.col("item_id"))).alias(TOUCHED_COLUMN)]
-               if touched_since is not None else [])
+    touched = []
+    if touched_since is not None:
+        since = F.col("ts") >= F.lit(touched_since)
+        known = F.col("_n_before") > 0
+        touched += [F.collect_list(F.when(since, F.col("item_id"))).alias(TOUCHED_COLUMN),
+                    F.collect_list(F.when(since & known, F.col("item_id"))).alias(TOUCHED_KNOWN_COLUMN)]
+        if frequency_items is not None:
+            # sorted descending as a struct: most events before, then the latest of them, then the smaller item
+            # id (bitwise_not reverses the order of ids without the overflow of a negation)
+            key = F.struct(F.col("_n_before"), F.col("_ts_before"), F.bitwise_not(F.col("item_id")).alias("not_id"))
+            ranked = F.slice(F.sort_array(F.collect_list(F.when(known, key)), asc=False), 1, int(frequency_items))
+            touched.append(F.transform(ranked, lambda e: F.bitwise_not(e["not_id"])).alias(PERSONAL_FREQUENCY_COLUMN))
     if exclude:
         touched.append(F.collect_list(F.when(F.col("_excluded"), F.col("item_id"))).alias(EXCLUDED_COLUMN))
     return latest.groupBy(*keys).agg(

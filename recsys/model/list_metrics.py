@@ -422,6 +422,8 @@ def hits_in_lists(lists: np.ndarray, touched_rows: np.ndarray, touched_ids: np.n
     touched items as (row, id) pairs, ``n_touched`` per row. Each touched item is compared with its user's
     list at once: cheap because users touch few items."""
     n_rows, width = lists.shape
+    if width == 0:   # every list empty (users new to a personal-frequency list): nothing can be hit
+        return _realized_at(np.zeros(0, np.int64), np.zeros(0, np.int64), n_touched, n_rows, ks)
     eq = lists[touched_rows] == touched_ids[:, None]                            # [T, N]
     found = eq.any(axis=1)
     where = eq.argmax(axis=1)

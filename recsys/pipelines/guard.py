@@ -35,6 +35,7 @@ USERS_BEHIND = {
     "jaccard_at_n_mean": "overlap_users", "jaccard_at_10_mean": "overlap_users",
     "first_item_changed_share": "overlap_users",
     "realized_hr_ratio_at_n": "realized_users", "realized_hr_ratio_at_10": "realized_users",
+    "realized_hr_pfreq_ratio_at_n": "realized_pfreq_users", "realized_hr_pfreq_ratio_at_10": "realized_pfreq_users",
     "users_lost_share": "previous_rows",
 }
 

@@ -302,7 +302,8 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         c.update(previous=str(previous.previous.date) if previous.previous else "none")
 
     with timer.stage("histories", "read events and build histories") as c:
-        history = stages.read_histories(run, touched_since=previous.touched_since)
+        history = stages.read_histories(run, touched_since=previous.touched_since,
+                                        frequency_items=cfg.scoring.top_n)
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:

@@ -9,7 +9,8 @@ histories are read; the stages after it use its parts, in the order data flows t
    the run directory that ``output.table`` or the date's pointer names), and what its
    manifest kept for tonight: P's popularity ranking and P's score deciles.
 2. The histories stage also collects, per user, the distinct items touched since P
-   (``touched_items``, same aggregation, no second pass over the window; :attr:`Comparison.touched_since`).
+   (``touched_items``, same aggregation, no second pass over the window; :attr:`Comparison.touched_since`),
+   which of them the user had before P (``touched_known_items``) and the user's personal-frequency list as of P.
 3. The scoring stage puts :attr:`Comparison.spec` in the scoring spec and scores
    :meth:`Comparison.join`: P's lists (item ids only, read with nested-column pruning) brought next to
    the histories in the one exchange that hash-partitions them by user into the scoring tasks. The
@@ -229,6 +230,34 @@ def figures(comparison: Comparison, compare: Mapping[str, Any] | None, report_fi
             model, pop = out.get(f"realized_hr_at_{suffix}"), out.get(f"realized_pop_hr_at_{suffix}")
             if model is not None and pop:
                 out[f"realized_hr_ratio_at_{suffix}"] = model / pop
+        out.update(repeat_and_personal_figures(compare, out))
+    return out
+
+
+def repeat_and_personal_figures(compare: Mapping[str, Any], model: Mapping[str, float]) -> dict[str, float]:
+    """The previous lists' realized hits over the repeat targets (items the user had touched before the list
+    was made) and over the new ones apart, each over the users who had such a target, and the personal-frequency
+    baseline's (each user's most touched items as of then) on the same users as the model, with the model's HR
+    over it. On a repeat-heavy log the overall figure hides the balance: a list of new items only scores 0 on
+    repeats, and personal frequency is the baseline a list that also repeats must be held against.
+    ``model``: the figures so far (the model's overall HR, for the ratio)."""
+    out: dict[str, float] = {}
+    for who in ("repeat", "new"):
+        users = float(compare.get(f"realized_{who}_users", 0.0))
+        out[f"realized_{who}_users"] = users
+        for suffix, key in (("10", "k"), ("n", "n")):
+            if users:
+                out[f"realized_hr_at_{suffix}_{who}"] = compare[f"{who}_hr_{key}"] / users
+                out[f"realized_ndcg_at_{suffix}_{who}"] = compare[f"{who}_ndcg_{key}"] / users
+    users = float(compare.get("realized_pfreq_users", 0.0))
+    out["realized_pfreq_users"] = users
+    for suffix, key in (("10", "k"), ("n", "n")):
+        if users:
+            out[f"realized_pfreq_hr_at_{suffix}"] = compare[f"pfreq_hr_{key}"] / users
+            out[f"realized_pfreq_ndcg_at_{suffix}"] = compare[f"pfreq_ndcg_{key}"] / users
+        hr, pfreq = model.get(f"realized_hr_at_{suffix}"), out.get(f"realized_pfreq_hr_at_{suffix}")
+        if hr is not None and pfreq:
+            out[f"realized_hr_pfreq_ratio_at_{suffix}"] = hr / pfreq
     return out
 
 
@@ -320,7 +349,8 @@ def manifest_section(stage: GuardStage) -> Quality:
 # record
 
 
-TREND_FIGURES = ("realized_hr_at_10", "realized_pop_hr_at_10", "realized_users", "jaccard_at_n_mean", "catalog_coverage")
+TREND_FIGURES = ("realized_hr_at_10", "realized_pop_hr_at_10", "realized_pfreq_hr_at_10", "realized_users",
+                 "jaccard_at_n_mean", "catalog_coverage")
 
 
 def trend(cfg: Config, date: dt.date, tonight: Mapping[str, Any], verdict: str,

@@ -177,14 +177,16 @@ class HistoryStage:
 
 
 def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
-                   users: Iterable[int] | None = None) -> HistoryStage:
+                   users: Iterable[int] | None = None, frequency_items: int | None = None) -> HistoryStage:
     """Events of the ``history.window_days`` days before the run's date -> histories written to the run's
     scratch directory (``histories``), read back from there.
 
     ``touched_since``: the histories also hold each user's items touched from that day on
     (``touched_items``, :func:`recsys.data.history.build_histories`): the previous night's realized hits
-    (:attr:`recsys.pipelines.nightly_compare.Comparison.touched_since`). ``users``: only these user ids;
-    None: every user with events in the window. With event rules (``recommend.exclude.events``), the
+    (:attr:`recsys.pipelines.nightly_compare.Comparison.touched_since`), which of them the user knew before
+    (``touched_known_items``) and, given ``frequency_items`` (scoring.top_n), the user's personal-frequency
+    list as of that day (``personal_frequency_items``), the baseline beside popularity. ``users``: only these
+    user ids; None: every user with events in the window. With event rules (``recommend.exclude.events``), the
     histories also hold each user's ``excluded_items``, from the same aggregation; a rule whose event type
     the window never holds stops the run (exit 2) naming it, before anything is scored. Refuses a window
     without usable events, naming the path and the settings to check.
@@ -201,7 +203,7 @@ def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
     events = hist.drop_null_ids(raw.observe(obs_events, *event_metrics))
     since = dt.datetime.combine(touched_since, dt.time()) if touched_since is not None else None
     histories = hist.build_histories(events, max_items=history.max_items, tie_break_seed=history.tie_break_seed,
-                                     touched_since=since, exclude=exclude)
+                                     touched_since=since, frequency_items=frequency_items, exclude=exclude)
     with read_errors_as_input_errors("events", paths.events):
         histories.observe(obs_hist, *history_metrics).write.mode("overwrite").parquet(out_dir)
         observed = {

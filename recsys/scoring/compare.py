@@ -2,8 +2,9 @@
 computed in each scoring task on the rows it emits. Pure numpy/pyarrow, like :mod:`recsys.scoring.checks`.
 
 The nightly job joins each user's previous list (column :data:`PREVIOUS_COLUMN`, null for a user who had
-none) and the items the user touched since that list was published (:data:`TOUCHED_COLUMN`) onto the
-histories it scores, so each task holds, per user, everything the comparison needs; the task adds up
+none) and the items the user touched since that list was published (:data:`TOUCHED_COLUMN`; those the user
+had touched before, :data:`TOUCHED_KNOWN_COLUMN`; the user's personal-frequency list as of then,
+:data:`PERSONAL_FREQUENCY_COLUMN`) onto the histories it scores, so each task holds, per user, everything the comparison needs; the task adds up
 counts, sums and histograms (:class:`TaskComparison`) and ships them back in its statistics row, and
 the driver merges them (:func:`merge`). No second pass over the events or the output, no per-user data
 on the driver. The figures are defined in :mod:`recsys.model.list_metrics`.
@@ -22,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recsys.data.contracts import HISTORY_COLUMN, PREVIOUS_COLUMN, SOURCE_MODEL, TOUCHED_COLUMN
+from recsys.data.contracts import (HISTORY_COLUMN, PERSONAL_FREQUENCY_COLUMN, PREVIOUS_COLUMN, SOURCE_MODEL,
+                                   TOUCHED_COLUMN, TOUCHED_KNOWN_COLUMN)
 from recsys.model import list_metrics as lm
 from recsys.scoring.checks import CandidateIndex
 
@@ -62,9 +64,12 @@ def _sums(names: Iterable[str]) -> dict[str, float]:
 
 
 _COUNTS = ("both", "first_changed", "identical", "touched_users", "realized_users", "realized_pop_users",
-           "score_count")
+           "realized_repeat_users", "realized_new_users", "realized_pfreq_users", "score_count")
+# the model's hits over the repeat targets (touched items the user knew before the list) and the new ones, and
+# the personal-frequency baseline's over all targets: each as HR and NDCG at k and at n
+_SPLIT_SUMS = tuple(f"{who}_{m}_{key}" for who in ("repeat", "new", "pfreq") for m in ("hr", "ndcg") for key in "kn")
 _SUMS = ("jaccard_n_sum", "jaccard_k_sum", "hr_k", "hr_n", "ndcg_k", "ndcg_n", "pop_hr_k", "pop_hr_n", "pop_ndcg_k",
-         "pop_ndcg_n")
+         "pop_ndcg_n") + _SPLIT_SUMS
 
 
 @dataclass
@@ -97,7 +102,11 @@ class TaskComparison:
             self._overlap(new, previous, has_previous)
             if TOUCHED_COLUMN in names:
                 touched, _ = lists_of(chunk.column(TOUCHED_COLUMN))
-                self._realized(previous, has_previous, touched, lists_of(chunk.column(HISTORY_COLUMN))[0])
+                known = lists_of(chunk.column(TOUCHED_KNOWN_COLUMN))[0] if TOUCHED_KNOWN_COLUMN in names else None
+                frequent = (lists_of(chunk.column(PERSONAL_FREQUENCY_COLUMN))[0]
+                            if PERSONAL_FREQUENCY_COLUMN in names else None)
+                self._realized(previous, has_previous, touched, lists_of(chunk.column(HISTORY_COLUMN))[0],
+                               known, frequent)
         self.seconds += time.perf_counter() - started
 
     def _scores(self, recs: pa.Array, is_model: np.ndarray) -> None:
@@ -158,8 +167,11 @@ class TaskComparison:
         self.jaccard_n_hist += lm.jaccard_histogram(j_n)
         self.jaccard_k_hist += lm.jaccard_histogram(j_k)
 
-    def _realized(self, previous: lm.Lists, has_previous: np.ndarray, touched: lm.Lists, history: lm.Lists) -> None:
-        """The previous lists (and the popularity baseline) against what their users touched since."""
+    def _realized(self, previous: lm.Lists, has_previous: np.ndarray, touched: lm.Lists, history: lm.Lists,
+                  known: lm.Lists | None = None, frequent: lm.Lists | None = None) -> None:
+        """The previous lists (and the popularity baseline) against what their users touched since; with
+        ``known`` (the touched items each user had before), also over the repeat and the new targets apart;
+        with ``frequent`` (each user's personal-frequency list as of then), that baseline on the same users."""
         t = self.totals
         active = touched.lengths > 0
         t["touched_users"] += int(active.sum())
@@ -176,6 +188,13 @@ class TaskComparison:
         t["hr_n"] += int(model[n].hit.sum())
         t["ndcg_k"] += float(model[k].ndcg.sum())
         t["ndcg_n"] += float(model[n].ndcg.sum())
+        if known is not None:
+            self._split(lists, touched_r, known.take(rows), (k, n))
+        if frequent is not None:
+            pfreq = lm.hits_in_lists(lm.padded(frequent.take(rows), pad=_NO_ITEM), t_rows, touched_r.ids, n_touched,
+                                     (k, n))
+            t["realized_pfreq_users"] += len(rows)
+            self._add("pfreq", pfreq, k, n)
         if not len(self.spec.popularity_ranking):
             return
         # What each user had before the previous list was made: tonight's history less what was touched
@@ -189,6 +208,22 @@ class TaskComparison:
         t["pop_hr_n"] += int(pop[n].hit.sum())
         t["pop_ndcg_k"] += float(pop[k].ndcg.sum())
         t["pop_ndcg_n"] += float(pop[n].ndcg.sum())
+
+    def _split(self, lists: np.ndarray, touched: lm.Lists, known: lm.Lists, ks: tuple[int, int]) -> None:
+        """The model's hits over each user's repeat targets and over the new ones, each over the users who had
+        at least one such target (a user without any adds 0 to the sums, so the sums run over every row)."""
+        repeat = lm.member(touched.rows(), touched.ids, known.rows(), known.ids, touched.n_rows)
+        for who, keep in (("repeat", repeat), ("new", ~repeat)):
+            part = touched.where(keep)
+            found = lm.hits_in_lists(lists, part.rows(), part.ids, part.lengths, ks)
+            self.totals[f"realized_{who}_users"] += int((part.lengths > 0).sum())
+            self._add(who, found, *ks)
+
+    def _add(self, who: str, found: dict[int, lm.Realized], k: int, n: int) -> None:
+        t = self.totals
+        for key, cut in (("k", k), ("n", n)):
+            t[f"{who}_hr_{key}"] += int(found[cut].hit.sum())
+            t[f"{who}_ndcg_{key}"] += float(found[cut].ndcg.sum())
 
     def finish(self) -> dict[str, Any]:
         """-> plain numbers and lists (JSON for the task's statistics row)."""

@@ -78,8 +78,8 @@ VERDICT_COLOURS = {"pass": "tab:green", "warn": "tab:orange", "fail": "tab:red",
 
 def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = None, min_users: int = 0):
     """The last nights, oldest first (``recsys.pipelines.nightly_compare.trend`` rows): the realized hit rate
-    of each night's lists (model against the popularity baseline, drawn at the date the lists were
-    published), their overlap with the night before, and catalog coverage; each night's point coloured
+    of each night's lists (model against the popularity and personal-frequency baselines, drawn at the date
+    the lists were published), their overlap with the night before, and catalog coverage; each night's point coloured
     by the guard's verdict, the guard's thresholds drawn where they apply. A hit rate measured over fewer
     than ``min_users`` users (``guard.min_users``: reported, not judged) is drawn hollow, so that a quiet
     night's 0 or 1 from a handful of users is not read as a trend."""
@@ -103,8 +103,11 @@ def night_trend(nights: list[dict], guard_thresholds: dict[str, dict] | None = N
     few = {day(n.get("realized_for")) for n in nights
            if isinstance(n.get("realized_users"), (int, float)) and n["realized_users"] < min_users}
     for key, label, style in (("realized_hr_at_10", "model lists", "o-"),
-                              ("realized_pop_hr_at_10", "popularity baseline, same users", "s--")):
+                              ("realized_pop_hr_at_10", "popularity baseline, same users", "s--"),
+                              ("realized_pfreq_hr_at_10", "personal frequency (own most touched), same users", "^:")):
         xs, ys = series(key, at="realized_for")
+        if not xs and key != "realized_hr_at_10":   # a baseline the nights before did not measure: no legend entry
+            continue
         line, = ax.plot(xs, ys, style[1:], label=label)
         for x, y in zip(xs, ys):
             ax.plot([x], [y], style[0], ms=5, color=line.get_color(),
