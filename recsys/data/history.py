@@ -94,8 +94,8 @@ def newest_entries(events: DataFrame, *, max_items: int, tie_break_seed: int,
     Keeping only the newest ``max_items`` loses nothing: newer events only push older items down.
     """
     # One shuffle by user serves both aggregations below (per user and item, then per user); left to
-    # itself Spark shuffles twice, by (user, item) and then by user. Measured on 21M events (the 1M-user
-    # scale test's window, 2 cores): 22-33 s -> 11-12 s, the same histories.
+    # itself Spark shuffles twice, by (user, item) and then by user. The same histories, one shuffle
+    # fewer (measured: docs/performance.md, "Figures that lived in the code").
     if frequency_items is not None and frequency_items < 1:
         raise ValueError(f"frequency_items={frequency_items}: a personal-frequency list needs room for at least "
                          f"1 item; pass scoring.top_n")

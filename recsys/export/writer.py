@@ -8,9 +8,9 @@ file is written (``P:vN:_files``, idempotent: a retried task rewrites the same k
 task returns its figures as a row: the DataFrame API only, so this runs over Spark Connect too.
 
 Why pyarrow and not ``spark.read.parquet``: converting the nested ``array<struct>`` lists from Spark's
-rows to Arrow for the Python worker cost 72.7 s of task time for 1M users x top 100, against 4.9 s for
-pyarrow reading the same files in the task (``/tmp`` prototype, same session, 2 cores): the export is
-bound by that conversion otherwise. The executors need read access to ``paths.output`` through pyarrow
+rows to Arrow for the Python worker costs many times what pyarrow reading the same files in the task
+does (measured: docs/export.md, "What an export does"): the export is bound by that conversion
+otherwise. The executors need read access to ``paths.output`` through pyarrow
 (local and shared filesystems, HDFS, S3, GCS, ABFS), as the driver has.
 """
 from __future__ import annotations

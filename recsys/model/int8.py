@@ -8,14 +8,15 @@ uint8 inside the kernel on every call, int32 accumulation, and fp32 out with the
 applied in the same pass. oneDNN runs it on AMX-INT8 or AVX-512-VNNI/AVX-VNNI; where a CPU has none
 of them the scoring core refuses int8 (:func:`recsys.model.precision.cpu_int8_refusal`).
 
-Why this kernel, measured on one thread (``docs/performance.md``, "int8"): of the CPU int8 paths in
-torch 2.13 it is the one whose activation quantization and output scaling cost least. The
-``fbgemm``/``x86`` engines' packing of the same layers ran 1.5-4x slower than ``onednn``'s at these
-sizes; ``torch._int_mm`` needs the activation quantized and the int32 result rescaled by separate
-passes over memory (on the encoder's layers those cost more than the product saved); oneDNN's fused
-``onednn::qlinear_pointwise`` is an internal op of the inductor that crashes on an input it does not
-expect, and needs the same separate activation quantization. Why not quantize everything: a layer
-pays only where its product is large next to quantizing its input (:data:`ENCODER_LINEARS`).
+Why this kernel, measured on one thread (docs/performance.md, "int8 where the CPU has integer dot
+products" and "Figures that lived in the code"): of torch's CPU int8 paths it is the one whose
+activation quantization and output scaling cost least. The ``fbgemm``/``x86`` engines' packing of the
+same layers ran slower than ``onednn``'s at these sizes; ``torch._int_mm`` needs the activation
+quantized and the int32 result rescaled by separate passes over memory (on the encoder's layers those
+cost more than the product saved); oneDNN's fused ``onednn::qlinear_pointwise`` is an internal op of
+the inductor that crashes on an input it does not expect, and needs the same separate activation
+quantization. Why not quantize everything: a layer pays only where its product is large next to
+quantizing its input (:data:`ENCODER_LINEARS`).
 
 ``torch.ao.quantization`` warns that it is deprecated in favour of torchao, whose CPU int8 path is
 built on ``torch._int_mm`` (above); the kernel used here is what both the deprecated module and
@@ -32,14 +33,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-# The encoder layers quantized, by their dotted names' last two parts. Measured (benchmarks/int8_parts.py,
-# docs/performance.md) per layer at SASRec's default size (3,200 rows = 64 users x 50 positions, one
-# thread, this file's kernel against fp32): attn.qkv (64 -> 192) 2.1x faster, mlp.fc (64 -> 256) 2.5x,
-# attn.proj (64 -> 64) even, mlp.proj (256 -> 64) 1.2x (even on AVX-512-VNNI: quantizing a 256-wide input
-# costs as much as its product). And on the trained default model (ml-latest-small, every user), the
-# top-20 overlap with fp32: qkv alone 0.9930, fc alone 0.9915, qkv + fc 0.9889, all four 0.9844 (the
-# target is 0.99; rescaling channels through the layer norms, SmoothQuant's trick, did not move it:
-# their gains are within 0.58-1.14). So only the query-key-value layers run in int8.
+# The encoder layers quantized, by their dotted names' last two parts. Per layer at SASRec's default
+# size (benchmarks/int8_parts.py), the widest-output layers (attn.qkv, mlp.fc) gain most from int8, the
+# square attn.proj nothing, and mlp.proj little (quantizing a 256-wide input costs about as much as its
+# product). And on the trained default model, each layer added to int8 lowers the top-20 overlap with
+# fp32: only qkv alone keeps it above the 0.99 target with margin (rescaling channels through the layer
+# norms, SmoothQuant's trick, did not move it). So only the query-key-value layers run in int8.
+# Measured: docs/performance.md, "Figures that lived in the code".
 ENCODER_LINEARS = ("attn.qkv",)
 
 

@@ -35,7 +35,7 @@ from recsys.sequences import Sequences
 SHORT_K = 10                      # the short cut-off beside top_n: HR@10, NDCG@10, Jaccard@10
 JACCARD_BINS = 101                # bins 0..99: [b/100, (b+1)/100); bin 100: exactly 1 (identical sets)
 TABLE_CELLS = 2 * 2**20           # largest dense (rows x columns) membership table, in bytes (2 MiB: cache-sized,
-                                  # measured fastest of 0.5-16 MiB for 4,096 x 100 items over 50k columns)
+                                  # the fastest size measured: docs/performance.md, "Figures that lived in the code")
 
 
 @dataclass(frozen=True)
@@ -110,8 +110,8 @@ def member_dense(a_rows: np.ndarray, a_pos: np.ndarray, b_rows: np.ndarray, b_po
     Positions are dense column numbers in ``[0, n_cols)``; a negative position is never a member (an
     item outside the column space). Both sides must be sorted by row (as :meth:`Lists.rows` gives them).
     Rows are handled in blocks whose ``rows x n_cols`` table stays under :data:`TABLE_CELLS` bytes: a
-    scatter, a gather and a reset per block (8 ms for 4,096 rows x 100 items over 50k columns, where
-    sorting the pairs took 28 ms). Past that, the pairs are matched through one sort.
+    scatter, a gather and a reset per block, several times faster than sorting the pairs (measured:
+    docs/performance.md, "Figures that lived in the code"). Past that, the pairs are matched through one sort.
     """
     a_rows, a_pos = np.asarray(a_rows, np.int64), np.asarray(a_pos, np.int64)
     b_rows, b_pos = np.asarray(b_rows, np.int64), np.asarray(b_pos, np.int64)
@@ -355,9 +355,8 @@ def psi(expected_shares: np.ndarray, actual_counts: np.ndarray) -> float:
 
 # ------------------------------------------------------------------------------------------------
 # The same figures over padded [rows, width] matrices, as the scoring tasks hold them: no ragged
-# bookkeeping per call. Measured on a 4,096-user chunk (top 100 over 50k candidates, 40% of the users
-# with a few touched items, one core, the machine's load about 5): the whole comparison took 140 ms a
-# chunk with the ragged forms above, 21 ms with these, against about 1.2 s of scoring the chunk (idle).
+# bookkeeping per call, several times faster than the ragged forms above and a small share of scoring
+# the chunk (measured: docs/performance.md, "Figures that lived in the code").
 # The ragged forms stay the definition; tests hold the two equal.
 
 PAD = -1   # padding of position matrices (and of id matrices, where it must never equal a real id: see pad_ids)

@@ -9,8 +9,8 @@ where it is native.
 int8 (``scoring.dtype=int8``, :mod:`recsys.model.int8`) pays only where oneDNN's int8 kernels have
 an integer dot-product instruction: AMX-INT8, AVX-512-VNNI or AVX-VNNI. Without one they fall back
 to ``vpmaddubsw``, whose 16-bit intermediate sums can saturate (oneDNN, "Nuances of int8
-computations"), and measured here with oneDNN held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``) the int8
-product ran no faster than fp32 (28.6 against 28.1 us per user at 20k items): the scoring core
+computations"), and with oneDNN held to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2``) the int8 product ran no
+faster than fp32 (measured: docs/performance.md, "Figures that lived in the code"): the scoring core
 refuses int8 there.
 
 Both CPU checks read the processor's flags through one seam, :func:`cpu_capabilities` (torch's own

@@ -35,19 +35,19 @@ __all__ = ["SASRec", "SASRecConfig"]
 
 # On CPU, encode() works through a batch this many rows at a time: the intermediates of 64 users
 # ([64 * max_len, 4 * dim] floats, about 3 MB at the defaults) stay in cache and the allocator
-# reuses them, where one [4096 * 50, 256] activation is 200 MB of fresh pages per call. Measured
-# at B=4096 on 2 cores: about 8,000 -> 13,000 users/s (benchmarks/sasrec_encode.py). Not applied
-# on accelerators, where large batches are what keeps the device busy.
+# reuses them, where one [4096 * 50, 256] activation is 200 MB of fresh pages per call, which made
+# encoding markedly slower (benchmarks/sasrec_encode.py; docs/performance.md, "Figures that lived in
+# the code"). Not applied on accelerators, where large batches are what keeps the device busy.
 CPU_ENCODE_ROWS = 64
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
     """``F.scaled_dot_product_attention``; on the CPU in bf16 (the scoring core's autocast), in fp32.
 
-    At SASRec's sizes the CPU's fused bf16 attention is slower than its fp32 one (measured on
-    [64, 2, 50, 32], one thread: 22.8 against 17.0 us per row causal, 5.6 against 1.3 for the last
-    query only), and attention holds no matrix product large enough for bf16 to pay; fp32 is also
-    the more accurate. The result goes back to bf16 for the next projection.
+    At SASRec's sizes the CPU's fused bf16 attention is slower than its fp32 one, causal and for the
+    last query alone (measured: docs/performance.md, "The fast core"), and attention holds no matrix
+    product large enough for bf16 to pay; fp32 is also the more accurate. The result goes back to
+    bf16 for the next projection.
     """
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         with torch.autocast("cpu", enabled=False):

@@ -391,8 +391,9 @@ def _autocast(precision: str, device: torch.device) -> torch.autocast:
     """The forward pass's autocast: bf16 matrix products where ``precision`` resolves to bf16, else off.
 
     Weights, optimizer state and the softmax stay fp32 (autocast's own policy runs cross-entropy in fp32,
-    casting the logits up, and the final LayerNorm's output is fp32); only the products run in bf16. Measured on ml-latest-small, 1 thread on an AVX-512-BF16 CPU: an epoch 8.8 -> 4.6 s
-    (1.9x), the same validation curve over 3 seeds (benchmarks/train_speed.py, docs/performance.md). Raises
+    casting the logits up, and the final LayerNorm's output is fp32); only the products run in bf16, which
+    makes an epoch much faster on a CPU with native bf16, at the same validation curve (measured with
+    benchmarks/train_speed.py: docs/performance.md, "Training speed on one machine"). Raises
     ValueError for bf16 on a device without native bf16 (emulated bf16 is slower than fp32).
     """
     bf16 = resolve_precision(precision, device) == "bf16"
@@ -403,8 +404,8 @@ def _optimizer(model: torch.nn.Module, settings: TrainSettings) -> torch.optim.O
     """AdamW with decay on matrices and embeddings only, as in nanoGPT; betas as in SASRec.
 
     Fused (one kernel over all parameters) on CPU and CUDA: torch's default on the CPU is a Python
-    loop over the tensors. Measured on ml-latest-small, 1 thread: the optimizer step 1.1 -> 0.4 ms, a bf16
-    epoch 4.6 -> 4.3 s (benchmarks/train_speed.py, docs/performance.md).
+    loop over the tensors, so fused saves a little of every epoch (measured with benchmarks/train_speed.py:
+    docs/performance.md, "Training speed on one machine").
     """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [

@@ -617,7 +617,8 @@ def _record_run(run: NightlyRun, results: StageResults, published_dir: str, publ
         return
     # Samples from the first rows Spark reads (a limit without an order stops after the first file):
     # users are hash-split by id across the files, so the first rows are as good a sample as any, and
-    # at 1M users this takes a second where ordering or sampling all rows took two passes (7.5 s).
+    # this reads one file where ordering or sampling all rows took two passes over the output
+    # (measured: docs/performance.md, "The job around the scoring stage").
     published = spark.read.parquet(published_dir)
     recorder.log_text(_recommendation_sample(published, catalog.snapshot), "recommendations_sample.csv")
     sample_users = max(1, -(-SCORE_SAMPLE // cfg.scoring.top_n))

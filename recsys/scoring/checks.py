@@ -28,11 +28,11 @@ TASK_CHECKS = ("missing_users", "unexpected_users", "duplicate_rows", "short_lis
 class TaskChecks:
     """Counts over the rows one task emitted; ``add_chunk`` folds in the next chunk.
 
-    Costs about 3% of scoring the same rows (measured on a 4,096-user chunk, top 100 of 20k
-    candidates, history 50, one core: 7 us per user against 219 us of scoring; matching (row, item)
-    keys through sorts, as before, cost 52 us): the recommended ids are looked up in the candidate
-    set once, through a dense id -> position table where the id range allows, and counted per
-    candidate position; the seen check compares each row's list with its own history.
+    A small share of scoring the same rows, several times cheaper than matching (row, item) keys
+    through sorts (measured: docs/performance.md, "Figures that lived in the code"): the recommended
+    ids are looked up in the candidate set once, through a dense id -> position table where the id
+    range allows, and counted per candidate position; the seen check compares each row's list with
+    its own history.
     """
 
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TASK_CHECKS, 0))
@@ -87,8 +87,8 @@ class CandidateIndex:
     """Item id -> position in the sorted candidate ids (-1: not a candidate).
 
     A dense lookup table when the ids span at most ``DENSE_SPAN`` values (32 MiB of int32): one
-    gather per id (2 ms per 409,600 ids, where a binary search over 20k candidates took 33 ms);
-    sparse id spaces fall back to the binary search.
+    gather per id, much faster than a binary search over the candidates (measured: docs/performance.md,
+    "Figures that lived in the code"); sparse id spaces fall back to the binary search.
     """
 
     DENSE_SPAN = 8 * 2**20
@@ -252,8 +252,8 @@ def _rows_holding(rec_len: np.ndarray, rec_ids: np.ndarray, in_row: np.ndarray, 
                   list_ids: np.ndarray) -> np.ndarray:
     """[output rows] bool: the row (scored for input row ``in_row``, -1: no input row) recommends an item of
     that input row's list (its history, or its excluded items). Each list is compared with its own input list,
-    in row blocks of bounded size: about 3x faster than matching (row, item) keys through a sort, at the
-    default shapes."""
+    in row blocks of bounded size: faster than matching (row, item) keys through a sort, at the default
+    shapes (measured: docs/performance.md, "Figures that lived in the code")."""
     holding = np.zeros(len(rec_len), dtype=bool)
     recs, rec_valid = _padded(rec_len, rec_ids)
     hist, hist_valid = _padded(list_len, list_ids)

@@ -9,9 +9,8 @@ counts, sums and histograms (:class:`TaskComparison`) and ships them back in its
 the driver merges them (:func:`merge`). No second pass over the events or the output, no per-user data
 on the driver. The figures are defined in :mod:`recsys.model.list_metrics`.
 
-Cost, measured on 4,096-user chunks of top-100 lists over 50k candidates, 40% of the users with touched
-items, one core: about 21 ms a chunk for everything here (the machine's load about 5), against about
-1.2 s of scoring the chunk on an idle core (:mod:`recsys.model.list_metrics`, the matrix forms).
+Cost: a small share of scoring the same chunk, through the matrix forms of :mod:`recsys.model.list_metrics`
+(measured: docs/performance.md, "Figures that lived in the code").
 """
 from __future__ import annotations
 
@@ -125,8 +124,8 @@ class TaskComparison:
         kept = sum(len(s) for s in self.sample)
         if len(scores) and kept < SAMPLE_PER_TASK:
             # drawn at random (seeded by the chunk): every k-th score would alias with the lists' ranks and
-            # sample some ranks only, a pattern that moves with the chunk's size (PSI 0.26-0.33 between nights
-            # of one model on the sample data, measured; drawn at random, 0.002-0.02 over 30 nights)
+            # sample some ranks only, a pattern that moves with the chunk's size and shows as a large PSI
+            # between nights of one model (measured: docs/performance.md, "Figures that lived in the code")
             take = min(SAMPLE_PER_CHUNK, SAMPLE_PER_TASK - kept)
             rng = np.random.default_rng([len(self.sample), len(scores)])
             self.sample.append(scores[rng.integers(0, len(scores), take)].astype(np.float64))

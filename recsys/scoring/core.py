@@ -60,8 +60,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 DTYPES = (*_DTYPES, "int8")
 
 # CPU row blocks: one block's [rows, items] score matrix is kept near this size, so it is still in
-# cache when it is masked and its top N selected (measured on 2 cores at 4,096 x 20,000, d64:
-# 256-row blocks score and select in 0.65 of the time of one [4096, 20000] matrix).
+# cache when it is masked and its top N selected: faster than one whole-chunk matrix (measured:
+# docs/performance.md, "Figures that lived in the code").
 CPU_BLOCK_BYTES = 16 * 2**20
 # exact_topk on accelerators: strided groups of GROUP columns; direct selection below this many groups
 # per wanted item (too few groups to filter anything). Measured on an H200 (docs/performance.md, GPU).
@@ -69,17 +69,17 @@ GROUP = 16
 MIN_GROUPS_PER_ITEM = 4
 # exact_topk on the CPU: contiguous groups of CPU_GROUP columns (a max over 32 adjacent floats is two
 # AVX-512 vectors; groups of 16, 20, 25, 40 and 50 were slower), grouped while there are at least
-# CPU_MIN_GROUPS_PER_ITEM groups per wanted item. Measured on [209, 20000] fp32 blocks, top 100, one
-# thread: 45 -> 28 us per user against the strided groups' path (benchmarks/core_breakdown.py shows
-# the share in the whole core).
+# CPU_MIN_GROUPS_PER_ITEM groups per wanted item. Faster on the CPU than the strided groups' path
+# (measured: docs/performance.md, "The fast core"; benchmarks/core_breakdown.py shows the share in the
+# whole core).
 CPU_GROUP = 32
 CPU_MIN_GROUPS_PER_ITEM = 2
-# bf16: candidates preselected per wanted item, then rescored in fp32. Measured at 4,096 x 20,000,
-# top 100, 1 thread (CPU time; benchmarks in docs/performance.md): with an fp32 encoder, 1.5 N and
-# 2 N preselected both give the fp32 lists exactly (overlap 1.0000), so 1.5 N; the bf16 product
-# alone saves little, because the selection costs the same: the speed comes from encoding under
-# bf16 autocast (overlap 0.995 with fp32 on a random model, near-ties everywhere), which the CPU
-# path therefore does too, as CUDA always did.
+# bf16: candidates preselected per wanted item, then rescored in fp32. With an fp32 encoder, 1.5 N
+# preselected gives the fp32 lists exactly, as 2 N does, so 1.5 N; the bf16 product alone saves
+# little, because the selection costs the same: the speed comes from encoding under bf16 autocast
+# (which moves near-ties, so the lists overlap fp32's rather than equal them), which the CPU path
+# therefore does too, as CUDA always did (measured: docs/performance.md, "The fast core" and
+# "Figures that lived in the code").
 BF16_PRESELECT = 1.5
 ENCODE_BF16_ON_CPU = True
 # int8: which parts run in int8 (benchmarks/int8_parts.py measures each alone and both; docs/performance.md)
@@ -225,7 +225,8 @@ def _topk_over_contiguous_groups(scores: torch.Tensor, k: int, group: int,
     to the left of a ``[n, most kept]`` block, -inf after them, and the k best are ordered by key.
     Columns past the last whole group are always kept as members. Scores of another dtype are
     converted to fp32 first (the values come back in fp32): the CPU's max over adjacent bf16 columns
-    is not vectorised (40 against 4 us per user at [418, 20000]), the conversion costs 3.4.
+    is not vectorised, and the conversion costs far less than that loses (measured: docs/performance.md,
+    "Figures that lived in the code").
     """
     if scores.dtype != torch.float32:
         scores = scores.float()
@@ -712,8 +713,8 @@ class Scorer:
 
         Counted in fp32 bytes whatever the dtype: the CPU selection works on fp32 scores, so a bf16
         block is converted to one (:func:`_topk_over_contiguous_groups`). Sized by its 2-byte
-        elements instead, a bf16 block held twice the users and its fp32 copy 32 MiB: 2 threads,
-        32k x 20k, 10,200 against 11,300 users/s."""
+        elements instead, a bf16 block held twice the users and its fp32 copy twice ``CPU_BLOCK_BYTES``, and
+        scoring was slower (measured: docs/performance.md, "Figures that lived in the code")."""
         if self.device.type != "cpu":
             return max(rows, 1)
         fit = CPU_BLOCK_BYTES // max(1, self.num_candidates * 4)
@@ -774,7 +775,8 @@ class Scorer:
         # rescore the preselected candidates in fp32; masked (-inf) slots stay masked
         rows32 = self._cand_emb32.index_select(0, best_col.reshape(-1)).view(*best_col.shape, -1)  # [b, want, D]
         # a broadcast multiply and sum, not bmm: a batch of [want, D] x [D] products is a thousand tiny
-        # matrix-vector calls to the BLAS (on one thread, 209 users x 150 x 64: 1.7 ms against 0.4 ms)
+        # matrix-vector calls to the BLAS, several times slower (measured: docs/performance.md,
+        # "Figures that lived in the code")
         exact = (rows32 * user[:, None, :]).sum(2)                              # [b, want]
         exact = torch.where(torch.isneginf(best_val), torch.full_like(exact, float("-inf")), exact)
         return _keyed_topk(exact, best_col, k)

@@ -1,9 +1,9 @@
 """``GET /v1/users/{user_id}/recommendations`` answered in plain ASGI, in front of the FastAPI app.
 
-Why: a lookup from the published lists costs about 20 us of work (a binary search or one Redis call, and a
-small JSON body), but FastAPI's middleware stack, routing, parameter validation and response classes
-cost several times that again on every request (measured with py-spy under 32 clients: two thirds of the
-frontend's CPU per answer was the framework). Applications call this one route thousands of times a
+Why: a lookup from the published lists is little work (a binary search or one Redis call, and a small
+JSON body), but FastAPI's middleware stack, routing, parameter validation and response classes cost
+several times that again on every request: most of the frontend's CPU per answer was the framework
+(measured with py-spy: docs/on-demand.md, "Lookups from the published lists against on demand"). Applications call this one route thousands of times a
 second, so it gets a path of its own; everything else, and every unusual form of this route, goes to the
 FastAPI app unchanged.
 

@@ -173,8 +173,8 @@ class Pace:
     Rows advance in steps as tasks finish, so the rate of the last interval swings between 0 and
     several times the true pace; the average since the start is steady, but it includes what comes
     before the first task ends (the read of a shuffle, the model's load on every worker) and made
-    the early estimates long (measured on 1M users: "about 2m00s left" said at 1m00s, 1m38s real;
-    the pace since the first counted line gives 1m30s there).
+    the early estimates long; the pace since the first counted line comes closer (measured:
+    docs/operations.md, "Progress lines").
     """
 
     def __init__(self, started: float):
