@@ -132,8 +132,8 @@ def test_the_repeat_and_new_split_and_the_personal_frequency_baseline_equal_a_ha
     assert m["realized_hr_pfreq_ratio_at_n"] == pytest.approx(m["realized_hr_at_n"] / pfreq_hr)
     assert 0 < pfreq_hr < 1
     # the figures reach the manifest and the guard's report, the ratio judged over realized_pfreq_users
-    assert tiny["second"].manifest["metrics"]["realized_pfreq_hr_at_n"] == pytest.approx(pfreq_hr)
-    checks = {c["figure"]: c for c in tiny["second"].manifest["quality"]["guard"]["checks"]}
+    assert tiny["second"].manifest.metrics["realized_pfreq_hr_at_n"] == pytest.approx(pfreq_hr)
+    checks = {c["figure"]: c for c in tiny["second"].manifest.quality.guard["checks"]}
     assert checks["realized_hr_pfreq_ratio_at_n"]["users"] == len(users)
     assert checks["realized_hr_pfreq_ratio_at_n"]["value"] == pytest.approx(m["realized_hr_pfreq_ratio_at_n"])
 
