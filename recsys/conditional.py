@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from recsys import storage
-from recsys.uris import is_local_path, pyarrow_uri, redact_text, redact_uri, scheme
+from recsys.uris import is_local_path, pyarrow_uri, scheme
+from recsys.redaction import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import Enum, IntEnum
 
-from recsys.uris import redact_text
+from recsys.redaction import redact_text
 
 
 class ExitCode(IntEnum):

@@ -1,8 +1,7 @@
 """URIs and paths: validation, local versus remote, the scheme pyarrow spells.
 
 A base module (no Spark, no config objects): the config validates ``paths.*`` with it, the file-system
-layer (:mod:`recsys.fs`) resolves through it. Redaction lives in :mod:`recsys.redaction`; its three
-functions are importable from here too.
+layer (:mod:`recsys.fs`) resolves through it. Redaction lives in :mod:`recsys.redaction`.
 """
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from recsys.redaction import redact_text, redact_uri, redact_values  # noqa: F401  (where callers have found them)
 
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 

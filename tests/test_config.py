@@ -1,7 +1,7 @@
 import pytest
 
 from recsys.config import load_config
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 from recsys.errors import ConfigError, ExitCode
 
 

@@ -17,7 +17,8 @@ from recsys.config import load_config
 from recsys.errors import ConfigError
 from recsys.publish import swap
 from recsys.publish.publisher import PartitionLayout, check_output_location
-from recsys.uris import is_local_path, local_path, pyarrow_uri, redact_uri, scheme, validate_path
+from recsys.uris import is_local_path, local_path, pyarrow_uri, scheme, validate_path
+from recsys.redaction import redact_uri
 
 REMOTE = {
     "s3": "s3://bucket/recsys/work",
@@ -198,7 +199,7 @@ def test_the_production_example_config_is_valid_as_shipped():
 
 
 def test_redaction_keeps_uris_without_secrets_as_they_were():
-    from recsys.uris import redact_uri
+    from recsys.redaction import redact_uri
 
     for uri in ("sqlite:////tmp/x/mlflow.db", "sqlite:///mlflow.db", "s3://bucket/a/b", "file:///tmp/x",
                 "http://127.0.0.1:5000"):

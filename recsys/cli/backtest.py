@@ -41,7 +41,8 @@ from recsys.errors import ConfigError, InputDataError, first_line
 from recsys.evaluation import backtest as measure
 from recsys.evaluation.report import Bootstrap
 from recsys.model.list_metrics import SHORT_K
-from recsys.uris import is_local_path, local_path, redact_uri
+from recsys.uris import is_local_path, local_path
+from recsys.redaction import redact_uri
 
 log = logging.getLogger("recsys.backtest")
 

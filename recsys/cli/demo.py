@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 from recsys.config import Config, LaunchSettings
 from recsys.errors import ConfigError, ExitCode
 from recsys.publish import manifest
-from recsys.uris import local_path, redact_text
+from recsys.uris import local_path
+from recsys.redaction import redact_text
 
 log = logging.getLogger(__name__)
 

@@ -441,7 +441,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     args.outcome = recommend_detail(results)
 
-    from recsys.uris import redact_uri
+    from recsys.redaction import redact_uri
 
     for result in results:
         if result.status == RunStatus.SKIPPED:

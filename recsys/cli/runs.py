@@ -30,7 +30,7 @@ from recsys.publish.manifest import Manifest
 from recsys.publish.manifest import parse as parse_manifest
 from recsys.publish.manifest import read as read_manifest
 from recsys.tracking import tags
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 # the trend `recsys runs` shows beside the guard's verdict: the previous night's lists' realized HR@10
 # (model, popularity baseline, personal-frequency baseline; the model's over repeats and over new items),

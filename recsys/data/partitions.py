@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 from recsys import fs as rfs
 from recsys.data.contracts import PARTITION_COLUMN
 from recsys.errors import InputDataError
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 _DT_DIR = re.compile(rf"^{PARTITION_COLUMN}=(\d{{4}}-\d{{2}}-\d{{2}})$")
 

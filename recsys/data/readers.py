@@ -31,7 +31,7 @@ from pyspark.sql import types as T
 from recsys.data.contracts import PARTITION_COLUMN, partition_name
 from recsys.data.partitions import list_partitions, with_files
 from recsys.errors import InputDataError, first_line
-from recsys.uris import redact_text, redact_uri
+from recsys.redaction import redact_text, redact_uri
 
 # column -> accepted Spark types (the first is the contract's; the others are cast losslessly)
 EVENTS_COLUMNS: dict[str, tuple[type[T.DataType], ...]] = {

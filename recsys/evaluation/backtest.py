@@ -48,7 +48,7 @@ from recsys.evaluation.report import Bootstrap, TwoWayDraws, cell, interval, pla
 from recsys.model.list_metrics import NEXT_DAY_PARTS, next_day_names
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

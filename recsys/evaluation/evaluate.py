@@ -40,7 +40,7 @@ from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
 from recsys.model.registry import MODEL_TYPES
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from recsys.errors import LockHeld, RecsysError, first_line
 from recsys.processes import process_alive, process_start_time
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

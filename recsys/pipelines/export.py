@@ -41,7 +41,7 @@ from recsys.publish.published import PublishedPartition, find_published, new_run
 from recsys.spark.session import job_description
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

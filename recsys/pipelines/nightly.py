@@ -49,7 +49,7 @@ from recsys.tracking import run_notes as run_record
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
 from recsys.tracking.last_model import resolve_or_remembered
-from recsys.uris import redact_text
+from recsys.redaction import redact_text
 
 if TYPE_CHECKING:   # the export pipeline is imported where it runs: it imports this module (nightly.output_table)
     from recsys.pipelines.export import ExportResult

@@ -63,7 +63,7 @@ from recsys.spark.session import default_parallelism
 from recsys.tracking import run_notes
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
-from recsys.uris import redact_text, redact_uri
+from recsys.redaction import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 

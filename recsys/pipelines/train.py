@@ -44,7 +44,7 @@ from recsys.spark.session import job_description
 from recsys.tracking import run_notes as run_record
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
-from recsys.uris import redact_text, redact_uri
+from recsys.redaction import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 NO_HOOKS = Hooks()

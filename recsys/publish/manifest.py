@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 from recsys import __version__
 from recsys import fs as rfs
 from recsys.data.contracts import MANIFEST_NAME, SUCCESS_MARKER, partition_name
-from recsys.uris import redact_values
+from recsys.redaction import redact_values
 
 log = logging.getLogger(__name__)
 

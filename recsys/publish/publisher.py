@@ -43,7 +43,8 @@ from recsys.publish.manifest import Manifest
 from recsys.publish import swap
 from recsys.publish.published import (Pointer, PublishedPartition, is_complete, kept_runs, read_pointer, run_dir,
                                       run_of, runs_root, view_dir, write_pointer)
-from recsys.uris import is_local_path, local_path, redact_uri
+from recsys.uris import is_local_path, local_path
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

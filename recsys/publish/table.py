@@ -20,7 +20,8 @@ import re
 
 from recsys.data.contracts import OUTPUT_SPARK_DDL
 from recsys.errors import ConfigError, RecsysError, first_line
-from recsys.uris import is_local_path, local_path, pyarrow_uri, redact_uri
+from recsys.uris import is_local_path, local_path, pyarrow_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from recsys.serve.lists import Found, StoreDown, aclose, make_store
 from recsys.serve.lookup_route import INT64, LookupRoute
 from recsys.serve.metrics import ServeMetrics
 from recsys.serve.ondemand import BackendUnavailable, BatchFailed, OnDemand, is_backend_unavailable
-from recsys.uris import redact_text
+from recsys.redaction import redact_text
 
 # What a request's batch can fail with -> (HTTP status, metrics reason, problem type)
 _REQUEST_FAILURES: dict[type[Exception], tuple[int, str, str]] = {

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Callable
 
 from recsys.errors import ConfigError, ExitCode
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 if TYPE_CHECKING:
     from recsys.config import Config

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from recsys.errors import first_line
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

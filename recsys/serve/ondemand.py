@@ -219,7 +219,7 @@ class OnDemand:
         from recsys.data import rules as data_rules
         from recsys.data.partitions import list_partitions
         from recsys.data.readers import events_window, read_events
-        from recsys.uris import redact_uri
+        from recsys.redaction import redact_uri
 
         cfg = self.cfg
         as_of = self.as_of()

@@ -32,7 +32,7 @@ from typing import Sequence
 
 from recsys.config import MetastoreConfig
 from recsys.processes import free_port, stop_process
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 # Debian packages (apt-get install libderby-java libderbyclient-java); no Maven is needed.
 DERBY_SERVER_JARS = ("/usr/share/java/derby.jar", "/usr/share/java/derbynet.jar")

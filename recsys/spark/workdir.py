@@ -12,7 +12,7 @@ import logging
 
 from recsys import fs as rfs
 from recsys.errors import ConfigError
-from recsys.uris import redact_text, redact_uri
+from recsys.redaction import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from recsys.config import HistoryConfig, PathsConfig
 from recsys.data.contracts import partition_name
 from recsys.errors import first_line
 from recsys.tracking import tags
-from recsys.uris import redact_uri
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 

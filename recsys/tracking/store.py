@@ -20,7 +20,8 @@ from typing import Any, Mapping
 from recsys.config import MlflowConfig
 from recsys.errors import ModelNotFoundError, RunStatus, TrackingUnavailable, first_line
 from recsys.tracking import tags
-from recsys.uris import is_local_path, local_path, redact_text, redact_uri, redact_values
+from recsys.uris import is_local_path, local_path
+from recsys.redaction import redact_text, redact_uri, redact_values
 
 log = logging.getLogger(__name__)
 
