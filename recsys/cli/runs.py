@@ -304,9 +304,9 @@ def format_run(run: dict[str, Any]) -> str:
     if run.get("guard"):
         lines += ["", f"guard: {run['guard']}" + (f" ({run['guard_crossed']})" if run.get("guard_crossed") else "")]
     if run.get("trend"):
-        lines += ["", f"last nights (realized HR@10 of the previous night's lists, model/popularity/personal "
-                      f"frequency, and the model's over repeats/new items; overlap with the previous night; "
-                      f"catalog coverage):"]
+        lines += ["", "last nights (realized HR@10 of the previous night's lists, model/popularity/personal "
+                      "frequency, and the model's over repeats/new items; overlap with the previous night; "
+                      "catalog coverage):"]
         lines += [f"  {t['date']}  {(t.get('guard') or '-'):8}  HR@10 {_hit_rates(t) or '-':17}  rep/new "
                   f"{_repeat_new(t) or '-':11}  overlap {_figure(t.get('jaccard_at_n_mean'))}  coverage "
                   f"{_figure(t.get('catalog_coverage'))}" for t in run["trend"]]

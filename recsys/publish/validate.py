@@ -24,7 +24,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from recsys.data.contracts import SOURCE_MODEL
-from recsys.scoring.checks import TASK_CHECKS, ListRules
+from recsys.scoring.checks import TASK_CHECKS
 
 # check name -> what a violation means (the report and the README use the same words)
 CHECKS = {
