@@ -220,17 +220,33 @@ def figures(comparison: Comparison, compare: Mapping[str, Any] | None, report_fi
         users, pop_users = compare["realized_users"], compare["realized_pop_users"]
         out["realized_users"] = users
         out["realized_pop_users"] = pop_users
-        for suffix, key in (("10", "k"), ("n", "n")):   # the tasks' totals: k is the short cut-off, n top_n
-            if users:
-                out[f"realized_hr_at_{suffix}"] = compare[f"hr_{key}"] / users
-                out[f"realized_ndcg_at_{suffix}"] = compare[f"ndcg_{key}"] / users
-            if pop_users:
-                out[f"realized_pop_hr_at_{suffix}"] = compare[f"pop_hr_{key}"] / pop_users
-                out[f"realized_pop_ndcg_at_{suffix}"] = compare[f"pop_ndcg_{key}"] / pop_users
-            model, pop = out.get(f"realized_hr_at_{suffix}"), out.get(f"realized_pop_hr_at_{suffix}")
-            if model is not None and pop:
-                out[f"realized_hr_ratio_at_{suffix}"] = model / pop
+        out.update(_per_user(compare, "", users, "realized_{m}_at_{at}"))
+        out.update(_per_user(compare, "pop_", pop_users, "realized_pop_{m}_at_{at}"))
+        out.update(_ratios(out, "realized_pop_hr_at_{at}", "realized_hr_ratio_at_{at}"))
         out.update(repeat_and_personal_figures(compare, out))
+    return out
+
+
+# the tasks' totals per cut-off: k is the short one (the figures' "10"), n is scoring.top_n
+_CUTS = (("10", "k"), ("n", "n"))
+
+
+def _per_user(compare: Mapping[str, Any], source: str, users: float, name: str) -> dict[str, float]:
+    """HR and NDCG at each cut-off: the tasks' totals ``{source}hr_k``, ``{source}ndcg_n``, ... over ``users``
+    (nothing when there were none); ``name`` spells a figure's key from the metric ``m`` and the cut-off ``at``."""
+    if not users:
+        return {}
+    return {name.format(m=m, at=at): compare[f"{source}{m}_{key}"] / users for at, key in _CUTS for m in ("hr", "ndcg")}
+
+
+def _ratios(figures: Mapping[str, float], baseline: str, name: str) -> dict[str, float]:
+    """The model's realized HR over a baseline's at each cut-off, where both were measured and the baseline's
+    is not 0."""
+    out: dict[str, float] = {}
+    for at, _ in _CUTS:
+        model, base = figures.get(f"realized_hr_at_{at}"), figures.get(baseline.format(at=at))
+        if model is not None and base:
+            out[name.format(at=at)] = model / base
     return out
 
 
@@ -245,19 +261,11 @@ def repeat_and_personal_figures(compare: Mapping[str, Any], model: Mapping[str, 
     for who in ("repeat", "new"):
         users = float(compare.get(f"realized_{who}_users", 0.0))
         out[f"realized_{who}_users"] = users
-        for suffix, key in (("10", "k"), ("n", "n")):
-            if users:
-                out[f"realized_hr_at_{suffix}_{who}"] = compare[f"{who}_hr_{key}"] / users
-                out[f"realized_ndcg_at_{suffix}_{who}"] = compare[f"{who}_ndcg_{key}"] / users
+        out.update(_per_user(compare, f"{who}_", users, "realized_{m}_at_{at}_" + who))
     users = float(compare.get("realized_pfreq_users", 0.0))
     out["realized_pfreq_users"] = users
-    for suffix, key in (("10", "k"), ("n", "n")):
-        if users:
-            out[f"realized_pfreq_hr_at_{suffix}"] = compare[f"pfreq_hr_{key}"] / users
-            out[f"realized_pfreq_ndcg_at_{suffix}"] = compare[f"pfreq_ndcg_{key}"] / users
-        hr, pfreq = model.get(f"realized_hr_at_{suffix}"), out.get(f"realized_pfreq_hr_at_{suffix}")
-        if hr is not None and pfreq:
-            out[f"realized_hr_pfreq_ratio_at_{suffix}"] = hr / pfreq
+    out.update(_per_user(compare, "pfreq_", users, "realized_pfreq_{m}_at_{at}"))
+    out.update(_ratios({**model, **out}, "realized_pfreq_hr_at_{at}", "realized_hr_pfreq_ratio_at_{at}"))
     return out
 
 
