@@ -131,6 +131,7 @@ def spark(tmp_path_factory, metastore_service):
     from pyspark.sql import SparkSession
 
     from recsys.spark import metastore
+    from recsys.spark.session import LISTING_SETTINGS
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
@@ -138,7 +139,7 @@ def spark(tmp_path_factory, metastore_service):
     hive = {**metastore.metastore_settings(store), **metastore.launch_settings(store)}
     hive["spark.sql.warehouse.dir"] = str(warehouse)
     builder = SparkSession.builder
-    for key, value in hive.items():
+    for key, value in {**hive, **LISTING_SETTINGS}.items():     # as every session the job starts
         builder = builder.config(key, value)
     session = (
         builder

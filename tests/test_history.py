@@ -128,3 +128,46 @@ def test_touched_items_are_split_into_known_and_new_and_the_personal_frequency_l
                                                                                    tie_break_seed=1).columns)
     with pytest.raises(ValueError, match="frequency_items=0"):
         hist.build_histories(df, max_items=2, tie_break_seed=1, touched_since=ts(3, 0), frequency_items=0)
+
+
+def _listing_tasks(spark, group: str, read) -> tuple[object, list[int]]:
+    """What ``read`` returns and the task counts of the Spark stages it ran, in the job group ``group``."""
+    sc = spark.sparkContext
+    sc.setJobGroup(group, group)
+    try:
+        result = read()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    tracker = sc.statusTracker()
+    stages = [s for job in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(job).stageIds]
+    return result, [tracker.getStageInfo(s).numTasks for s in stages]
+
+
+def test_a_window_of_many_daily_partitions_is_listed_by_a_few_dozen_tasks_not_one_per_partition(spark, tmp_path):
+    """Spark lists a read of more than 32 paths with a job of one task per path; the session default
+    (LISTING_SETTINGS, set by every session the job builds) caps that job, so 200 days list in at most 64."""
+    from recsys.spark.session import LISTING_SETTINGS, apply_runtime_settings
+
+    events = tmp_path / "events"
+    first = dt.date(2024, 1, 1)
+    for n in range(200):
+        day = first + dt.timedelta(days=n)
+        write_partition(pa.Table.from_pylist([dict(user_id=1, item_id=n + 1, event_type="view",
+                                                   ts=dt.datetime.combine(day, dt.time(12), tzinfo=UTC))],
+                                             schema=EVENTS_SCHEMA), events, day)
+    key, cap = next(iter(LISTING_SETTINGS.items()))
+    assert spark.conf.get(key) == cap           # the tests' session is built as the job builds its own
+    window, tasks = _listing_tasks(spark, "listing-capped", lambda: read_events_window(
+        spark, str(events), first + dt.timedelta(days=200), window_days=200))
+    assert window.count() == 200
+    assert tasks and max(tasks) <= int(cap), tasks
+    # without the cap Spark runs one listing task per partition (the behaviour the default exists for)
+    spark.conf.set(key, "10000")
+    try:
+        _, uncapped = _listing_tasks(spark, "listing-uncapped", lambda: read_events_window(
+            spark, str(events), first + dt.timedelta(days=200), window_days=200))
+        assert max(uncapped) == 200, uncapped
+        apply_runtime_settings(spark)                # a value someone set is theirs: not overwritten
+        assert spark.conf.get(key) == "10000"
+    finally:
+        spark.conf.set(key, cap)

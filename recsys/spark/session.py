@@ -24,6 +24,15 @@ from recsys.redaction import redact_uri
 log = logging.getLogger(__name__)
 
 
+# Defaults for reading many small partitions, applied unless the user's ``spark.conf`` (or ``--conf``) sets
+# them. A read of more than 32 paths is listed by a Spark job with one task per path (up to 10,000): a
+# window of a thousand daily partitions costs a thousand tiny tasks before a byte is read. Capped, each
+# listing task takes a slice of the paths, still spread over the executors on a cluster, and Spark already
+# packs the small files themselves into few read tasks (``spark.sql.files.openCostInBytes``).
+# Figures: docs/performance.md, "Reading many small partitions".
+LISTING_SETTINGS: dict[str, str] = {"spark.sql.sources.parallelPartitionDiscovery.parallelism": "64"}
+
+
 def runtime_settings(arrow_batch_size: int | None = None) -> dict[str, str]:
     """SQL settings the job's semantics depend on; runtime-settable, so they hold under spark-submit
     and over Spark Connect too. ``arrow_batch_size``: ``scoring.arrow_batch_size``, for sessions that score."""
@@ -47,6 +56,7 @@ def session_settings(spark_cfg: SparkConfig, arrow_batch_size: int | None = None
         "spark.pyspark.python": os.environ["PYSPARK_PYTHON"] if "PYSPARK_PYTHON" in os.environ else sys.executable,
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": str(launch.shuffle_partitions),
+        **LISTING_SETTINGS,
         **runtime_settings(arrow_batch_size),
         **spark_cfg.conf,
     }
@@ -156,9 +166,13 @@ def wait_for_connect_server(remote: str, wait_s: float, *,
 
 
 def apply_runtime_settings(spark, arrow_batch_size: int | None = None) -> None:
-    """Set :func:`runtime_settings` on a session that exists (one a test or the demo hands in)."""
+    """Set :func:`runtime_settings` on a session that exists (one a test or the demo hands in), and
+    :data:`LISTING_SETTINGS` where nobody set them (a session spark-submit or a Connect server configured)."""
     for key, value in runtime_settings(arrow_batch_size).items():
         spark.conf.set(key, value)
+    for key, value in LISTING_SETTINGS.items():
+        if spark.conf.get(key, None) is None:
+            spark.conf.set(key, value)
 
 
 def default_parallelism(spark) -> int | None:
