@@ -1,0 +1,206 @@
+"""The whole night as scheduled, against Spark ALS's night on the same events: one run, side by side.
+
+    python benchmarks/night.py --work /tmp/recsys-night --users 10000 [100000 ...] [--nights 7]
+        [--items 5000] [--days 28] [--train-every N] [--set KEY=VALUE ...] [--json PATH]
+
+For each ``--users`` scale the sample generator writes ``--days`` of events ending the day before the
+first night (the log then grows by a day a night: night D reads the events before D, as in production).
+Each night runs what the DAG in ``conf/schedulers/`` runs, as child processes of this script:
+
+1. ``recsys train --date D --if-due`` (trains when ``train.every_nights``, default 1, says so; ``--train-every``
+   overrides it), then
+2. ``recsys recommend --date D`` (the published top-N for D);
+
+and then Spark ALS's night on the same window of events: a fresh ``local[2]`` process that reads the
+window with the job's reader, fits implicit ALS (rank 64, 10 iterations, as ``recsys backtest``'s
+baseline) and writes ``recommendForAllUsers(top_n)`` as Parquet. Every child is timed from start to
+exit (JVM start-up included, as the scheduler pays it) with the peak resident memory of its process
+tree sampled (driver Python, JVM, Python workers); the job's own stage seconds come from its log lines.
+The table printed at the end: each night's seconds, the mean night of each, their ratio.
+
+Nothing here is timed inside pytest: the figures and their command belong in docs/performance.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+FIRST_NIGHT = dt.date(2024, 3, 1)
+ALS_RANK, ALS_ITERATIONS = 64, 10
+DEFAULT_WINDOW_DAYS = 10_000              # history.window_days in recsys/default.yaml
+TRAIN_STAGE = re.compile(r"\[train \S+\] (.+?) done in ([\d.]+)s")
+RECOMMEND_BREAKDOWN = "seconds by stage: "     # recsys.pipelines.nightly.STAGE_BREAKDOWN
+
+
+def _timed(cmd: list[str], log: Path) -> tuple[int, float, dict, str]:
+    """(exit code, wall seconds, peak MB by kind of process, output) of a child process."""
+    from scale_test import sample_tree
+
+    peaks: dict = {}
+    stop = threading.Event()
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=log.parent)
+    sampler = threading.Thread(target=sample_tree, args=(proc.pid, peaks, stop), daemon=True)
+    sampler.start()
+    out = proc.communicate()[0]
+    stop.set()
+    sampler.join()
+    seconds = time.perf_counter() - started
+    log.write_text(f"{cmd}\nexit {proc.returncode} after {seconds:.1f}s\n{out}")
+    return proc.returncode, seconds, {k: round(v) for k, v in peaks.items()}, out
+
+
+def _overrides(root: Path, extra: list[str]) -> list[str]:
+    data = root / "data"
+    sets = [f"paths.events={data / 'events'}", f"paths.catalog={data / 'catalog'}", f"paths.output={root / 'out'}",
+            f"paths.work={root / 'work'}", f"paths.driver_scratch={root / 'driver'}",
+            f"mlflow.tracking_uri=sqlite:///{root / 'mlflow.db'}", f"mlflow.artifact_location={root / 'artifacts'}",
+            f"output.metastore.dir={root / 'metastore'}", *extra]
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def job_night(root: Path, date: dt.date, extra: list[str]) -> dict:
+    """``recsys train --if-due`` then ``recsys recommend`` for ``date``; their seconds, stages and peaks."""
+    sets = _overrides(root, extra)
+    cli = [sys.executable, "-m", "recsys.cli"]
+    code, train_s, train_peak, out = _timed([*cli, "train", "--date", str(date), "--if-due", *sets],
+                                            root / f"train-{date}.log")
+    if code != 0:
+        raise SystemExit(f"recsys train failed for {date} (exit {code}); log: {root / f'train-{date}.log'}")
+    trained = "not due" not in out
+    stages = {label: float(s) for label, s in TRAIN_STAGE.findall(out)}
+    code, rec_s, rec_peak, out = _timed([*cli, "recommend", "--date", str(date), *sets], root / f"recommend-{date}.log")
+    if code != 0:
+        raise SystemExit(f"recsys recommend failed for {date} (exit {code}); log: {root / f'recommend-{date}.log'}")
+    lines = [line for line in out.splitlines() if RECOMMEND_BREAKDOWN in line]
+    breakdown = json.loads(lines[-1].split(RECOMMEND_BREAKDOWN, 1)[1]) if lines else {}
+    return {"trained": trained, "train_s": round(train_s, 1), "train_stages_s": stages, "train_peak_mb": train_peak,
+            "recommend_s": round(rec_s, 1), "recommend_stages_s": breakdown, "recommend_peak_mb": rec_peak,
+            "night_s": round(train_s + rec_s, 1)}
+
+
+def als_night(root: Path, date: dt.date, window_days: int, top_n: int) -> dict:
+    """Spark ALS's night in a child process (this script with ``--als-child``)."""
+    out_dir = root / "als" / f"dt={date}"
+    code, seconds, peak, out = _timed(
+        [sys.executable, __file__, "--als-child", str(root / "data" / "events"), str(date), str(window_days),
+         str(top_n), str(out_dir)], root / f"als-{date}.log")
+    if code != 0:
+        raise SystemExit(f"ALS failed for {date} (exit {code}); log: {root / f'als-{date}.log'}")
+    figures = json.loads(next(line for line in out.splitlines() if line.startswith("ALS ")).removeprefix("ALS "))
+    return {"als_s": round(seconds, 1), **figures, "als_peak_mb": peak}
+
+
+def _als_child(events: str, date: str, window_days: str, top_n: str, out_dir: str) -> int:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    from recsys.data.readers import read_events_window
+    from recsys.evaluation.baselines import ALSParams, als_estimator
+    from recsys.spark.session import LISTING_SETTINGS
+
+    builder = SparkSession.builder.master("local[2]").appName("als-night").config("spark.ui.enabled", "false")
+    for key, value in {**LISTING_SETTINGS, "spark.sql.session.timeZone": "UTC",
+                       "spark.driver.memory": "2g"}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    started = time.perf_counter()
+    window = read_events_window(spark, events, dt.date.fromisoformat(date), int(window_days))
+    ratings = (window.groupBy("user_id", "item_id").count()
+               .select(F.col("user_id").cast("int").alias("user"), F.col("item_id").cast("int").alias("item"),
+                       F.lit(1.0).alias("rating")).cache())
+    rows = ratings.count()
+    read_s = time.perf_counter() - started
+    started = time.perf_counter()
+    model = als_estimator(ALSParams(ALS_RANK, 0.01, 10.0, ALS_ITERATIONS, 42)).fit(ratings)
+    model.userFactors.count()
+    fit_s = time.perf_counter() - started
+    started = time.perf_counter()
+    model.recommendForAllUsers(int(top_n)).write.mode("overwrite").parquet(out_dir)
+    recommend_s = time.perf_counter() - started
+    print("ALS " + json.dumps({"als_read_s": round(read_s, 1), "als_fit_s": round(fit_s, 1),
+                               "als_recommend_s": round(recommend_s, 1), "als_pairs": rows}), flush=True)
+    spark.stop()
+    return 0
+
+
+def run_scale(work: Path, users: int, items: int, days: int, nights: int, extra: list[str], window_days: int,
+              top_n: int) -> dict:
+    from recsys.data.sample import SampleSpec, generate_sample
+
+    root = work / f"u{users}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    end = FIRST_NIGHT + dt.timedelta(days=nights - 2)          # the last night's events: the day before it
+    summary = generate_sample(root / "data", SampleSpec(users=users, items=items, days=days + nights - 1, seed=7,
+                                                        end_date=end), overwrite=True)
+    # the log as it stands on each night: the generator wrote every day up front, so each night's reads are
+    # bounded by its date (events before D, as the job reads them); the last night's day is the end
+    rows = []
+    for n in range(nights):
+        date = FIRST_NIGHT + dt.timedelta(days=n)
+        row = {"date": str(date), **job_night(root, date, extra), **als_night(root, date, window_days, top_n)}
+        row["ratio"] = round(row["night_s"] / row["als_s"], 2)
+        print(f"[{users} users] {date}: job {row['night_s']} s (train {row['train_s']} s"
+              f"{'' if row['trained'] else ', not due'}, recommend {row['recommend_s']} s) vs ALS {row['als_s']} s "
+              f"(fit {row['als_fit_s']} s, recommend {row['als_recommend_s']} s): {row['ratio']}x", flush=True)
+        rows.append(row)
+    job_mean = statistics.mean(r["night_s"] for r in rows)
+    als_mean = statistics.mean(r["als_s"] for r in rows)
+    return {"users": users, "items": items, "events": summary.events, "nights": rows,
+            "mean_night_s": round(job_mean, 1), "mean_als_night_s": round(als_mean, 1),
+            "ratio": round(job_mean / als_mean, 2)}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--als-child":
+        return _als_child(*sys.argv[2:7])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True, help="scratch root (one folder per scale, replaced)")
+    parser.add_argument("--users", type=int, nargs="+", default=[10_000])
+    parser.add_argument("--items", type=int, default=5_000)
+    parser.add_argument("--days", type=int, default=28, help="days of events before the first night")
+    parser.add_argument("--nights", type=int, default=7)
+    parser.add_argument("--train-every", type=int, help="train.every_nights (default: the configuration's)")
+    parser.add_argument("--top-n", type=int, default=100)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a configuration override for the job's runs (repeatable)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    if args.nights < 1 or args.days < 1:
+        parser.error("--nights and --days must be at least 1")
+    # ALS reads the window the job reads: history.window_days as set here, else the default (every event)
+    window_days = next((int(s.split("=", 1)[1]) for s in reversed(args.set) if s.startswith("history.window_days=")),
+                       DEFAULT_WINDOW_DAYS)
+    extra = [f"scoring.top_n={args.top_n}", *args.set]
+    if args.train_every:
+        extra.append(f"train.every_nights={args.train_every}")
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for users in args.users:
+        results.append(run_scale(args.work, users, args.items, args.days, args.nights, extra, window_days, args.top_n))
+        if args.json:
+            args.json.write_text(json.dumps({"settings": extra, "scales": results}, indent=2))
+    print("\n| users | events | mean night: recsys (train + recommend) | Spark ALS (fit + recommendForAllUsers) | ratio |")
+    print("|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['users']:,} | {r['events']:,} | {r['mean_night_s']} s | {r['mean_als_night_s']} s | "
+              f"{r['ratio']}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
