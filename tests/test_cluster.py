@@ -36,7 +36,7 @@ SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machi
 
 
 LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
-# --pack's archive (about 510 MiB, 40 s to build; minutes on a busy machine) is kept between sessions and fresh
+# --pack's archive (about 350 MiB, 40 s to build; minutes on a busy machine) is kept between sessions and fresh
 # clones: the default cache is outside the checkout and keyed by the environment's content (recsys.spark.packing)
 PACK_CACHE = packing.default_cache_dir()
 

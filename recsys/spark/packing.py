@@ -14,8 +14,12 @@ every checkout of the project on the machine: a fresh clone with the same enviro
 What is left out, on purpose: the ``recsys`` package itself (it travels with ``--py-files``, so a
 code change needs no repacking, and an editable install cannot be packed), ``pyspark/jars`` (the
 executors' JVM runs the cluster's own Spark; the Python workers need only pyspark's Python code),
-torch's C++ headers and the packages' own ``tests`` directories: a third of the files, which every
-executor (and, in client mode, the driver) unpacks and deletes again on every submit.
+torch's C++ headers and the packages' own ``tests`` directories; and every distribution the executors
+never import (:func:`executor_distributions`): the project's requirements but ``DRIVER_ONLY`` (MLflow
+and matplotlib: tracking, registry and plots happen on the driver) and what they require, and whatever
+else the virtualenv holds for the driver, the service or the tests (boto3, fastapi, moto, pytest ...).
+Every executor (and, in client mode, the driver) unpacks the archive on every submit, so what is left
+out is time saved every night (docs/cluster.md has the sizes).
 
 venv-pack does not include the interpreter: the archive's ``bin/python`` is a link to the base
 interpreter the virtualenv was made from, which must exist at the same path on every executor (or
@@ -29,6 +33,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 import tarfile
 import time
@@ -50,8 +55,13 @@ EXCLUDE = (
 )
 
 
+# The project's requirements that no executor imports: the executors run the scoring and export tasks, the
+# training processes and pyspark's Python worker (tests/test_packing.py imports them with these blocked and scans
+# every import in recsys for a third-party module that is neither shipped nor known to stay on the driver).
+DRIVER_ONLY = ("mlflow", "matplotlib")
+
 KEEP_ARCHIVES = 3      # archives kept in the cache: the most recently used (checkouts on other branches share it)
-DIGEST_FORMAT = "2"    # bumped when what the digest covers changes, so no archive is reused under another meaning
+DIGEST_FORMAT = "3"    # bumped when what the digest covers changes, so no archive is reused under another meaning
 
 
 def default_cache_dir() -> Path:
@@ -69,7 +79,7 @@ def environment_digest(prefix: Path | None = None) -> str:
     files inside ``site-packages``. Not the virtualenv's own path: its scripts' ``#!`` lines name it
     (``RECORD`` lists them as ``../../../bin/...``), and venv-pack rewrites those lines anyway."""
     prefix = Path(prefix or sys.prefix)
-    lib = next((prefix / "lib").glob("python*/site-packages"), None)
+    lib = _site_packages(prefix)
     if lib is None:
         raise ConfigError(f"{prefix} holds no lib/python*/site-packages; pack a virtualenv (make venv creates .venv)")
     dists = sorted(
@@ -79,9 +89,81 @@ def environment_digest(prefix: Path | None = None) -> str:
     )
     h = hashlib.sha256()
     for part in (DIGEST_FORMAT, platform.python_version(), platform.machine(), sys.platform,
-                 os.path.realpath(prefix / "bin" / "python"), *EXCLUDE, *dists):
+                 os.path.realpath(prefix / "bin" / "python"), *exclude_patterns(prefix), *dists):
         h.update(part.encode() + b"\n")
     return h.hexdigest()[:16]
+
+
+def _site_packages(prefix: Path) -> Path | None:
+    return next((Path(prefix) / "lib").glob("python*/site-packages"), None)
+
+
+def _name(name: str) -> str:
+    """A distribution's name as packaging normalises it (PEP 503): ``PyYAML`` and ``pyyaml`` are one."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirements(dist: importlib.metadata.Distribution) -> list[str]:
+    """The names ``dist`` requires when installed without extras, its environment markers evaluated here."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    names = []
+    for line in dist.requires or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            names.append(_name(req.name))
+    return names
+
+
+def executor_distributions(prefix: Path | None = None) -> set[str] | None:
+    """The distributions the executors need: the project's requirements but ``DRIVER_ONLY``, and everything
+    those require (without extras), by normalised name. None when the virtualenv does not have the project
+    installed (nothing says what the executors need, so nothing is left out)."""
+    lib = _site_packages(Path(prefix or sys.prefix))
+    if lib is None:
+        return None
+    dists = {_name(d.metadata["Name"]): d for d in importlib.metadata.distributions(path=[str(lib)])
+             if d.metadata["Name"]}
+    if PROJECT not in dists:
+        return None
+    keep: set[str] = set()
+    stack = [name for name in _requirements(dists[PROJECT]) if name not in DRIVER_ONLY]
+    while stack:
+        name = stack.pop()
+        if name in keep or name not in dists:
+            continue
+        keep.add(name)
+        stack.extend(_requirements(dists[name]))
+    return keep
+
+
+def exclude_patterns(prefix: Path | None = None) -> list[str]:
+    """``EXCLUDE`` and one pattern for each top-level file or directory of ``site-packages`` that only
+    distributions the executors do not need own (by their ``RECORD``): a directory two distributions share
+    (a namespace package) stays if either is needed, and a distribution without a ``RECORD`` stays whole."""
+    prefix = Path(prefix or sys.prefix)
+    keep, lib = executor_distributions(prefix), _site_packages(prefix)
+    if keep is None or lib is None:
+        return list(EXCLUDE)
+    owned: dict[str, set[bool]] = {}
+    for dist in importlib.metadata.distributions(path=[str(lib)]):
+        name = _name(dist.metadata["Name"] or "")
+        if not name or name == PROJECT:
+            continue
+        record = dist.read_text("RECORD")
+        if record is None:
+            continue
+        for line in record.splitlines():
+            path = line.split(",", 1)[0]
+            if path and not path.startswith(("../", "/")):
+                top, _, rest = path.partition("/")
+                owned.setdefault(top + ("/" if rest else ""), set()).add(name in keep)
+    dropped = sorted(top for top, needed in owned.items() if True not in needed)
+    return [*EXCLUDE, *(f"lib/python*/site-packages/{top}*" if top.endswith("/") else
+                        f"lib/python*/site-packages/{top}" for top in dropped)]
 
 
 def _content_digest(dist: importlib.metadata.Distribution) -> str:
@@ -124,7 +206,7 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
     _say(f"packing {prefix} into {archive} (once per environment: a minute or a few)")
     try:
         venv_pack.pack(prefix=str(prefix), output=str(tmp), format="tar.gz", force=True, compress_level=compress_level,
-                       python_prefix=python_prefix, filters=[("exclude", p) for p in EXCLUDE])
+                       python_prefix=python_prefix, filters=[("exclude", p) for p in exclude_patterns(prefix)])
         _sidecar(tmp).write_text(_sha256(tmp) + "\n")
         tmp.rename(archive)
         _sidecar(tmp).rename(_sidecar(archive))
