@@ -246,3 +246,25 @@ def test_int8_on_workers_whose_cpu_cannot_run_it(monkeypatch, spark, caplog, cap
                              match=r"the executors refused scoring\.dtype=int8: scoring\.dtype=int8 needs a CPU with "
                                    r"AMX-INT8, AVX-512-VNNI or AVX-VNNI")
     assert "PythonException" not in error and "\n" not in error
+
+
+@pytest.mark.slow          # a training and a night: about 16 s on a warm session
+def test_a_night_opens_no_file_outside_its_window_neither_training_nor_scoring(monkeypatch, spark, env, tmp_path):
+    """A night reads only its window, in training as in scoring: a file that is not Parquet in a partition
+    older than ``history.window_days``, and one in the partition of the run date itself (tomorrow's log, for
+    this night), stop nothing and are never opened (any reader that listed or checked them would exit 2)."""
+    store, data = env
+    root = jobkit.copy_dataset(data, tmp_path)
+    for day in ("2024-04-20", str(RUN_DATE)):
+        partition = root / "events" / f"dt={day}"
+        partition.mkdir()
+        (partition / "part-00000.parquet").write_bytes(b"PAR1 truncated upload")
+    window = "history.window_days=7"                                       # 2024-05-01..07
+    tiny = ["train.epochs=1", "train.device=cpu", "train.model.sasrec.dim=8", "train.model.sasrec.layers=1",
+            "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8", f"mlflow.model_name={store.model_name}-window"]
+    assert jobkit.cli(monkeypatch, spark, ["train", "--date", str(RUN_DATE),
+                                           *jobkit.recommend_args(root, store, window, *tiny)]) == 0
+    assert jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
+                                           *jobkit.recommend_args(root, store, window)]) == 0
+    manifest = json.loads((root / "recommendations" / f"dt={RUN_DATE}" / "_manifest.json").read_text())
+    assert manifest["counts"]["rows"] == jobkit.N_USERS
