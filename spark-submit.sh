@@ -13,8 +13,9 @@
 # - the recsys package is zipped and shipped to the executors with --py-files; native
 #   dependencies (torch, pyarrow, numpy) must already be on the executors, or travel as a packed
 #   environment: --pack builds (once per environment digest, cached in $RECSYS_PACK_CACHE or
-#   ~/.cache/recsys/pack/, shared by every checkout) an archive of this virtualenv and ships it with --archives
-#   ARCHIVE#environment, the executors running ./environment/bin/python; --pack=ARCHIVE ships an
+#   ~/.cache/recsys/pack/, shared by every checkout) an archive of what the executors import from this
+#   virtualenv (all of it with --deploy-mode cluster, where the driver runs from it too) and ships it with
+#   --archives ARCHIVE#environment, the executors running ./environment/bin/python; --pack=ARCHIVE ships an
 #   archive built before (docs/cluster.md);
 # - a spark:// master that does not answer within 5 s stops the script with one line and exit 1;
 # - Python: $PYSPARK_PYTHON, else this checkout's .venv, else python3;
@@ -46,6 +47,7 @@ fi
 
 master="${SPARK_MASTER:-local[*,4]}"
 pack=""
+driver_on_cluster=""    # --deploy-mode cluster: the driver runs from the packed environment too
 passthrough=()
 driver_java_options=""
 # spark-submit options come before the job file; everything from the job file on is the job's
@@ -57,6 +59,11 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
     --pack) pack="build"; shift ;;
     --pack=*) pack="${1#--pack=}"; [[ -n "$pack" ]] || { echo "spark-submit.sh: --pack= needs an archive" >&2; exit 2; }; shift ;;
     --verbose|-v|--supervise) passthrough+=("$1"); shift ;;
+    --deploy-mode) [[ $# -ge 2 ]] || { echo "spark-submit.sh: --deploy-mode needs a value" >&2; exit 2; }
+              [[ "$2" == cluster ]] && driver_on_cluster=1
+              passthrough+=("$1" "$2"); shift 2 ;;
+    --deploy-mode=*) [[ "${1#*=}" == cluster ]] && driver_on_cluster=1
+              passthrough+=("$1"); shift ;;
     --driver-java-options) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
               driver_java_options="$driver_java_options $2"; shift 2 ;;
     --driver-java-options=*) driver_java_options="$driver_java_options ${1#*=}"; shift ;;
@@ -64,6 +71,7 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
               driver_java_options="$driver_java_options ${2#*=}"; shift 2
             else
               [[ $# -ge 2 ]] || { echo "spark-submit.sh: --conf needs a value" >&2; exit 2; }
+              [[ "$2" == spark.submit.deployMode=cluster ]] && driver_on_cluster=1
               passthrough+=("$1" "$2"); shift 2
             fi ;;
     --*=*) passthrough+=("$1"); shift ;;
@@ -96,6 +104,7 @@ if [[ -n "$pack" ]]; then
   else
     pack_args=()    # the cache: $RECSYS_PACK_CACHE, else ~/.cache/recsys/pack (recsys.spark.packing)
     [[ "$pack" == "build" ]] || pack_args+=(--archive "$pack")
+    [[ -z "$driver_on_cluster" ]] || pack_args+=(--whole)   # the driver needs MLflow and the rest too
     archive="$(PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$python" -m recsys.spark.packing ${pack_args[@]+"${pack_args[@]}"})" || exit $?
     packed=(--archives "$archive#environment" --conf "spark.pyspark.python=./environment/bin/python"
             --conf "spark.pyspark.driver.python=$PYSPARK_DRIVER_PYTHON")

@@ -231,3 +231,40 @@ def test_every_third_party_module_recsys_imports_is_packed_or_known_to_stay_on_t
                 if not {packing._name(d) for d in owners.get(top, [])} & keep:
                     unshipped.setdefault(top, str(path))
     assert set(unshipped) <= set(STAYS_ON_THE_DRIVER), {m: unshipped[m] for m in set(unshipped) - set(STAYS_ON_THE_DRIVER)}
+
+
+def test_a_whole_archive_keeps_every_distribution_under_a_digest_of_its_own():
+    assert packing.exclude_patterns(whole=True) == list(packing.EXCLUDE)
+    assert len(packing.exclude_patterns()) > len(packing.EXCLUDE)
+    assert packing.environment_digest(whole=True) != packing.environment_digest()
+
+
+@pytest.mark.slow          # two spark-submit JVMs that stop at the YARN check: a few seconds each
+@pytest.mark.parametrize("mode, whole", [((), False), (("--deploy-mode", "cluster"), True),
+                                         (("--conf", "spark.submit.deployMode=cluster"), True),
+                                         (("--deploy-mode=client",), False)])
+def test_spark_submit_packs_the_whole_environment_only_for_a_driver_on_the_cluster(tmp_path, mode, whole):
+    """``--pack`` with the driver in the cluster (it runs from the archive too) ships everything; otherwise what the
+    executors import. Both archives are seeded in a cache of the test's own, so nothing is packed: the script
+    names the one it uses, then spark-submit stops at YARN's configuration check."""
+    from pathlib import Path
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    archives = {}
+    for kind in (False, True):
+        archive = cache / f"recsys-env-{packing.environment_digest(whole=kind)}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            (tmp_path / "python").write_text("#!")
+            tar.add(tmp_path / "python", arcname="bin/python")
+        (cache / f"{archive.name}.sha256").write_text(packing._sha256(archive) + "\n")
+        archives[kind] = archive
+    checkout = Path(packing.__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_", "HADOOP_", "YARN_"))}
+    env["RECSYS_PACK_CACHE"] = str(cache)
+    done = subprocess.run([str(checkout / "spark-submit.sh"), "--pack", "--master", "yarn", *mode,
+                           str(checkout / "jobs" / "nightly_recommendations.py"), "--date", "2024-05-01"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert f"recsys pack: using {archives[whole]}" in done.stderr, done.stderr[-3000:]
+    assert str(archives[not whole]) not in done.stderr
+    assert done.returncode != 0 and "HADOOP_CONF_DIR" in done.stderr      # and it went no further

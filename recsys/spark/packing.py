@@ -19,7 +19,9 @@ never import (:func:`executor_distributions`): the project's requirements but ``
 and matplotlib: tracking, registry and plots happen on the driver) and what they require, and whatever
 else the virtualenv holds for the driver, the service or the tests (boto3, fastapi, moto, pytest ...).
 Every executor (and, in client mode, the driver) unpacks the archive on every submit, so what is left
-out is time saved every night (docs/cluster.md has the sizes).
+out is time saved every night (docs/cluster.md has the sizes). A driver that runs from the archive too
+(``--deploy-mode cluster`` on YARN or Kubernetes) needs MLflow and the rest: ``whole`` packs everything but
+``EXCLUDE``, under a digest of its own (``spark-submit.sh`` asks for it when the deploy mode is cluster).
 
 venv-pack does not include the interpreter: the archive's ``bin/python`` is a link to the base
 interpreter the virtualenv was made from, which must exist at the same path on every executor (or
@@ -72,7 +74,7 @@ def default_cache_dir() -> Path:
     return pack_cache_dir()
 
 
-def environment_digest(prefix: Path | None = None) -> str:
+def environment_digest(prefix: Path | None = None, *, whole: bool = False) -> str:
     """A digest of what the archive would hold, and of nothing else: the interpreter the archive's
     ``bin/python`` links to (its version and path), the platform, the files left out, and every
     distribution but the project's own by name, version and the hashes its ``RECORD`` lists for the
@@ -89,7 +91,7 @@ def environment_digest(prefix: Path | None = None) -> str:
     )
     h = hashlib.sha256()
     for part in (DIGEST_FORMAT, platform.python_version(), platform.machine(), sys.platform,
-                 os.path.realpath(prefix / "bin" / "python"), *exclude_patterns(prefix), *dists):
+                 os.path.realpath(prefix / "bin" / "python"), *exclude_patterns(prefix, whole=whole), *dists):
         h.update(part.encode() + b"\n")
     return h.hexdigest()[:16]
 
@@ -140,11 +142,14 @@ def executor_distributions(prefix: Path | None = None) -> set[str] | None:
     return keep
 
 
-def exclude_patterns(prefix: Path | None = None) -> list[str]:
+def exclude_patterns(prefix: Path | None = None, *, whole: bool = False) -> list[str]:
     """``EXCLUDE`` and one pattern for each top-level file or directory of ``site-packages`` that only
     distributions the executors do not need own (by their ``RECORD``): a directory two distributions share
-    (a namespace package) stays if either is needed, and a distribution without a ``RECORD`` stays whole."""
+    (a namespace package) stays if either is needed, and a distribution without a ``RECORD`` stays whole.
+    ``whole``: ``EXCLUDE`` only, for a driver that runs from the archive too."""
     prefix = Path(prefix or sys.prefix)
+    if whole:
+        return list(EXCLUDE)
     keep, lib = executor_distributions(prefix), _site_packages(prefix)
     if keep is None or lib is None:
         return list(EXCLUDE)
@@ -177,8 +182,9 @@ def _content_digest(dist: importlib.metadata.Distribution) -> str:
 
 
 def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | None = None,
-          compress_level: int = 1) -> Path:
-    """The archive of ``prefix`` (default: this interpreter's virtualenv), built unless already cached.
+          compress_level: int = 1, whole: bool = False) -> Path:
+    """The archive of ``prefix`` (default: this interpreter's virtualenv), built unless already cached: what the
+    executors import, or with ``whole`` everything the driver imports too.
 
     Written under a temporary name and renamed, with a ``.sha256`` beside it, so a killed build never
     leaves an archive that looks complete.
@@ -186,7 +192,7 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
     prefix = Path(prefix or sys.prefix)
     if prefix == Path(sys.base_prefix):
         raise ConfigError(f"{sys.executable} is not in a virtualenv; run 'make venv' and use .venv/bin/python")
-    digest = environment_digest(prefix)
+    digest = environment_digest(prefix, whole=whole)
     if python_prefix:
         digest = hashlib.sha256(f"{digest}:{python_prefix}".encode()).hexdigest()[:16]
     cache_dir = Path(cache_dir)
@@ -203,10 +209,12 @@ def build(cache_dir: Path, prefix: Path | None = None, *, python_prefix: str | N
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = cache_dir / f".{archive.name}.{os.getpid()}.tmp.tar.gz"
     started = time.monotonic()
-    _say(f"packing {prefix} into {archive} (once per environment: a minute or a few)")
+    what = "the whole environment, for a driver that runs from it" if whole else "what the executors import"
+    _say(f"packing {prefix} into {archive} ({what}; once per environment: a minute or a few)")
     try:
         venv_pack.pack(prefix=str(prefix), output=str(tmp), format="tar.gz", force=True, compress_level=compress_level,
-                       python_prefix=python_prefix, filters=[("exclude", p) for p in exclude_patterns(prefix)])
+                       python_prefix=python_prefix,
+                       filters=[("exclude", p) for p in exclude_patterns(prefix, whole=whole)])
         _sidecar(tmp).write_text(_sha256(tmp) + "\n")
         tmp.rename(archive)
         _sidecar(tmp).rename(_sidecar(archive))
@@ -288,13 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-prefix", help="link the archive's python to this interpreter prefix (e.g. /usr) "
                                                 "when the executors' interpreter lives elsewhere than the driver's")
     parser.add_argument("--compress-level", type=int, default=1, choices=range(10), metavar="0-9")
+    parser.add_argument("--whole", action="store_true",
+                        help="pack the whole environment, MLflow and the driver's packages too: for a driver that "
+                             "runs from the archive (--deploy-mode cluster); default: what the executors import")
     args = parser.parse_args(argv)
     try:
         if args.archive:
             path = check(Path(args.archive))
         else:
             cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-            path = check(build(cache_dir, python_prefix=args.python_prefix, compress_level=args.compress_level))
+            path = check(build(cache_dir, python_prefix=args.python_prefix, compress_level=args.compress_level,
+                               whole=args.whole))
     except ConfigError as exc:
         print(f"recsys pack: {exc}", file=sys.stderr)
         return int(ExitCode.BAD_INPUT)
