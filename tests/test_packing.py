@@ -261,7 +261,9 @@ def test_spark_submit_packs_the_whole_environment_only_for_a_driver_on_the_clust
         archives[kind] = archive
     checkout = Path(packing.__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_", "HADOOP_", "YARN_"))}
-    env["RECSYS_PACK_CACHE"] = str(cache)
+    env.update(RECSYS_PACK_CACHE=str(cache), PYSPARK_PYTHON=sys.executable)    # this environment: the seeded digests
+    if "SPARK_SUBMIT_OPTS" in os.environ:      # the test JVMs' options (tests/jvmkit.py)
+        env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
     done = subprocess.run([str(checkout / "spark-submit.sh"), "--pack", "--master", "yarn", *mode,
                            str(checkout / "jobs" / "nightly_recommendations.py"), "--date", "2024-05-01"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
