@@ -28,9 +28,7 @@ import json
 import re
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -47,20 +45,12 @@ RECOMMEND_BREAKDOWN = "seconds by stage: "     # recsys.pipelines.nightly.STAGE_
 
 def _timed(cmd: list[str], log: Path) -> tuple[int, float, dict, str]:
     """(exit code, wall seconds, peak MB by kind of process, output) of a child process."""
-    from scale_test import sample_tree
+    from scale_test import run_sampled, sample_tree
 
     peaks: dict = {}
-    stop = threading.Event()
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=log.parent)
-    sampler = threading.Thread(target=sample_tree, args=(proc.pid, peaks, stop), daemon=True)
-    sampler.start()
-    out = proc.communicate()[0]
-    stop.set()
-    sampler.join()
-    seconds = time.perf_counter() - started
-    log.write_text(f"{cmd}\nexit {proc.returncode} after {seconds:.1f}s\n{out}")
-    return proc.returncode, seconds, {k: round(v) for k, v in peaks.items()}, out
+    code, seconds, out = run_sampled(cmd, lambda pid, stop: sample_tree(pid, peaks, stop), cwd=log.parent)
+    log.write_text(f"{cmd}\nexit {code} after {seconds:.1f}s\n{out}")
+    return code, seconds, {k: round(v) for k, v in peaks.items()}, out
 
 
 def _overrides(root: Path, extra: list[str]) -> list[str]:

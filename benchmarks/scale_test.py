@@ -82,6 +82,20 @@ def sample_tree(pid: int, peaks: dict, stop: threading.Event, cpu: dict | None =
             peaks[kind] = max(peaks.get(kind, 0.0), rss)
 
 
+def run_sampled(cmd: list[str], sample, cwd: Path | None = None) -> tuple[int, float, str]:
+    """Run ``cmd`` to its end with ``sample(pid, stop)`` polling its process tree on a thread meanwhile
+    (e.g. :func:`sample_tree`); its exit code, wall seconds and output (stdout and stderr together)."""
+    stop = threading.Event()
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+    sampler = threading.Thread(target=sample, args=(proc.pid, stop), daemon=True)
+    sampler.start()
+    out = proc.communicate()[0]
+    stop.set()
+    sampler.join()
+    return proc.returncode, time.perf_counter() - started, out
+
+
 def prepare(users: int, items: int, work: Path) -> tuple[Path, float, int]:
     """A fresh dataset and model store for ``users``: (its root, seconds to generate, events)."""
     from recsys.data.sample import SampleSpec, generate_sample
@@ -124,18 +138,10 @@ def run_night(root: Path, users: int, items: int, top_n: int, driver_memory: str
         cmd += ["--set", o]
     peaks: dict = {}
     cpu: dict = {}
-    stop = threading.Event()
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = threading.Thread(target=sample_tree, args=(proc.pid, peaks, stop, cpu), daemon=True)
-    sampler.start()
-    log = proc.communicate()[0]
-    stop.set()
-    sampler.join()
-    job_s = time.perf_counter() - started
+    code, job_s, log = run_sampled(cmd, lambda pid, stop: sample_tree(pid, peaks, stop, cpu))
     (root / f"recommend-{date}{'-' + '-'.join(extra) if extra else ''}.log").write_text(log)   # the whole log
-    if proc.returncode != 0:
-        raise SystemExit(f"recommend failed for {users} users (exit {proc.returncode}):\n{log[-5000:]}")
+    if code != 0:
+        raise SystemExit(f"recommend failed for {users} users (exit {code}):\n{log[-5000:]}")
     manifest = json.loads((root / "out" / f"dt={date}" / "_manifest.json").read_text())
     marker = "seconds by stage: "   # recsys.pipelines.nightly.STAGE_BREAKDOWN, the run's last figures
     lines = [line for line in log.splitlines() if marker in line]

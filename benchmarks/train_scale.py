@@ -21,7 +21,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -85,19 +84,13 @@ def run_scale(users: int, items: int, work: Path, processes: int, driver_memory:
     cmd = [sys.executable, "-m", "recsys.cli", "train", "--date", str(RUN_DATE), "--force"]
     for o in overrides:
         cmd += ["--set", o]
+    from scale_test import run_sampled
+
     peaks: dict = {}
-    stop = threading.Event()
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    sampler = threading.Thread(target=sample_tree, args=(proc.pid, peaks, stop), daemon=True)
-    sampler.start()
-    log = proc.communicate()[0]
-    stop.set()
-    sampler.join()
-    job_s = time.perf_counter() - started
+    code, job_s, log = run_sampled(cmd, lambda pid, stop: sample_tree(pid, peaks, stop))
     (root / f"train-{processes}.log").write_text(log)
-    if proc.returncode != 0:
-        raise SystemExit(f"train failed for {users} users (exit {proc.returncode}):\n{log[-5000:]}")
+    if code != 0:
+        raise SystemExit(f"train failed for {users} users (exit {code}):\n{log[-5000:]}")
     stages = {}
     for line in log.splitlines():   # "[train D] <stage label> done in 12.3s: ..."
         if "] " in line and " done in " in line:
