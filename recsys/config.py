@@ -279,6 +279,8 @@ class TrainConfig(_Section):
     history_items: int = Field(ge=2, le=1_000_000)
     device: str
     refit: bool
+    held_out_share: float = Field(gt=0, le=1)
+    held_out_min_users: int = Field(ge=0)
     gate_tolerance: float = Field(ge=0)
     gate_min_users: int = Field(ge=1)
     processes: int = Field(ge=1, le=4096)

@@ -60,12 +60,24 @@ class Sequences:
     def to_lists(self) -> list[np.ndarray]:
         return [self.items[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:])]
 
-    def split_newest(self, min_len: int) -> tuple["Sequences", np.ndarray, np.ndarray]:
+    def split_newest(self, min_len: int, eligible: np.ndarray | None = None
+                     ) -> tuple["Sequences", np.ndarray, np.ndarray]:
         """Each sequence of at least ``min_len`` items without its newest item: (the sequences that are
         left, the rows that gave one up, the items they gave up). The held-out split of training, in one
-        place for the in-memory and the streamed paths, so both hold out exactly the same items."""
+        place for the in-memory and the streamed paths, so both hold out exactly the same items.
+        ``eligible`` [U] bool, optional: only these rows may give one up (the held-out users of one fit).
+
+        >>> seqs = Sequences(np.array([0, 3, 4, 7]), np.array([1, 2, 3, 4, 5, 6, 7]))
+        >>> left, rows, targets = seqs.split_newest(3)
+        >>> left.offsets.tolist(), rows.tolist(), targets.tolist()
+        ([0, 2, 3, 5], [0, 2], [3, 7])
+        >>> seqs.split_newest(3, eligible=np.array([False, True, True]))[2].tolist()
+        [7]
+        """
         lengths = self.lengths
         has_target = lengths >= min_len
+        if eligible is not None:
+            has_target &= np.asarray(eligible, dtype=bool)
         last_pos = self.offsets[1:] - 1
         keep = np.ones(len(self.items), dtype=bool)
         keep[last_pos[has_target]] = False

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats")
+CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream")
 
 
 @pytest.mark.parametrize("name", CORE_MODULES)

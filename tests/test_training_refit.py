@@ -142,3 +142,45 @@ def test_the_gate_judges_on_newest_items_first_touched_after_the_holders_trainin
     assert f"on {unseen} held-out user(s) whose newest item was first touched on or after {FIRST_TRAINING}" \
         in second.decision
     assert {"gate_candidate_ndcg_at_10", "gate_holder_ndcg_at_10"} <= set(metrics)     # "@": "_at_" in MLflow
+
+
+def _held_out_users(spark, cfg, share: float) -> set[int]:
+    """The users the shards mark as held out for ``share``: Spark's own bucket and cut, from the raw histories."""
+    from recsys.learning.shards import training_histories
+    from recsys.model.stream import MIN_HELD_OUT_LEN, held_out_below
+
+    rows = training_histories(spark, cfg, SECOND_TRAINING).toArrow().to_pylist()
+    below = held_out_below(share, 0, sum(len(r["history"]) >= MIN_HELD_OUT_LEN for r in rows))
+    return {r["user_id"] for r in rows if r["held_out_bucket"] < below and len(r["history"]) >= MIN_HELD_OUT_LEN}
+
+
+def test_one_fit_holds_out_a_share_of_users_learns_everyone_elses_newest_item_and_gates_on_the_share(
+        spark, data_root, tmp_path):
+    """``train.held_out_share=0.5`` with ``train.refit=false``: one fit chooses its epoch count on about half the
+    users' newest items and registers the model that learned every other user's newest item (user 1's item seen
+    nowhere else among them: a seed is picked for which user 1 is not held out). The gate and the repeat blend
+    judge on the held-out users only."""
+    from mlflow import MlflowClient
+
+    from recsys.pipelines.train import run_training
+
+    share = ["train.held_out_share=0.5", "train.refit=false", "train.gate_min_users=1", "train.gate_tolerance=1"]
+    seed = next(s for s in range(42, 80)
+                if 1 not in _held_out_users(spark, _config(data_root, tmp_path, f"train.seed={s}"), 0.5))
+    cfg = _config(data_root, tmp_path, "mlflow.model_name=one-fit", f"train.seed={seed}", *share)
+    held_out = _held_out_users(spark, cfg, 0.5)
+    assert 0.25 * USERS < len(held_out) < 0.75 * USERS
+
+    assert run_training(spark, cfg, FIRST_TRAINING).promoted           # the holder, trained before 03-05
+    second = run_training(spark, cfg, SECOND_TRAINING)
+    run = MlflowClient(cfg.mlflow.tracking_uri).get_run(second.run_id).data
+    assert int(run.params["validation_users"]) == len(held_out)
+    assert float(run.params["held_out_share"]) == pytest.approx(len(held_out) / USERS, abs=1e-3)
+    loaded = _registered(cfg, second.version)
+    assert NEWEST_ONLY in set(loaded.item_ids.tolist())                # user 1 is not held out: learned in the one fit
+    assert loaded.metadata["refit"] is False and loaded.metadata["held_out_share"] < 1
+
+    everyone_unseen = _unseen_since(data_root, FIRST_TRAINING, SECOND_TRAINING)
+    assert 0 < run.metrics["gate_users"] < everyone_unseen              # only held-out users are judged
+    # the blend's rows: each held-out user on each day before 03-07 with a history before it (days 2..6)
+    assert run.metrics["repeats_validation_rows"] == 5 * len(held_out)

@@ -16,8 +16,8 @@ from recsys.learning.split import SplitData, StreamedHeldOut, split_last_item
 from recsys.model.configs import SASRecConfig
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.registry import build_model
-from recsys.model.stream import (ShardFiles, StreamedWindows, StreamSettings, count_users, held_out_chunks,
-                                 ranking_sums)
+from recsys.model.stream import (HASH_BUCKETS, ShardFiles, StreamedWindows, StreamSettings, count_users,
+                                 held_out_below, held_out_chunks, ranking_sums)
 from recsys.model.training import InMemoryWindows, TrainSettings, fit
 from recsys.sequences import Sequences, Vocabulary
 
@@ -31,13 +31,19 @@ def _histories(users: int = 90, items: int = 40, seed: int = 1) -> tuple[np.ndar
     return np.arange(1, users + 1), Sequences.from_lists(lists), rng.integers(0, 10**12, users)
 
 
+def _buckets(user_ids: np.ndarray) -> np.ndarray:
+    """Stand-ins for Spark's seeded hash buckets: spread over [0, HASH_BUCKETS), fixed per user."""
+    return (user_ids * 2_654_435_761) % HASH_BUCKETS
+
+
 def _write(tmp_path, user_ids, seqs, first_us, files: int = 3) -> ShardFiles:
     paths = []
     for f in range(files):
         rows = np.arange(f, len(user_ids), files)
         table = pa.table({"user_id": pa.array(user_ids[rows], pa.int64()),
                           "history": pa.array([seqs.to_lists()[r].tolist() for r in rows], pa.list_(pa.int64())),
-                          "newest_first_us": pa.array(first_us[rows], pa.int64())})
+                          "newest_first_us": pa.array(first_us[rows], pa.int64()),
+                          "held_out_bucket": pa.array(_buckets(user_ids[rows]), pa.int64())})
         path = tmp_path / f"part-{f:05d}.parquet"
         pq.write_table(table, path, row_group_size=7)
         paths.append(str(path))
@@ -145,3 +151,33 @@ def test_fit_trains_from_streamed_shards(tmp_path):
     assert first.curve[-1]["train_loss"] < first.curve[0]["train_loss"]
     for key, value in first.model.state_dict().items():
         assert torch.equal(value, second.model.state_dict()[key]), key
+
+
+def test_with_a_share_held_out_only_those_users_give_up_their_newest_item_and_everyone_else_trains_on_it(tmp_path):
+    """One fit: the held-out users' newest items are validation and the gate's, every other user's are trained on."""
+    user_ids, seqs, first_us = _histories(users=300)
+    files = _write(tmp_path, user_ids, seqs, first_us)
+    below = held_out_below(0.3, 0, len(user_ids))
+    chosen = _buckets(user_ids) < below
+    split = split_last_item(seqs, first_us=first_us)
+    expected_users = {int(user_ids[r]) for r in np.flatnonzero(seqs.lengths >= 3) if chosen[r]}
+    assert 0.2 * len(user_ids) < len(expected_users) < 0.4 * len(user_ids) and len(expected_users) < split.users
+
+    targets = [int(t) for c in held_out_chunks(files, held_out_below=below, users_per_chunk=8) for t in c.targets]
+    newest = {int(user_ids[r]): int(seqs.to_lists()[r][-1]) for r in range(len(user_ids))}
+    assert sorted(targets) == sorted(newest[u] for u in expected_users)
+    assert StreamedHeldOut(files, held_out_below=below).users == len(expected_users)
+    assert StreamedHeldOut(files, held_out_below=below).since(0).users == len(expected_users)
+    assert StreamedHeldOut(files).users == split.users      # no cut: every user with enough items, as before
+
+    vocab = Vocabulary(np.unique(seqs.items))
+    streamed = StreamedWindows(files, vocab, StreamSettings(
+        max_len=MAX_LEN, batch_size=5, seed=3, hold_out_newest=True, random_offsets=False, held_out_below=below,
+        users_per_chunk=11, shuffle_windows=16))
+    labels = Counter(int(v) for _, y in streamed.batches(1) for v in y.flatten() if v)
+    left, _, _ = seqs.split_newest(3, eligible=chosen)
+    trained = vocab.map_sequences(left)[0]
+    expected = Counter(int(v) for row in trained.to_lists() for v in row[1:])   # every item after a user's first
+    assert labels == expected
+    everything = vocab.map_sequences(seqs)[0]
+    assert sum(labels.values()) == sum(max(0, len(r) - 1) for r in everything.to_lists()) - len(expected_users)

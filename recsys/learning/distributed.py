@@ -45,9 +45,10 @@ class FitJob:
     vocab_ids: np.ndarray            # the model's vocabulary (item ids, index i + 1)
     model_config: Any                # the model type's config dataclass
     settings: Any                    # recsys.model.training.TrainSettings
-    hold_out_newest: bool            # the selection fit (True) or the refit on everything (False)
+    hold_out_newest: bool            # the fit that chooses the epoch count (True) or the refit on everything (False)
     validate: bool                   # early stopping on the held-out newest items
     stop_after: int | None = None    # the refit's epoch count
+    held_out_below: int | None = None  # the held-out users' bucket cut (recsys.model.stream.held_out_below); None: all
     device: str = "cpu"
     faults: tuple[str, ...] = ()
     progress_every_s: float = 30.0
@@ -157,11 +158,13 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
         batch_size = max(1, job.settings.batch_size // world)
         source = StreamedWindows(files, vocab, StreamSettings(
             max_len=job.model_config.max_len, batch_size=batch_size, seed=job.settings.seed,
-            hold_out_newest=job.hold_out_newest, random_offsets=job.settings.window_offsets == "random", rank=rank,
+            hold_out_newest=job.hold_out_newest, random_offsets=job.settings.window_offsets == "random",
+            held_out_below=job.held_out_below, rank=rank,
             users_per_chunk=job.users_per_chunk, shuffle_windows=max(job.shuffle_windows, batch_size)))
 
         def validate(model) -> dict[str, float]:
-            part = ranking_sums(model, vocab, held_out_chunks(files, users_per_chunk=job.users_per_chunk),
+            part = ranking_sums(model, vocab, held_out_chunks(files, held_out_below=job.held_out_below,
+                                                              users_per_chunk=job.users_per_chunk),
                                 ks=(SELECTION_K,), device=device)
             keys = (f"ndcg@{SELECTION_K}", f"hr@{SELECTION_K}", "mrr")   # the same on every process, known users or not
             if world > 1:

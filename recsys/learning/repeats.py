@@ -3,7 +3,9 @@
 For each of the ``train.repeats.validation_days`` days before the training date: the users active that
 day, their histories before it (built by the nightly job's own history code, counts and latest times
 included), and the distinct items they had that day: at most ``train.repeats.max_rows`` (user, day) rows,
-a seeded sample by user (the fit needs a few thousand, never everyone).
+a seeded sample by user (the fit needs a few thousand, never everyone). When training holds out only a share
+of the users (``train.held_out_share``), the rows are theirs: the model ranking the new items has trained on
+every other user's newest item, which falls in these very days and would make new items look better.
 
 The rows are written as Parquet under the training's work directory and streamed back a chunk at a time,
 as the held-out users of training are: nothing per user is collected to the driver, and the memory the
@@ -24,10 +26,10 @@ from pyspark.sql import functions as F
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.readers import read_events_window
-from recsys.learning.shards import parquet_files
+from recsys.learning.shards import held_out_bucket, parquet_files
 from recsys.model.repeats import (BlendValidation, RepeatBlend, ValidationDays, blend_grid, blend_sums, choose_blend,
                                   rank_validation_days)
-from recsys.model.stream import ShardFiles, read_batches
+from recsys.model.stream import HASH_BUCKETS, ShardFiles, read_batches
 from recsys.sequences import Sequences
 
 log = logging.getLogger(__name__)
@@ -39,9 +41,10 @@ ROWS_PER_FILE = 100_000   # (user, day) rows per written file
 ROWS_PER_CHUNK = 2048     # (user, day) rows ranked at once: a [chunk, items] score matrix in memory
 
 
-def write_validation_days(spark: SparkSession, cfg: Config, date: dt.date, directory: str) -> ShardFiles:
+def write_validation_days(spark: SparkSession, cfg: Config, date: dt.date, directory: str, *,
+                          held_out_below: int = HASH_BUCKETS) -> ShardFiles:
     """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
-    docstring) and return the files written."""
+    docstring) and return the files written; below ``HASH_BUCKETS``, only the held-out users' rows."""
     settings = cfg.train.repeats
     events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
                                                    cfg.history.event_types))
@@ -49,6 +52,8 @@ def write_validation_days(spark: SparkSession, cfg: Config, date: dt.date, direc
     day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
     targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")
                .groupBy("user_id", DAY).agg(F.array_sort(F.collect_set("item_id")).alias(TARGETS)))
+    if held_out_below < HASH_BUCKETS:
+        targets = targets.filter(held_out_bucket("user_id", cfg.train.seed) < F.lit(held_out_below))
     targets, rows = _sample(targets, settings.max_rows, cfg.train.seed)
     before = (events.join(F.broadcast(targets.select("user_id", DAY)), "user_id")
               .filter(F.col("ts") < F.col(DAY).cast("timestamp")))
@@ -92,10 +97,10 @@ def _as_days(rows: pa.RecordBatch | pa.Table) -> ValidationDays:
 
 
 def fit_repeat_blend(spark: SparkSession, cfg: Config, date: dt.date, model, item_ids: np.ndarray,
-                     device, directory: str) -> RepeatBlend:
+                     device, directory: str, *, held_out_below: int = HASH_BUCKETS) -> RepeatBlend:
     """The blend chosen on the held-out days, with the model that ranks the new items; the rows are written
     under ``directory`` (a scratch directory the caller removes)."""
-    files = write_validation_days(spark, cfg, date, directory)
+    files = write_validation_days(spark, cfg, date, directory, held_out_below=held_out_below)
     candidates = blend_grid()
     sums = blend_sums(BlendValidation.empty(), candidates)
     for days in validation_chunks(files):

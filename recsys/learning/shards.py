@@ -8,6 +8,10 @@ hash, and the training processes read them a chunk at a time (``recsys.model.str
 driver collects is catalog-sized, never user-sized: each item's count (for the vocabularies) and
 a few totals.
 
+Each row carries a seeded hash bucket of the user id (``held_out_bucket``): the users whose bucket is below
+the cut :func:`recsys.model.stream.held_out_below` draws from ``train.held_out_share`` and
+``train.held_out_min_users`` hold out their newest item, for choosing the epoch count and for the gate.
+
 ``train.max_users`` caps the users trained on by a seeded hash of the user id: the same users every
 night for the same population, about ``max_users`` of them (each user is kept with probability
 ``max_users / users``, so the count varies by a fraction of a percent at scale).
@@ -28,17 +32,17 @@ from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.contracts import partition_name
 from recsys.data.readers import read_events_window
-from recsys.model.stream import HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, USER_ID, ShardFiles
+from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, USER_ID,
+                                 ShardFiles, held_out_below)
 from recsys.sequences import Vocabulary
 
 log = logging.getLogger(__name__)
 
-HASH_BUCKETS = 1 << 30     # max_users sampling: a user is kept when hash(user, seed) mod this < the share
 
 
 @dataclass(frozen=True)
 class ItemCounts:
-    """Each item's occurrences in the histories: all of them (the refit's) and without each user's held-out newest."""
+    """Each item's occurrences in the histories: all of them (the refit's) and without the held-out users' newest."""
 
     item_ids: np.ndarray       # [I] sorted
     all_events: np.ndarray     # [I]
@@ -59,8 +63,15 @@ class TrainingShards:
     items: ItemCounts
     users: int
     interactions: int
-    held_out_users: int
+    held_out_users: int          # users whose newest item is held out (the epoch count's and the gate's)
     sampled_from: int | None     # users before the train.max_users sample (None: no sample)
+    held_out_below: int = HASH_BUCKETS   # the bucket cut of those users (HASH_BUCKETS: every user with enough items)
+    eligible_users: int = 0      # users with enough items to hold one out (MIN_HELD_OUT_LEN)
+
+    @property
+    def held_out_share(self) -> float:
+        """The share of the eligible users that is held out (1.0: every one)."""
+        return self.held_out_users / self.eligible_users if self.eligible_users else 1.0
 
 
 def training_work_dir(cfg: Config, date: dt.date) -> str:
@@ -81,10 +92,17 @@ def remove_stale_attempts(work: str, date: dt.date) -> None:
         rfs.delete_dir_if_exists(fs, path)
 
 
+def held_out_bucket(user_id: str, seed: int):
+    """The user's held-out bucket in [0, HASH_BUCKETS): a seeded hash of the id, the same every night, so
+    the same users are held out from one night to the next (the repeat blend's rows use it too)."""
+    return F.pmod(F.xxhash64(F.col(user_id), F.lit(seed), F.lit("held_out")), F.lit(HASH_BUCKETS))
+
+
 def training_histories(spark: SparkSession, cfg: Config, date: dt.date) -> DataFrame:
-    """user_id, history (item ids, oldest first, up to ``train.history_items``), newest_first_us: each user's
-    history before ``date`` and when they *first* touched their newest item (histories collapse repeats
-    to the latest time; the gate must know whether an older model could have seen the pair at all)."""
+    """user_id, history (item ids, oldest first, up to ``train.history_items``), newest_first_us, held_out_bucket:
+    each user's history before ``date``, when they *first* touched their newest item (histories collapse
+    repeats to the latest time; the gate must know whether an older model could have seen the pair at all)
+    and the user's held-out bucket."""
     events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
                                                    cfg.history.event_types))
     histories = hist.build_histories(events, max_items=cfg.train.history_items,
@@ -93,7 +111,8 @@ def training_histories(spark: SparkSession, cfg: Config, date: dt.date) -> DataF
     # histories used once (a second reference would build them, shuffles and all, a second time)
     return (histories.withColumn("item_id", F.element_at(hist.HISTORY_COLUMN, -1))
             .join(first_seen, ["user_id", "item_id"]).drop("item_id")
-            .select(USER_ID, F.col(hist.HISTORY_COLUMN).alias(HISTORY), NEWEST_FIRST_US))
+            .select(USER_ID, F.col(hist.HISTORY_COLUMN).alias(HISTORY), NEWEST_FIRST_US,
+                    held_out_bucket(USER_ID, cfg.train.seed).alias(HELD_OUT_BUCKET)))
 
 
 def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, directory: str, *,
@@ -108,10 +127,11 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
      .write.mode("overwrite").parquet(directory))
     written = spark.read.parquet(directory)
     files = parquet_files(directory)
-    totals, items = _statistics(written)
+    totals, below, items = _statistics(written, cfg.train.held_out_share, cfg.train.held_out_min_users)
     return TrainingShards(directory, files, items, users=int(totals["users"] or 0),
                           interactions=int(totals["interactions"] or 0),
-                          held_out_users=int(totals["held_out_users"] or 0), sampled_from=sampled_from)
+                          held_out_users=int((items.all_events - items.selection).sum()), sampled_from=sampled_from,
+                          held_out_below=below, eligible_users=int(totals["eligible_users"] or 0))
 
 
 def _sample_users(histories: DataFrame, max_users: int, seed: int) -> tuple[DataFrame, int | None]:
@@ -125,20 +145,24 @@ def _sample_users(histories: DataFrame, max_users: int, seed: int) -> tuple[Data
     return histories.filter(bucket < share), users
 
 
-def _statistics(written: DataFrame) -> tuple[dict, ItemCounts]:
-    """Totals and per-item counts of the written shards (two small collects: one row, one row per item)."""
+def _statistics(written: DataFrame, share: float, min_users: int) -> tuple[dict, int, ItemCounts]:
+    """Totals, the held-out users' bucket cut and per-item counts of the written shards (two small collects:
+    one row, one row per item). Every held-out user gives up one item, so the held-out users are the
+    difference of the two counts."""
     n = F.size(HISTORY)
     totals = written.agg(F.count(F.lit(1)).alias("users"), F.sum(n).alias("interactions"),
-                         F.count_if(n >= MIN_HELD_OUT_LEN).alias("held_out_users")).first().asDict()
-    exploded = written.select(F.posexplode(HISTORY).alias("pos", "item_id"), n.alias("n"))
-    held_out = (exploded.pos == exploded.n - 1) & (exploded.n >= MIN_HELD_OUT_LEN)
+                         F.count_if(n >= MIN_HELD_OUT_LEN).alias("eligible_users")).first().asDict()
+    below = held_out_below(share, min_users, int(totals["eligible_users"] or 0))
+    exploded = written.select(F.posexplode(HISTORY).alias("pos", "item_id"), n.alias("n"), HELD_OUT_BUCKET)
+    held_out = ((exploded.pos == exploded.n - 1) & (exploded.n >= MIN_HELD_OUT_LEN)
+                & (exploded[HELD_OUT_BUCKET] < F.lit(below)))
     table = (exploded.groupBy("item_id").agg(F.count(F.lit(1)).alias("all_events"),
                                              F.count_if(~held_out).alias("selection"))
              .orderBy("item_id").toArrow())
     items = ItemCounts(table.column("item_id").to_numpy().astype(np.int64),
                        table.column("all_events").to_numpy().astype(np.int64),
                        table.column("selection").to_numpy().astype(np.int64))
-    return totals, items
+    return totals, below, items
 
 
 def parquet_files(directory: str) -> ShardFiles:

@@ -56,22 +56,26 @@ class StreamedHeldOut:
 
     files: ShardFiles
     since_us: int | None = None
+    held_out_below: int | None = None   # the held-out users' bucket cut (None: every user)
 
     @cached_property
     def users(self) -> int:
         from recsys.model.stream import held_out_chunks
 
-        return sum(len(c.targets) for c in held_out_chunks(self.files, since_us=self.since_us))
+        return sum(len(c.targets) for c in held_out_chunks(self.files, since_us=self.since_us,
+                                                             held_out_below=self.held_out_below))
 
     def since(self, cutoff_us: int) -> "StreamedHeldOut":
-        return StreamedHeldOut(self.files, cutoff_us if self.since_us is None else max(cutoff_us, self.since_us))
+        return StreamedHeldOut(self.files, cutoff_us if self.since_us is None else max(cutoff_us, self.since_us),
+                               self.held_out_below)
 
     def score(self, model, item_ids: np.ndarray, device) -> float:
         """NDCG@10 over every held-out user; a target outside ``item_ids`` counts as a miss."""
         from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
         from recsys.model.stream import held_out_chunks, ranking_sums
 
-        sums = ranking_sums(model, Vocabulary(item_ids), held_out_chunks(self.files, since_us=self.since_us),
+        sums = ranking_sums(model, Vocabulary(item_ids), held_out_chunks(self.files, since_us=self.since_us,
+                                                                         held_out_below=self.held_out_below),
                             ks=(SELECTION_K,), device=device)
         return sums.mean_over_all(SELECTION_METRIC)
 

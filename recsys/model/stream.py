@@ -13,9 +13,12 @@ rule, the same labels. What differs is the order: a user's windows are shuffled 
 ``shuffle_windows`` windows, the files in a seeded order per epoch, instead of one global
 permutation. Spark writes users to files by hash, so a buffer holds a random sample of users.
 
-Validation and the gate stream the same files: each user with at least ``MIN_HELD_OUT_LEN`` items
-holds out their newest item, and metrics are accumulated as sums over chunks (so that several
-processes can add theirs).
+Validation and the gate stream the same files: each held-out user with at least ``MIN_HELD_OUT_LEN``
+items holds out their newest item, and metrics are accumulated as sums over chunks (so that several
+processes can add theirs). Which users are held out is written into the shards as a seeded hash bucket
+of the user id (``held_out_bucket``): every user (``HASH_BUCKETS``) or a share of them
+(:func:`held_out_below`), so that one fit can both choose its epoch count on the held-out users and
+learn every other user's newest item.
 
 Pure pyarrow/numpy/torch: runs wherever a training process runs (an executor, a GPU box).
 """
@@ -35,6 +38,8 @@ from recsys.sequences import Sequences, Vocabulary
 HISTORY = "history"
 NEWEST_FIRST_US = "newest_first_us"
 USER_ID = "user_id"
+HELD_OUT_BUCKET = "held_out_bucket"  # a seeded hash of the user id in [0, HASH_BUCKETS): held out when below the cut
+HASH_BUCKETS = 1 << 30
 MIN_HELD_OUT_LEN = 3           # users with fewer items keep all of them for training (split_last_item's rule)
 USERS_PER_CHUNK = 4096         # users read, mapped and cut into windows at a time
 SHUFFLE_WINDOWS = 32768        # windows shuffled together: [32768, 51] int64 inputs + labels, about 27 MB
@@ -81,12 +86,39 @@ def window_count(seqs: Sequences, max_len: int) -> int:
     return int(np.where(n >= 2, -(-(n - 1) // max_len), 0).sum())
 
 
+def held_out_below(share: float, min_users: int, users: int) -> int:
+    """The bucket cut that holds out about ``share`` of ``users``, and at least ``min_users`` of them (every
+    user when there are no more): a user is held out when their ``held_out_bucket`` is below it.
+
+    >>> held_out_below(1.0, 0, 5000) == HASH_BUCKETS          # every user
+    True
+    >>> round(held_out_below(0.2, 1000, 20000) / HASH_BUCKETS, 6)   # a fifth of 20k users: 4k, above the floor
+    0.2
+    >>> round(held_out_below(0.2, 1000, 2000) / HASH_BUCKETS, 6)    # a fifth would be 400: the floor's 1000 instead
+    0.5
+    >>> held_out_below(0.2, 1000, 800) == HASH_BUCKETS        # fewer users than the floor: every one
+    True
+    """
+    if not 0 < share <= 1:
+        raise ValueError(f"the held-out share must be in (0, 1], got {share}")
+    wanted = max(share, min_users / users) if users > 0 else 1.0
+    return HASH_BUCKETS if wanted >= 1 else int(HASH_BUCKETS * wanted)
+
+
+def held_out_rows(buckets: np.ndarray | None, below: int | None) -> np.ndarray | None:
+    """Which rows may hold out their newest item: those whose bucket is below the cut (None: every row)."""
+    if below is None or below >= HASH_BUCKETS or buckets is None:
+        return None
+    return np.asarray(buckets) < below
+
+
 @dataclass(frozen=True)
 class StreamSettings:
     """How an epoch's windows are cut from the shards and batched.
 
-    ``hold_out_newest``: drop each user's newest item (the selection fit) or train on everything (the
-    refit); ``random_offsets``: shift each long user's window tiling every epoch; ``rank``: this process's
+    ``hold_out_newest``: drop each held-out user's newest item (the fit that chooses the epoch count) or
+    train on everything (the refit); ``held_out_below``: the held-out users' bucket cut (None: every user,
+    as with shards written without buckets); ``random_offsets``: shift each long user's window tiling every epoch; ``rank``: this process's
     place in a data-parallel training (its shuffle differs); ``users_per_chunk`` users are read at a time
     and ``shuffle_windows`` windows shuffled together.
     """
@@ -96,6 +128,7 @@ class StreamSettings:
     seed: int
     hold_out_newest: bool
     random_offsets: bool
+    held_out_below: int | None = None
     rank: int = 0
     users_per_chunk: int = USERS_PER_CHUNK
     shuffle_windows: int = SHUFFLE_WINDOWS
@@ -114,16 +147,20 @@ class StreamedWindows:
         self.files, self.vocab = files, vocab
         self.max_len, self.batch_size, self.seed, self.rank = s.max_len, s.batch_size, s.seed, s.rank
         self.hold_out_newest, self.random_offsets = s.hold_out_newest, s.random_offsets
+        self.held_out_below = s.held_out_below
         self.users_per_chunk, self.shuffle_windows = s.users_per_chunk, s.shuffle_windows
         self._windows: int | None = None
         self._item_counts: np.ndarray | None = None
 
     def sequences(self, paths: Sequence[str] | None = None) -> Iterator[Sequences]:
         """Index-space training sequences, a chunk of users at a time."""
-        for batch in read_batches(self.files.paths if paths is None else paths, [HISTORY], self.users_per_chunk):
+        by_bucket = self.hold_out_newest and self.held_out_below is not None and self.held_out_below < HASH_BUCKETS
+        columns = [HISTORY, HELD_OUT_BUCKET] if by_bucket else [HISTORY]
+        for batch in read_batches(self.files.paths if paths is None else paths, columns, self.users_per_chunk):
             seqs = Sequences.from_arrow(batch.column(0))
             if self.hold_out_newest:
-                seqs = seqs.split_newest(MIN_HELD_OUT_LEN)[0]
+                eligible = held_out_rows(_buckets(batch) if by_bucket else None, self.held_out_below)
+                seqs = seqs.split_newest(MIN_HELD_OUT_LEN, eligible)[0]
             yield self.vocab.map_sequences(seqs)[0]
 
     def _count(self) -> None:
@@ -195,14 +232,22 @@ class HeldOutChunk:
     first_us: np.ndarray
 
 
-def held_out_chunks(files: ShardFiles, *, since_us: int | None = None,
+def _buckets(batch: pa.RecordBatch) -> np.ndarray:
+    return batch.column(HELD_OUT_BUCKET).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def held_out_chunks(files: ShardFiles, *, since_us: int | None = None, held_out_below: int | None = None,
                     users_per_chunk: int = USERS_PER_CHUNK) -> Iterator[HeldOutChunk]:
-    """Each user's newest item held out (users with at least ``MIN_HELD_OUT_LEN`` items), a chunk at a
-    time; with ``since_us``, only the users who first touched it at or after that instant."""
-    for batch in read_batches(files.paths, [HISTORY, NEWEST_FIRST_US], users_per_chunk):
+    """Each held-out user's newest item (users with at least ``MIN_HELD_OUT_LEN`` items and, with
+    ``held_out_below``, a bucket below it), a chunk at a time; with ``since_us``, only the users who first
+    touched it at or after that instant."""
+    by_bucket = held_out_below is not None and held_out_below < HASH_BUCKETS
+    columns = [HISTORY, NEWEST_FIRST_US] + ([HELD_OUT_BUCKET] if by_bucket else [])
+    for batch in read_batches(files.paths, columns, users_per_chunk):
         seqs = Sequences.from_arrow(batch.column(0))
         first_us = batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64)
-        left, rows, targets = seqs.split_newest(MIN_HELD_OUT_LEN)
+        eligible = held_out_rows(_buckets(batch) if by_bucket else None, held_out_below)
+        left, rows, targets = seqs.split_newest(MIN_HELD_OUT_LEN, eligible)
         first_us = first_us[rows]
         keep = np.arange(len(rows)) if since_us is None else np.flatnonzero(first_us >= since_us)
         if len(keep):
@@ -259,6 +304,7 @@ def count_users(files: ShardFiles) -> int:
     return count
 
 
-__all__ = ["HISTORY", "NEWEST_FIRST_US", "USER_ID", "MIN_HELD_OUT_LEN", "ShardFiles", "StreamedWindows",
+__all__ = ["HISTORY", "NEWEST_FIRST_US", "USER_ID", "HELD_OUT_BUCKET", "HASH_BUCKETS", "MIN_HELD_OUT_LEN",
+           "held_out_below", "held_out_rows", "ShardFiles", "StreamedWindows",
            "HeldOutChunk", "RankingSums", "count_users", "held_out_chunks", "ranking_sums", "read_batches",
            "window_count", "window_examples"]

@@ -179,7 +179,8 @@ def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer,
     with timer.stage("prepare", "build the vocabularies") as c:
         vocab = shards.items.vocabulary(cfg.train.min_item_count, held_out=True)
         full_vocab = shards.items.vocabulary(cfg.train.min_item_count, held_out=False)
-        c.update(items=len(vocab), held_out_users=shards.held_out_users, refit_items=len(full_vocab),
+        c.update(items=len(vocab), held_out_users=shards.held_out_users,
+                 held_out_share=round(shards.held_out_share, 4), refit_items=len(full_vocab),
                  items_only_in_newest=len(full_vocab) - len(vocab))
     if len(vocab) < 2:
         raise InputDataError(f"only {len(vocab)} item(s) qualify for the vocabulary; need more events or a lower "
@@ -188,7 +189,8 @@ def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer,
         raise InputDataError(f"the histories fill {len(shards.files.paths)} shard file(s), fewer than "
                              f"train.processes={cfg.train.processes}: too few users for that many processes; "
                              "train with fewer processes")
-    return _Training(cfg, date, timer, spark, shards, vocab, full_vocab, StreamedHeldOut(shards.files), hooks=hooks)
+    return _Training(cfg, date, timer, spark, shards, vocab, full_vocab,
+                     StreamedHeldOut(shards.files, held_out_below=shards.held_out_below), hooks=hooks)
 
 
 def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
@@ -204,7 +206,8 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
         "date": str(date), "model_type": cfg.train.model.type, **{f"model_{k}": v for k, v in model_cfg.__dict__.items()},
         **{f"train_{k}": v for k, v in settings.__dict__.items()}, "device": str(run.device),
         "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
-        "users": run.shards.users, "validation_users": run.shards.held_out_users, "config_digest": cfg.digest(),
+        "users": run.shards.users, "validation_users": run.shards.held_out_users,
+        "held_out_share": round(run.shards.held_out_share, 4), "config_digest": cfg.digest(),
         "refit": cfg.train.refit, "refit_items": len(run.full_vocab), "gate_min_users": cfg.train.gate_min_users,
         "processes": cfg.train.processes, "shard_files": len(run.shards.files.paths),
         "max_users": cfg.train.max_users, "sampled_from_users": run.shards.sampled_from,
@@ -216,6 +219,7 @@ def _job(run: _Training, label: str, model_cfg: Any, settings: Any, vocab: Vocab
          stop_after: int | None = None) -> FitJob:
     return FitJob(label=f"[train {run.date}] {label}", files=run.shards.files.paths, vocab_ids=vocab.item_ids,
                   model_config=model_cfg, settings=settings, hold_out_newest=hold_out, validate=hold_out,
+                  held_out_below=run.shards.held_out_below if hold_out else None,
                   stop_after=stop_after, device=str(run.device), faults=run.hooks.faults,
                   log_dir=rfs.join(run.work_dir, "logs", label))
 
@@ -279,7 +283,7 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
 
     with run.timer.stage("repeats", "choose how known items compete with new ones") as c:
         blend = fit_repeat_blend(run.spark, run.cfg, run.date, ranker.model, ranker.item_ids, run.device,
-                                 rfs.join(run.work_dir, "repeats"))
+                                 rfs.join(run.work_dir, "repeats"), held_out_below=run.shards.held_out_below)
         c.update(blend=describe(blend), rows=blend.figures.get("validation_rows", 0))
     run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
                              "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight})
@@ -307,7 +311,8 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
         model_dir = save_model(model.cpu(), item_ids, Path(tmp) / "model",
                                metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
                                          VALIDATION_METRIC: metrics.get(VALIDATION_METRIC),
-                                         "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"])},
+                                         "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"]),
+                                         "held_out_share": round(run.shards.held_out_share, 4)},
                                blend=blend)
         recorder.log_artifacts(model_dir, "model")
     artifact_uri = recorder.artifact_uri("model")
