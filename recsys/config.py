@@ -279,6 +279,7 @@ class TrainConfig(_Section):
     history_items: int = Field(ge=2, le=1_000_000)
     device: str
     refit: bool
+    refit_epochs: int | None = Field(ge=1)
     held_out_share: float = Field(gt=0, le=1)
     held_out_min_users: int = Field(ge=0)
     gate_tolerance: float = Field(ge=0)
@@ -304,6 +305,13 @@ class TrainConfig(_Section):
     def _warmup_within_epochs(self) -> "TrainConfig":
         if self.warmup_epochs >= self.epochs:
             raise ValueError(f"train.warmup_epochs={self.warmup_epochs} must be less than train.epochs={self.epochs}")
+        return self
+
+    @model_validator(mode="after")
+    def _refit_epochs_within_epochs(self) -> "TrainConfig":
+        if self.refit_epochs is not None and self.refit_epochs > self.epochs:
+            raise ValueError(f"train.refit_epochs={self.refit_epochs} is more than train.epochs={self.epochs}: the "
+                             "refit continues the selected model for at most that many epochs; lower it")
         return self
 
 

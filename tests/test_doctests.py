@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream")
+CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream",
+                "recsys.model.warm")
 
 
 @pytest.mark.parametrize("name", CORE_MODULES)

@@ -184,3 +184,33 @@ def test_one_fit_holds_out_a_share_of_users_learns_everyone_elses_newest_item_an
     assert 0 < run.metrics["gate_users"] < everyone_unseen              # only held-out users are judged
     # the blend's rows: each held-out user on each day before 03-07 with a history before it (days 2..6)
     assert run.metrics["repeats_validation_rows"] == 5 * len(held_out)
+
+
+def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_learns_the_newest_only_item(
+        spark, data_root, tmp_path):
+    """``train.refit_epochs=1``: the registered model is the selected one trained one more epoch on everything,
+    its vocabulary grown by the item seen only as user 1's newest; it is not the selected model's weights
+    (it trained), and it is close to them (it started there), unlike a refit from scratch."""
+    import torch
+
+    from recsys.pipelines.train import run_training
+
+    base = ["train.epochs=3", "train.patience=3"]
+    cont = _config(data_root, tmp_path, "mlflow.model_name=continued", "train.refit_epochs=1", *base)
+    result = run_training(spark, cont, SECOND_TRAINING)
+    continued = _registered(cont, result.version)
+    assert NEWEST_ONLY in set(continued.item_ids.tolist()) and continued.metadata["refit_epochs"] == 1
+    selected_cfg = _config(data_root, tmp_path, "mlflow.model_name=selected", "train.refit=false", *base)
+    selected = _registered(selected_cfg, run_training(spark, selected_cfg, SECOND_TRAINING).version)
+    scratch_cfg = _config(data_root, tmp_path, "mlflow.model_name=scratch", *base)
+    scratch = _registered(scratch_cfg, run_training(spark, scratch_cfg, SECOND_TRAINING).version)
+
+    def item_rows(loaded, ids):
+        index = {int(i): n + 1 for n, i in enumerate(loaded.item_ids)}
+        return loaded.model.item_embeddings().detach()[[index[int(i)] for i in ids]]
+
+    known = selected.item_ids
+    moved = (item_rows(continued, known) - item_rows(selected, known)).norm()
+    assert moved > 0                                                           # it trained
+    assert moved < 0.5 * (item_rows(scratch, known) - item_rows(selected, known)).norm()   # from the selected weights
+    assert torch.isfinite(item_rows(continued, [NEWEST_ONLY])).all()

@@ -49,6 +49,7 @@ class FitJob:
     validate: bool                   # early stopping on the held-out newest items
     stop_after: int | None = None    # the refit's epoch count
     held_out_below: int | None = None  # the held-out users' bucket cut (recsys.model.stream.held_out_below); None: all
+    init_state: dict | None = None   # start from these weights (a refit that continues the selected model)
     device: str = "cpu"
     faults: tuple[str, ...] = ()
     progress_every_s: float = 30.0
@@ -205,7 +206,7 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
             _print(f"{job.label} {world} process(es), {len(files.paths)} of {len(job.files)} shard file(s) here, "
                    f"{source.windows_per_epoch:,} windows an epoch in this process, batches of {batch_size}")
         result = fit(source, job.model_config, job.settings, device=device,
-                     valid=validate if job.validate else None, stop_after=job.stop_after,
+                     valid=validate if job.validate else None, stop_after=job.stop_after, init_state=job.init_state,
                      callbacks=FitCallbacks(progress=epoch_done, steps_progress=steps,
                                             progress_every_s=job.progress_every_s, on_step=on_step))
         state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}

@@ -208,8 +208,9 @@ NO_CALLBACKS = FitCallbacks()
 def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSettings, *,
         valid: ValidationSet | Callable[[torch.nn.Module], dict[str, float]] | None = None,
         device: str | torch.device = "cpu", stop_after: int | None = None,
-        callbacks: FitCallbacks = NO_CALLBACKS) -> FitResult:
-    """Train a model from scratch; with ``valid``, keep the epoch with the best validation NDCG@10.
+        callbacks: FitCallbacks = NO_CALLBACKS, init_state: dict | None = None) -> FitResult:
+    """Train a model from scratch (or from ``init_state``, the weights of a model of this config: a fit that
+    continues a trained model); with ``valid``, keep the epoch with the best validation NDCG@10.
 
     ``train`` is either sequences in memory (model indices) or a :class:`StreamedWindows` reading
     shard files; ``model_config`` is the config dataclass of a registered model type
@@ -258,7 +259,8 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(settings.seed)
             validate = _held_out_ndcg(valid, device) if isinstance(valid, ValidationSet) else valid
-            return _fit(source, model_config, settings, validate, device, callbacks, stop_after or settings.epochs)
+            return _fit(source, model_config, settings, validate, device, callbacks, stop_after or settings.epochs,
+                        init_state)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -285,10 +287,13 @@ def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 def _fit(source, model_config, settings: TrainSettings,
          validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
-         loop: FitCallbacks, last_epoch: int) -> FitResult:
+         loop: FitCallbacks, last_epoch: int, init_state: dict | None = None) -> FitResult:
     rank, world = _world()
     autocast = _autocast(settings.precision, device)
-    model = build_model(model_config).to(device)
+    model = build_model(model_config)
+    if init_state is not None:
+        model.load_state_dict(init_state)
+    model = model.to(device)
     net = model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel

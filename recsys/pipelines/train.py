@@ -14,6 +14,7 @@ trained on: the newest items first touched on or after the holder's training dat
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import math
@@ -134,7 +135,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
             selection_model = result.model(model_cfg)
             final_model, final_items = selection_model, run.vocab.item_ids
             if cfg.train.refit:
-                final_model, final_items = _refit(run, settings, result.best_epoch), run.full_vocab.item_ids
+                final_model, final_items = _refit(run, settings, result.best_epoch, selection_model), \
+                    run.full_vocab.item_ids
             blend = _repeat_blend(run, GateCandidate(selection_model, run.vocab.item_ids))
             version = _register(run, final_model, final_items, metrics, blend)
             with timer.stage("gate", "compare with the alias holder") as c:
@@ -208,7 +210,7 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
         "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
         "users": run.shards.users, "validation_users": run.shards.held_out_users,
         "held_out_share": round(run.shards.held_out_share, 4), "config_digest": cfg.digest(),
-        "refit": cfg.train.refit, "refit_items": len(run.full_vocab), "gate_min_users": cfg.train.gate_min_users,
+        "refit": cfg.train.refit, "refit_epochs": cfg.train.refit_epochs, "refit_items": len(run.full_vocab), "gate_min_users": cfg.train.gate_min_users,
         "processes": cfg.train.processes, "shard_files": len(run.shards.files.paths),
         "max_users": cfg.train.max_users, "sampled_from_users": run.shards.sampled_from,
     })
@@ -250,18 +252,31 @@ def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[FitOutput, dict
     return result, metrics
 
 
-def _refit(run: _Training, settings: Any, epochs: int) -> Any:
-    """The registered model: the selection's settings for its chosen epoch count, on every interaction
-    before the date (no held-out items, so no early stop: the count is what the selection chose; the
-    learning-rate schedule keeps the selection's horizon, so the refit repeats its first epochs)."""
+def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
+    """The registered model, trained on every interaction before the date (no held-out items, so no early
+    stop). From scratch (``train.refit_epochs`` null): the selection's settings for its chosen epoch count,
+    the learning-rate schedule keeping the selection's horizon, so the refit repeats its first epochs.
+    Continued (``train.refit_epochs: N``): the selected model's weights, its vocabulary grown by the items
+    seen only in the newest interactions (:func:`recsys.model.warm.grown_state`), for N more epochs."""
+    from recsys.model.registry import build_model
+    from recsys.model.warm import grown_state
 
     def on_epoch(row: dict[str, Any]) -> None:
         run.recorder.log_metrics({"refit_train_loss": row["train_loss"]}, step=int(row["epoch"]))
 
     model_cfg = model_config(run.cfg.train.model, len(run.full_vocab))
-    with run.timer.stage("refit", f"train on every interaction for {epochs} epochs") as c:
-        result = fit_with_processes(run.spark, _job(run, "refit", model_cfg, settings, run.full_vocab, hold_out=False,
-                                                    stop_after=max(1, epochs)),
+    init_state, how = None, "from scratch"
+    if run.cfg.train.refit_epochs is not None:
+        epochs, how = run.cfg.train.refit_epochs, "continuing the selected model"
+        import torch
+
+        with torch.random.fork_rng():
+            torch.manual_seed(settings.seed)        # the new items' rows: a fresh model's, seeded
+            fresh = build_model(model_cfg).state_dict()
+        init_state = grown_state(selected.cpu().state_dict(), run.vocab.item_ids, run.full_vocab.item_ids, fresh)
+    with run.timer.stage("refit", f"train on every interaction for {epochs} epochs, {how}") as c:
+        job = _job(run, "refit", model_cfg, settings, run.full_vocab, hold_out=False, stop_after=max(1, epochs))
+        result = fit_with_processes(run.spark, dataclasses.replace(job, init_state=init_state),
                                     run.cfg.train.processes, on_epoch)
         c.update(epochs=len(result.curve), items=len(run.full_vocab), interactions=run.shards.interactions)
     if result.processes > 1:
@@ -312,6 +327,7 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
                                metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
                                          VALIDATION_METRIC: metrics.get(VALIDATION_METRIC),
                                          "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"]),
+                                         "refit_epochs": run.cfg.train.refit_epochs if run.cfg.train.refit else None,
                                          "held_out_share": round(run.shards.held_out_share, 4)},
                                blend=blend)
         recorder.log_artifacts(model_dir, "model")
