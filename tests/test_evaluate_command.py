@@ -230,3 +230,25 @@ def test_a_bf16_row_ranks_the_same_model_through_the_jobs_core(spark, dataset):
     assert "ranked by recsys.scoring.core in bfloat16" in result.comparison.notes["sasrec@bfloat16"]
     fp32, bf16 = (doc["models"][m]["ndcg@10"] for m in ("sasrec", "sasrec@bfloat16"))
     assert abs(fp32 - bf16) < 0.05          # the same model: bf16 moves a rank here and there, not the figure
+
+
+def test_a_refit_that_continues_the_selected_model_is_what_evaluate_tests_when_training_would(spark, dataset, caplog):
+    """``train.refit_epochs``: evaluate refits as ``recsys train`` would, continuing the model chosen on validation
+    for that many epochs on the test phase's histories (not training again from scratch)."""
+    import logging
+
+    from recsys.evaluation.evaluate import EvaluationRequest, run_evaluation
+
+    cfg = load_config(overrides=[
+        f"mlflow.tracking_uri={dataset['cfg'].mlflow.tracking_uri}", f"paths.work={dataset['root'] / 'work'}",
+        f"paths.driver_scratch={dataset['root'] / 'driver'}", f"mlflow.artifact_location={dataset['root'] / 'artifacts'}",
+        "train.device=cpu", "train.epochs=3", "train.refit_epochs=1", "train.model.sasrec.dim=16",
+        "train.model.sasrec.layers=1", "train.model.sasrec.max_len=8", "evaluation.models=[sasrec]",
+        "evaluation.bootstrap_resamples=20",
+    ])
+    with caplog.at_level(logging.INFO, logger="recsys.evaluation.evaluate"):
+        result = run_evaluation(spark, cfg, EvaluationRequest(dataset["data"], "temporal", split_date=dt.date(2024, 3, 15),
+                                                              test_days=5))
+    assert result.details["sasrec"]["refit_epochs"] == 1
+    assert "refitted for 1 epochs on the test-phase histories" in result.comparison.notes["sasrec"]
+    assert any("for 1 epochs, continuing the selected model" in r.getMessage() for r in caplog.records)

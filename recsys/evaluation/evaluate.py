@@ -251,12 +251,24 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
             run.test_vocab = build_vocabulary(split.test.history, cfg.train.min_item_count)
             run.test_seqs, _ = run.test_vocab.map_sequences(split.test.history)
         started = time.perf_counter()
-        model = fit(run.test_seqs, model_config(cfg.train.model, len(run.test_vocab), name), settings,
-                    device=device, stop_after=fitted.best_epoch).model
+        refit_cfg = model_config(cfg.train.model, len(run.test_vocab), name)
+        epochs, init_state, how = fitted.best_epoch, None, "from scratch"
+        if cfg.train.refit_epochs is not None:     # as recsys train: continue the selected model, vocabulary grown
+            import torch
+
+            from recsys.model.registry import build_model
+            from recsys.model.warm import grown_state
+
+            with torch.random.fork_rng():
+                torch.manual_seed(settings.seed)
+                fresh = build_model(refit_cfg).state_dict()
+            epochs, how = cfg.train.refit_epochs, "continuing the selected model"
+            init_state = grown_state(fitted.model.cpu().state_dict(), item_ids, run.test_vocab.item_ids, fresh)
+        model = fit(run.test_seqs, refit_cfg, settings, device=device, stop_after=epochs, init_state=init_state).model
         tested_items = run.test_vocab.item_ids
-        details.update(refit_epochs=fitted.best_epoch, refit_seconds=round(time.perf_counter() - started, 1))
-        log.info("[evaluate] %s refitted on the test-phase histories for %d epochs (%.1f s)", name,
-                 fitted.best_epoch, details["refit_seconds"])
+        details.update(refit_epochs=epochs, refit_seconds=round(time.perf_counter() - started, 1))
+        log.info("[evaluate] %s refitted on the test-phase histories for %d epochs, %s (%.1f s)", name,
+                 epochs, how, details["refit_seconds"])
         if name == cfg.train.model.type:
             extra_rows.append((f"{name}-heldout", SequenceModelScorer(fitted.model, item_ids, split.test, device),
                                {"heldout_of": name, "best_epoch": fitted.best_epoch}))
