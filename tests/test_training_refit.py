@@ -103,18 +103,27 @@ def test_each_users_newest_item_comes_with_when_it_was_first_touched(spark, data
     assert newest[REPEATER] == ITEMS + 1 and first[REPEATER] == dt.datetime(2024, 3, 1, 7, tzinfo=UTC)
 
 
-def test_the_registered_model_knows_items_seen_only_as_someones_newest(spark, data_root, tmp_path):
+@pytest.fixture(scope="module")
+def refits(spark, data_root, tmp_path_factory) -> dict:
+    """One training at 03-07 each way, under model names of their own: the refit from scratch (the default), none
+    (the selected model registered), and the refit that continues the selected model for one epoch."""
     from recsys.pipelines.train import run_training
 
-    refit = _config(data_root, tmp_path, "mlflow.model_name=refit-on")
-    result = run_training(spark, refit, SECOND_TRAINING)
-    loaded = _registered(refit, result.version)
+    tmp = tmp_path_factory.mktemp("refits")
+    ways = {"scratch": [], "selected": ["train.refit=false"], "continued": ["train.refit_epochs=1"]}
+    out = {}
+    for name, extra in ways.items():
+        cfg = _config(data_root, tmp, f"mlflow.model_name=refit-{name}", "train.epochs=3", "train.patience=3", *extra)
+        result = run_training(spark, cfg, SECOND_TRAINING)
+        out[name] = (result, _registered(cfg, result.version))
+    return out
+
+
+def test_the_registered_model_knows_items_seen_only_as_someones_newest(refits):
+    result, loaded = refits["scratch"]
     assert NEWEST_ONLY in set(loaded.item_ids.tolist())
     assert loaded.metadata["refit"] is True and loaded.metadata["epochs"] == result.metrics["best_epoch"]
-
-    held_out = _config(data_root, tmp_path, "mlflow.model_name=refit-off", "train.refit=false")
-    result = run_training(spark, held_out, SECOND_TRAINING)
-    loaded = _registered(held_out, result.version)
+    _, loaded = refits["selected"]
     assert NEWEST_ONLY not in set(loaded.item_ids.tolist())          # what training registered before issue 20
     assert loaded.metadata["refit"] is False
 
@@ -186,24 +195,16 @@ def test_one_fit_holds_out_a_share_of_users_learns_everyone_elses_newest_item_an
     assert run.metrics["repeats_validation_rows"] == 5 * len(held_out)
 
 
-def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_learns_the_newest_only_item(
-        spark, data_root, tmp_path):
+def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_learns_the_newest_only_item(refits):
     """``train.refit_epochs=1``: the registered model is the selected one trained one more epoch on everything,
     its vocabulary grown by the item seen only as user 1's newest; it is not the selected model's weights
     (it trained), and it is close to them (it started there), unlike a refit from scratch."""
     import torch
 
-    from recsys.pipelines.train import run_training
-
-    base = ["train.epochs=3", "train.patience=3"]
-    cont = _config(data_root, tmp_path, "mlflow.model_name=continued", "train.refit_epochs=1", *base)
-    result = run_training(spark, cont, SECOND_TRAINING)
-    continued = _registered(cont, result.version)
+    _, continued = refits["continued"]
+    _, selected = refits["selected"]
+    _, scratch = refits["scratch"]
     assert NEWEST_ONLY in set(continued.item_ids.tolist()) and continued.metadata["refit_epochs"] == 1
-    selected_cfg = _config(data_root, tmp_path, "mlflow.model_name=selected", "train.refit=false", *base)
-    selected = _registered(selected_cfg, run_training(spark, selected_cfg, SECOND_TRAINING).version)
-    scratch_cfg = _config(data_root, tmp_path, "mlflow.model_name=scratch", *base)
-    scratch = _registered(scratch_cfg, run_training(spark, scratch_cfg, SECOND_TRAINING).version)
 
     def item_rows(loaded, ids):
         index = {int(i): n + 1 for n, i in enumerate(loaded.item_ids)}
