@@ -4,9 +4,11 @@ The training data is built by the same history code the nightly job serves from
 (``recsys.data.history``), so the model sees at training time exactly the sequences it will be
 scored on. Two fits (docs/quality.md, "What training registers"):
 
-1. **select**: each user's newest item held out; the epoch count is chosen on them (early stopping);
-2. **refit** (``train.refit``, the default): the same settings for that many epochs on every
-   interaction before the date, newest items and items seen only there included; this model is
+1. **select**: the newest item of each held-out user (every user with enough items, or the share
+   ``train.held_out_share`` draws) held out; the epoch count is chosen on them (early stopping);
+2. **refit** (``train.refit``, the default): every interaction before the date, newest items and items
+   seen only there included, either from scratch for the chosen epoch count or, with
+   ``train.refit_epochs``, continuing the selected model for that many epochs; this model is
    registered, so the night after scores with a model that knows yesterday.
 
 The gate judges the *selection* model against the alias holder on held-out items that neither has
@@ -210,7 +212,8 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
         "window_days": cfg.history.window_days, "train_history_items": cfg.train.history_items,
         "users": run.shards.users, "validation_users": run.shards.held_out_users,
         "held_out_share": round(run.shards.held_out_share, 4), "config_digest": cfg.digest(),
-        "refit": cfg.train.refit, "refit_epochs": cfg.train.refit_epochs, "refit_items": len(run.full_vocab), "gate_min_users": cfg.train.gate_min_users,
+        "refit": cfg.train.refit, "refit_epochs": cfg.train.refit_epochs, "refit_items": len(run.full_vocab),
+        "gate_min_users": cfg.train.gate_min_users,
         "processes": cfg.train.processes, "shard_files": len(run.shards.files.paths),
         "max_users": cfg.train.max_users, "sampled_from_users": run.shards.sampled_from,
     })
@@ -258,6 +261,8 @@ def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
     the learning-rate schedule keeping the selection's horizon, so the refit repeats its first epochs.
     Continued (``train.refit_epochs: N``): the selected model's weights, its vocabulary grown by the items
     seen only in the newest interactions (:func:`recsys.model.warm.grown_state`), for N more epochs."""
+    import torch
+
     from recsys.model.registry import build_model
     from recsys.model.warm import grown_state
 
@@ -268,8 +273,6 @@ def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
     init_state, how = None, "from scratch"
     if run.cfg.train.refit_epochs is not None:
         epochs, how = run.cfg.train.refit_epochs, "continuing the selected model"
-        import torch
-
         with torch.random.fork_rng():
             torch.manual_seed(settings.seed)        # the new items' rows: a fresh model's, seeded
             fresh = build_model(model_cfg).state_dict()
