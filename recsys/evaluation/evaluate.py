@@ -252,7 +252,7 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
             run.test_seqs, _ = run.test_vocab.map_sequences(split.test.history)
         started = time.perf_counter()
         refit_cfg = model_config(cfg.train.model, len(run.test_vocab), name)
-        epochs, init_state, how = fitted.best_epoch, None, "from scratch"
+        epochs, start, how = fitted.best_epoch, None, "from scratch"
         if cfg.train.refit_epochs is not None:     # as recsys train: continue the selected model, vocabulary grown
             import torch
 
@@ -263,8 +263,10 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
                 torch.manual_seed(settings.seed)
                 fresh = build_model(refit_cfg).state_dict()
             epochs, how = cfg.train.refit_epochs, "continuing the selected model"
-            init_state = grown_state(fitted.model.cpu().state_dict(), item_ids, run.test_vocab.item_ids, fresh)
-        model = fit(run.test_seqs, refit_cfg, settings, device=device, stop_after=epochs, init_state=init_state).model
+            start = build_model(refit_cfg)
+            start.load_state_dict(grown_state(fitted.model.cpu().state_dict(), item_ids, run.test_vocab.item_ids, fresh))
+        model = fit(run.test_seqs, refit_cfg if start is None else start, settings, device=device,
+                    stop_after=epochs).model
         tested_items = run.test_vocab.item_ids
         details.update(refit_epochs=epochs, refit_seconds=round(time.perf_counter() - started, 1))
         log.info("[evaluate] %s refitted on the test-phase histories for %d epochs, %s (%.1f s)", name,

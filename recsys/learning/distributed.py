@@ -205,8 +205,14 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
         if rank == 0:
             _print(f"{job.label} {world} process(es), {len(files.paths)} of {len(job.files)} shard file(s) here, "
                    f"{source.windows_per_epoch:,} windows an epoch in this process, batches of {batch_size}")
-        result = fit(source, job.model_config, job.settings, device=device,
-                     valid=validate if job.validate else None, stop_after=job.stop_after, init_state=job.init_state,
+        start = job.model_config
+        if job.init_state is not None:
+            from recsys.model.registry import build_model
+
+            start = build_model(job.model_config)
+            start.load_state_dict(job.init_state)
+        result = fit(source, start, job.settings, device=device,
+                     valid=validate if job.validate else None, stop_after=job.stop_after,
                      callbacks=FitCallbacks(progress=epoch_done, steps_progress=steps,
                                             progress_every_s=job.progress_every_s, on_step=on_step))
         state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}

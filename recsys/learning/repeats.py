@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -96,10 +97,18 @@ def _as_days(rows: pa.RecordBatch | pa.Table) -> ValidationDays:
                           targets=seqs(TARGETS))
 
 
-def fit_repeat_blend(spark: SparkSession, cfg: Config, date: dt.date, model, item_ids: np.ndarray,
-                     device, directory: str, *, held_out_below: int = HASH_BUCKETS) -> RepeatBlend:
+class Ranker(Protocol):
+    """A model and its vocabulary (external item id of model index i + 1): what ranks the new items."""
+
+    model: Any
+    item_ids: np.ndarray
+
+
+def fit_repeat_blend(spark: SparkSession, cfg: Config, date: dt.date, ranker: Ranker, device, directory: str, *,
+                     held_out_below: int = HASH_BUCKETS) -> RepeatBlend:
     """The blend chosen on the held-out days, with the model that ranks the new items; the rows are written
     under ``directory`` (a scratch directory the caller removes)."""
+    model, item_ids = ranker.model, ranker.item_ids
     files = write_validation_days(spark, cfg, date, directory, held_out_below=held_out_below)
     candidates = blend_grid()
     sums = blend_sums(BlendValidation.empty(), candidates)

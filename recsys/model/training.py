@@ -208,13 +208,13 @@ NO_CALLBACKS = FitCallbacks()
 def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSettings, *,
         valid: ValidationSet | Callable[[torch.nn.Module], dict[str, float]] | None = None,
         device: str | torch.device = "cpu", stop_after: int | None = None,
-        callbacks: FitCallbacks = NO_CALLBACKS, init_state: dict | None = None) -> FitResult:
-    """Train a model from scratch (or from ``init_state``, the weights of a model of this config: a fit that
-    continues a trained model); with ``valid``, keep the epoch with the best validation NDCG@10.
+        callbacks: FitCallbacks = NO_CALLBACKS) -> FitResult:
+    """Train a model from scratch, or continue one; with ``valid``, keep the epoch with the best validation NDCG@10.
 
     ``train`` is either sequences in memory (model indices) or a :class:`StreamedWindows` reading
     shard files; ``model_config`` is the config dataclass of a registered model type
-    (``recsys.model.registry``); the model must return a hidden state per position (``model(seq)`` [B, L, D]).
+    (``recsys.model.registry``), or a model of one (trained on in place from its weights: a refit that
+    continues the selected model); the model must return a hidden state per position (``model(seq)`` [B, L, D]).
 
     Data-parallel when ``torch.distributed`` is initialised with more than one process (the
     processes that ``recsys.learning.distributed`` starts): each process trains on its own data with
@@ -236,6 +236,9 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
     if stop_after is not None and not 1 <= stop_after <= settings.epochs:
         raise ValueError(f"stop_after must be in 1..{settings.epochs} (settings.epochs), got {stop_after}")
     device = torch.device(device)
+    start: torch.nn.Module | None = None
+    if isinstance(model_config, torch.nn.Module):
+        start, model_config = model_config, model_config.config
     if isinstance(train, Sequences):
         _check_items(train.items, model_config.num_items, "train")
         if not (train.lengths >= 2).any():
@@ -259,8 +262,8 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
         with torch.random.fork_rng(devices=cuda):
             torch.manual_seed(settings.seed)
             validate = _held_out_ndcg(valid, device) if isinstance(valid, ValidationSet) else valid
-            return _fit(source, model_config, settings, validate, device, callbacks, stop_after or settings.epochs,
-                        init_state)
+            return _fit(source, model_config if start is None else start, settings, validate, device, callbacks,
+                        stop_after or settings.epochs)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -287,12 +290,13 @@ def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 def _fit(source, model_config, settings: TrainSettings,
          validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
-         loop: FitCallbacks, last_epoch: int, init_state: dict | None = None) -> FitResult:
+         loop: FitCallbacks, last_epoch: int) -> FitResult:
     rank, world = _world()
     autocast = _autocast(settings.precision, device)
-    model = build_model(model_config)
-    if init_state is not None:
-        model.load_state_dict(init_state)
+    if isinstance(model_config, torch.nn.Module):     # continue it: trained in place
+        model, model_config = model_config, model_config.config
+    else:
+        model = build_model(model_config)
     model = model.to(device)
     net = model
     if world > 1:

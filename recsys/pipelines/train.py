@@ -300,8 +300,8 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
     from recsys.learning.repeats import describe, fit_repeat_blend
 
     with run.timer.stage("repeats", "choose how known items compete with new ones") as c:
-        blend = fit_repeat_blend(run.spark, run.cfg, run.date, ranker.model, ranker.item_ids, run.device,
-                                 rfs.join(run.work_dir, "repeats"), held_out_below=run.shards.held_out_below)
+        blend = fit_repeat_blend(run.spark, run.cfg, run.date, ranker, run.device, rfs.join(run.work_dir, "repeats"),
+                                 held_out_below=run.shards.held_out_below)
         c.update(blend=describe(blend), rows=blend.figures.get("validation_rows", 0))
     run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
                              "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight})
