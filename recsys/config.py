@@ -307,12 +307,11 @@ class TrainConfig(_Section):
             raise ValueError(f"train.warmup_epochs={self.warmup_epochs} must be less than train.epochs={self.epochs}")
         return self
 
-    @model_validator(mode="after")
-    def _refit_epochs_within_epochs(self) -> "TrainConfig":
-        if self.refit_epochs is not None and self.refit_epochs > self.epochs:
-            raise ValueError(f"train.refit_epochs={self.refit_epochs} is more than train.epochs={self.epochs}: the "
-                             "refit continues the selected model for at most that many epochs; lower it")
-        return self
+    @property
+    def continue_epochs(self) -> int | None:
+        """The continued refit's epochs: ``refit_epochs``, at most ``epochs`` (a short test run's 1 epoch
+        caps it); None for a refit from scratch."""
+        return None if self.refit_epochs is None else min(self.refit_epochs, self.epochs)
 
 
 class ALSGridConfig(_Section):

@@ -110,7 +110,7 @@ def refits(spark, data_root, tmp_path_factory) -> dict:
     from recsys.pipelines.train import run_training
 
     tmp = tmp_path_factory.mktemp("refits")
-    ways = {"scratch": [], "selected": ["train.refit=false"], "continued": ["train.refit_epochs=1"]}
+    ways = {"scratch": ["train.refit_epochs=null"], "selected": ["train.refit=false"], "continued": ["train.refit_epochs=1"]}
     out = {}
     for name, extra in ways.items():
         cfg = _config(data_root, tmp, f"mlflow.model_name=refit-{name}", "train.epochs=3", "train.patience=3", *extra)

@@ -253,7 +253,7 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
         started = time.perf_counter()
         refit_cfg = model_config(cfg.train.model, len(run.test_vocab), name)
         epochs, start, how = fitted.best_epoch, None, "from scratch"
-        if cfg.train.refit_epochs is not None:     # as recsys train: continue the selected model, vocabulary grown
+        if cfg.train.continue_epochs is not None:  # as recsys train: continue the selected model, vocabulary grown
             import torch
 
             from recsys.model.registry import build_model
@@ -262,7 +262,7 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
             with torch.random.fork_rng():
                 torch.manual_seed(settings.seed)
                 fresh = build_model(refit_cfg).state_dict()
-            epochs, how = cfg.train.refit_epochs, "continuing the selected model"
+            epochs, how = cfg.train.continue_epochs, "continuing the selected model"
             start = build_model(refit_cfg)
             start.load_state_dict(grown_state(fitted.model.cpu().state_dict(), item_ids, run.test_vocab.item_ids, fresh))
         model = fit(run.test_seqs, refit_cfg if start is None else start, settings, device=device,

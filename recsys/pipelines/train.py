@@ -271,8 +271,8 @@ def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
 
     model_cfg = model_config(run.cfg.train.model, len(run.full_vocab))
     init_state, how = None, "from scratch"
-    if run.cfg.train.refit_epochs is not None:
-        epochs, how = run.cfg.train.refit_epochs, "continuing the selected model"
+    if run.cfg.train.continue_epochs is not None:
+        epochs, how = run.cfg.train.continue_epochs, "continuing the selected model"
         with torch.random.fork_rng():
             torch.manual_seed(settings.seed)        # the new items' rows: a fresh model's, seeded
             fresh = build_model(model_cfg).state_dict()
@@ -330,7 +330,7 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
                                metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
                                          VALIDATION_METRIC: metrics.get(VALIDATION_METRIC),
                                          "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"]),
-                                         "refit_epochs": run.cfg.train.refit_epochs if run.cfg.train.refit else None,
+                                         "refit_epochs": run.cfg.train.continue_epochs if run.cfg.train.refit else None,
                                          "held_out_share": round(run.shards.held_out_share, 4)},
                                blend=blend)
         recorder.log_artifacts(model_dir, "model")
