@@ -97,7 +97,10 @@ def test_loo_table_has_intervals_and_differences_to_als(loo):
     # validation phase alone, what training registered before, is the row after it
     notes = loo["result"].comparison.notes
     epoch = loo["result"].details["sasrec"]["best_epoch"]
-    assert f"refitted for {epoch} epochs on the test-phase histories" in notes["sasrec"]
+    refit = loo["result"].details["sasrec"]["refit_epochs"]
+    assert refit == min(2, 3)          # the default continued refit: train.refit_epochs 2, train.epochs 3 here
+    assert f"epoch {epoch} of" in notes["sasrec"]
+    assert f"refitted for {refit} epochs on the test-phase histories" in notes["sasrec"]
     assert "before its refit" in notes["sasrec-heldout"] and "refitted" not in notes["sasrec-heldout"]
     comparison = loo["result"].comparison
     for name in ("popularity", "sasrec", "gru4rec"):
