@@ -264,7 +264,8 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
                 fresh = build_model(refit_cfg).state_dict()
             epochs, how = cfg.train.continue_epochs, "continuing the selected model"
             start = build_model(refit_cfg)
-            start.load_state_dict(grown_state(fitted.model.cpu().state_dict(), item_ids, run.test_vocab.item_ids, fresh))
+            selected = {k: v.detach().cpu() for k, v in fitted.model.state_dict().items()}   # the -heldout row's model
+            start.load_state_dict(grown_state(selected, item_ids, run.test_vocab.item_ids, fresh))  # stays where it is
         model = fit(run.test_seqs, refit_cfg if start is None else start, settings, device=device,
                     stop_after=epochs).model
         tested_items = run.test_vocab.item_ids

@@ -118,9 +118,9 @@ class StreamSettings:
 
     ``hold_out_newest``: drop each held-out user's newest item (the fit that chooses the epoch count) or
     train on everything (the refit); ``held_out_below``: the held-out users' bucket cut (None: every user,
-    as with shards written without buckets); ``random_offsets``: shift each long user's window tiling every epoch; ``rank``: this process's
-    place in a data-parallel training (its shuffle differs); ``users_per_chunk`` users are read at a time
-    and ``shuffle_windows`` windows shuffled together.
+    as with shards written without buckets); ``random_offsets``: shift each long user's window tiling every
+    epoch; ``rank``: this process's place in a data-parallel training (its shuffle differs);
+    ``users_per_chunk`` users are read at a time and ``shuffle_windows`` windows shuffled together.
     """
 
     max_len: int
