@@ -6,8 +6,9 @@ For every model the same three steps, and nothing of the test phase before the l
 2. **choose** on the validation targets: the epoch of a neural model (early stopping on validation
    NDCG@10, the same rule as ``recsys train``), the grid point of ALS;
 3. **test** on the test phase. As ``recsys train`` does (``train.refit``), a neural model is trained
-   again from scratch for its chosen epoch count on the test-phase histories (which hold the
-   validation interactions), and reads each user's test-phase history when scored; the model fitted
+   on the test-phase histories (which hold the validation interactions): continued for
+   ``train.refit_epochs`` epochs from the chosen model, or from scratch for its chosen epoch count
+   when that is null; it reads each user's test-phase history when scored; the model fitted
    on the validation phase alone, which has never trained on those newest interactions, is a row of
    its own (``<model>-heldout``) for the default model: what training registered before the refit.
    ALS is refitted with the chosen point on the test-phase histories; popularity is counted on them.
