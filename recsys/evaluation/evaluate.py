@@ -255,18 +255,10 @@ def _fit_sequence_model(run: _Evaluation, name: str, seed: int | None = None) ->
         refit_cfg = model_config(cfg.train.model, len(run.test_vocab), name)
         epochs, start, how = fitted.best_epoch, None, "from scratch"
         if cfg.train.continue_epochs is not None:  # as recsys train: continue the selected model, vocabulary grown
-            import torch
+            from recsys.model.warm import continued_model
 
-            from recsys.model.registry import build_model
-            from recsys.model.warm import grown_state
-
-            with torch.random.fork_rng():
-                torch.manual_seed(settings.seed)
-                fresh = build_model(refit_cfg).state_dict()
             epochs, how = cfg.train.continue_epochs, "continuing the selected model"
-            start = build_model(refit_cfg)
-            selected = {k: v.detach().cpu() for k, v in fitted.model.state_dict().items()}   # the -heldout row's model
-            start.load_state_dict(grown_state(selected, item_ids, run.test_vocab.item_ids, fresh))  # stays where it is
+            start = continued_model(fitted.model, item_ids, run.test_vocab.item_ids, refit_cfg, settings.seed)
         model = fit(run.test_seqs, refit_cfg if start is None else start, settings, device=device,
                     stop_after=epochs).model
         tested_items = run.test_vocab.item_ids

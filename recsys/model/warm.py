@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from recsys.sequences import Vocabulary
+
 
 ITEM_TENSORS = ("item_emb.weight",)   # every registered model's item-sized tensor (its item_embeddings())
 
@@ -33,10 +35,10 @@ def grown_state(state: dict[str, torch.Tensor], old_ids: np.ndarray, new_ids: np
     ([0.0, 1.0, 9.0, 2.0], [5.0])
     """
     old_ids, new_ids = np.asarray(old_ids), np.asarray(new_ids)
-    at = np.minimum(np.searchsorted(old_ids, new_ids), max(len(old_ids) - 1, 0))
-    known = old_ids[at] == new_ids if len(old_ids) else np.zeros(len(new_ids), dtype=bool)
+    old_index = Vocabulary(old_ids).index_of(new_ids)              # each new item's row in the old model, 0: none
+    known = old_index > 0
     new_rows = torch.from_numpy(np.concatenate([[0], np.flatnonzero(known) + 1]))     # padding stays padding
-    old_rows = torch.from_numpy(np.concatenate([[0], at[known] + 1]))
+    old_rows = torch.from_numpy(np.concatenate([[0], old_index[known]]))
     out: dict[str, torch.Tensor] = {}
     for name, target in fresh.items():
         if name not in state:
@@ -55,3 +57,18 @@ def grown_state(state: dict[str, torch.Tensor], old_ids: np.ndarray, new_ids: np
             raise ValueError(f"tensor {name!r} is {tuple(source.shape)} in the trained model and "
                              f"{tuple(target.shape)} in the new one: not the same architecture")
     return out
+
+
+def continued_model(selected: torch.nn.Module, old_ids: np.ndarray, new_ids: np.ndarray, model_config,
+                    seed: int) -> torch.nn.Module:
+    """A new model of ``model_config`` (over ``new_ids``) holding ``selected``'s weights (over ``old_ids``), the
+    new items' rows a fresh model's built under ``seed``: where a refit that continues the selected model
+    starts (``recsys train`` and ``recsys evaluate`` alike). ``selected`` itself is left as it is."""
+    from recsys.model.registry import build_model
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        fresh = build_model(model_config)
+    weights = {k: v.detach().cpu() for k, v in selected.state_dict().items()}
+    fresh.load_state_dict(grown_state(weights, old_ids, new_ids, fresh.state_dict()))
+    return fresh

@@ -261,10 +261,7 @@ def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
     the learning-rate schedule keeping the selection's horizon, so the refit repeats its first epochs.
     Continued (``train.refit_epochs: N``): the selected model's weights, its vocabulary grown by the items
     seen only in the newest interactions (:func:`recsys.model.warm.grown_state`), for N more epochs."""
-    import torch
-
-    from recsys.model.registry import build_model
-    from recsys.model.warm import grown_state
+    from recsys.model.warm import continued_model
 
     def on_epoch(row: dict[str, Any]) -> None:
         run.recorder.log_metrics({"refit_train_loss": row["train_loss"]}, step=int(row["epoch"]))
@@ -273,10 +270,8 @@ def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
     init_state, how = None, "from scratch"
     if run.cfg.train.continue_epochs is not None:
         epochs, how = run.cfg.train.continue_epochs, "continuing the selected model"
-        with torch.random.fork_rng():
-            torch.manual_seed(settings.seed)        # the new items' rows: a fresh model's, seeded
-            fresh = build_model(model_cfg).state_dict()
-        init_state = grown_state(selected.cpu().state_dict(), run.vocab.item_ids, run.full_vocab.item_ids, fresh)
+        init_state = continued_model(selected, run.vocab.item_ids, run.full_vocab.item_ids, model_cfg,
+                                     settings.seed).state_dict()
     with run.timer.stage("refit", f"train on every interaction for {epochs} epochs, {how}") as c:
         job = _job(run, "refit", model_cfg, settings, run.full_vocab, hold_out=False, stop_after=max(1, epochs))
         result = fit_with_processes(run.spark, dataclasses.replace(job, init_state=init_state),
