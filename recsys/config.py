@@ -280,6 +280,9 @@ class TrainConfig(_Section):
     device: str
     refit: bool
     refit_epochs: int | None = Field(ge=1)
+    warm_start: bool
+    warm_epochs: int = Field(ge=1)
+    full_every_nights: int = Field(ge=1, le=366)
     held_out_share: float = Field(gt=0, le=1)
     held_out_min_users: int = Field(ge=0)
     gate_tolerance: float = Field(ge=0)
@@ -312,6 +315,11 @@ class TrainConfig(_Section):
         """The continued refit's epochs: ``refit_epochs``, at most ``epochs`` (a short test run's 1 epoch
         caps it); None for a refit from scratch."""
         return None if self.refit_epochs is None else min(self.refit_epochs, self.epochs)
+
+    @property
+    def warm_fit_epochs(self) -> int:
+        """A warm night's most epochs: ``warm_epochs``, at most ``epochs`` (the learning-rate horizon)."""
+        return min(self.warm_epochs, self.epochs)
 
 
 class ALSGridConfig(_Section):

@@ -5,7 +5,8 @@ items neither the candidate nor the holder trained on. Real Spark, real sqlite M
 The data: users 1..60 each view a run of consecutive items on each of days 1..6 (2024-03-01..06),
 ending with one newest item per user. Item ``NEWEST_ONLY`` is viewed once, as user 1's newest
 interaction, and never otherwise. User 2 first viewed its newest item on day 1 and again on day 6:
-its newest item was *seen* before any later cut (the repeat collapses to day 6 in the history).
+its newest item was *seen* before any later cut (the repeat collapses to day 6 in the history). Item
+``NEW_ON_DAY5`` first appears on day 5 (user 3, before its run): a model trained before day 5 does not know it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 UTC = dt.timezone.utc
 USERS, ITEMS, DAYS = 60, 40, 6
 NEWEST_ONLY = 500
+NEW_ON_DAY5 = 600
 REPEATER = 2
 FIRST_TRAINING, SECOND_TRAINING = dt.date(2024, 3, 5), dt.date(2024, 3, 7)
 
@@ -40,13 +42,15 @@ def _write(root: Path) -> None:
         if day == 1:
             rows.append(dict(user_id=REPEATER, item_id=ITEMS + 1, event_type="view",
                              ts=dt.datetime(2024, 3, 1, 7, tzinfo=UTC)))
+        if day == 5:
+            rows.append(dict(user_id=3, item_id=NEW_ON_DAY5, event_type="view", ts=dt.datetime(2024, 3, 5, 7, tzinfo=UTC)))
         if day == DAYS:
             rows.append(dict(user_id=1, item_id=NEWEST_ONLY, event_type="view", ts=dt.datetime(2024, 3, day, 23, tzinfo=UTC)))
             rows.append(dict(user_id=REPEATER, item_id=ITEMS + 1, event_type="view",
                              ts=dt.datetime(2024, 3, day, 23, tzinfo=UTC)))
         write_partition(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA), root / "events", dt.date(2024, 3, day))
     catalog = [dict(item_id=i, available=True, title=f"Item {i}", category="c")
-               for i in [*range(1, ITEMS + 2), NEWEST_ONLY]]
+               for i in [*range(1, ITEMS + 2), NEWEST_ONLY, NEW_ON_DAY5]]
     write_partition(pa.Table.from_pylist(catalog, schema=CATALOG_SCHEMA), root / "catalog", dt.date(2024, 3, 1))
 
 
@@ -215,3 +219,75 @@ def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_l
     assert moved > 0                                                           # it trained
     assert moved < 0.5 * (item_rows(scratch, known) - item_rows(selected, known)).norm()   # from the selected weights
     assert torch.isfinite(item_rows(continued, [NEWEST_ONLY])).all()
+
+
+def _item_rows(loaded, ids):
+    index = {int(i): n + 1 for n, i in enumerate(loaded.item_ids)}
+    return loaded.model.item_embeddings().detach()[[index[int(i)] for i in ids]]
+
+
+WARM = ["train.warm_start=true", "train.warm_epochs=1", "train.epochs=3", "train.patience=3", "train.refit_epochs=1",
+        "train.gate_min_users=1"]
+
+
+def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a_full_one_comes_on_the_cadence(
+        spark, data_root, tmp_path):
+    """``train.warm_start``: the 03-05 training is full (none before it); the 03-07 one starts from its weights
+    (version 1, trained before 03-05), with the item first seen on day 5 added to the vocabulary, one epoch, and
+    is gated on the users whose newest item the holder never saw (counted from the raw files). Its known items
+    stay near the holder's, unlike a full training's at the same date and seed (a seed of its own, so that the
+    two cannot share their initial weights). With ``train.full_every_nights=3`` the 03-08 training is full again
+    (the last full one was 3 nights before)."""
+    from mlflow import MlflowClient
+
+    from recsys.pipelines.train import run_training
+
+    cfg = _config(data_root, tmp_path, "mlflow.model_name=warm", "train.gate_tolerance=1", "train.full_every_nights=3",
+                  *WARM)
+    first = run_training(spark, cfg, FIRST_TRAINING)
+    assert first.kind == "full" and first.promoted
+    second = run_training(spark, _config(data_root, tmp_path, "mlflow.model_name=warm", "train.gate_tolerance=1",
+                                         "train.full_every_nights=3", "train.seed=7", *WARM), SECOND_TRAINING)
+    client = MlflowClient(cfg.mlflow.tracking_uri)
+    run = client.get_run(second.run_id).data
+    assert second.kind == "warm" and run.tags["recsys.training_kind"] == "warm", run.params["training_reason"]
+    assert run.params["warm_from_version"] == first.version and run.params["warm_new_items"] == "1"   # NEW_ON_DAY5
+    assert second.metrics["best_epoch"] == 1 and second.promoted and run.tags["recsys.gate_verdict"] == "promoted"
+    assert run.metrics["gate_users"] == _unseen_since(data_root, FIRST_TRAINING, SECOND_TRAINING)
+
+    holder, warm = _registered(cfg, first.version), _registered(cfg, second.version)
+    assert NEW_ON_DAY5 not in set(holder.item_ids.tolist())
+    assert {NEW_ON_DAY5, NEWEST_ONLY} <= set(warm.item_ids.tolist()) and warm.metadata["training_kind"] == "warm"
+    reference = _config(data_root, tmp_path, "mlflow.model_name=warm-reference", "mlflow.experiment=reference",
+                        "train.seed=7", *WARM, "train.warm_start=false")     # its own experiment: not on the cadence
+    full = _registered(reference, run_training(spark, reference, SECOND_TRAINING).version)
+    known = holder.item_ids
+    warm_moved = (_item_rows(warm, known) - _item_rows(holder, known)).norm()
+    assert 0 < warm_moved < 0.5 * (_item_rows(full, known) - _item_rows(holder, known)).norm()
+
+    third = run_training(spark, cfg, dt.date(2024, 3, 8))
+    assert third.kind == "full"
+    assert "3 night(s) ago (train.full_every_nights=3)" in client.get_run(third.run_id).data.params["training_reason"]
+
+
+def test_a_warm_night_the_gate_finds_worse_keeps_the_holder_and_the_next_night_trains_in_full(
+        spark, data_root, tmp_path):
+    """A warm night whose fit diverges (a learning rate of 1000) scores worse than the holder on the users neither
+    trained on: the alias stays, the run says ``worse``, and the next night trains from scratch and says why."""
+    from mlflow import MlflowClient
+
+    from recsys.pipelines.train import run_training
+    from recsys.tracking import store as tracking
+
+    cfg = _config(data_root, tmp_path, "mlflow.model_name=warm-worse", *WARM)
+    first = run_training(spark, cfg, FIRST_TRAINING)
+    worse = run_training(spark, _config(data_root, tmp_path, "mlflow.model_name=warm-worse", *WARM,
+                                        "train.learning_rate=1000"), dt.date(2024, 3, 6))
+    assert worse.kind == "warm" and not worse.promoted and "scores worse" in worse.decision
+    assert tracking.alias_holder(cfg.mlflow.model_name, cfg.mlflow.alias)[0] == first.version
+    assert [t.gate_verdict for t in tracking.finished_trainings(cfg.mlflow)] == ["worse", "promoted"]
+    after = run_training(spark, _config(data_root, tmp_path, "mlflow.model_name=warm-worse", *WARM,
+                                        "train.gate_tolerance=1"), SECOND_TRAINING)
+    reason = MlflowClient(cfg.mlflow.tracking_uri).get_run(after.run_id).data.params["training_reason"]
+    assert after.kind == "full" and reason == "the warm training for 2024-03-06 scored worse than the holder at the gate"
+    assert after.promoted

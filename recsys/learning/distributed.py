@@ -49,7 +49,9 @@ class FitJob:
     validate: bool                   # early stopping on the held-out newest items
     stop_after: int | None = None    # the refit's epoch count
     held_out_below: int | None = None  # the held-out users' bucket cut (recsys.model.stream.held_out_below); None: all
-    init_state: dict | None = None   # start from these weights (a refit that continues the selected model)
+    init_state: dict | None = None   # start from these weights (a refit that continues the selected model, a warm night)
+    validate_since_us: int | None = None  # validate only on held-out items first touched at or after this instant
+                                     # (epoch us): a warm night's, which the holder it starts from never saw
     device: str = "cpu"
     faults: tuple[str, ...] = ()
     progress_every_s: float = 30.0
@@ -165,6 +167,7 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
 
         def validate(model) -> dict[str, float]:
             part = ranking_sums(model, vocab, held_out_chunks(files, held_out_below=job.held_out_below,
+                                                              since_us=job.validate_since_us,
                                                               users_per_chunk=job.users_per_chunk),
                                 ks=(SELECTION_K,), device=device)
             keys = (f"ndcg@{SELECTION_K}", f"hr@{SELECTION_K}", "mrr")   # the same on every process, known users or not

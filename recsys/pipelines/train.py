@@ -13,6 +13,14 @@ scored on. Two fits (docs/quality.md, "What training registers"):
 
 The gate judges the *selection* model against the alias holder on held-out items that neither has
 trained on: the newest items first touched on or after the holder's training date.
+
+A night is **full** (the selection fit from scratch) or, with ``train.warm_start``, **warm**: the selection
+fit starts from the alias holder's weights, its vocabulary grown by the items that appeared since
+(:func:`recsys.model.warm.continued_model`), for at most ``train.warm_epochs`` epochs, early-stopped on the
+held-out items the holder never trained on (the gate's users). A night trains in full when no full training
+finished in the last ``train.full_every_nights`` nights, when the last training was warm and the gate found
+it worse than the holder, or when there is no holder to start from (none, unreadable, another architecture,
+trained on or after the date); the run records which kind it was and why (:func:`plan_training`).
 """
 from __future__ import annotations
 
@@ -55,6 +63,9 @@ NO_HOOKS = Hooks()
 VALIDATION_METRIC = validation_name(SELECTION_METRIC)   # val_ndcg@10: what the gate compares
 
 
+FULL, WARM = "full", "warm"
+
+
 @dataclass
 class TrainResult:
     date: dt.date
@@ -64,10 +75,27 @@ class TrainResult:
     promoted: bool
     decision: str
     curve: list[dict[str, Any]] = field(default_factory=list)
+    kind: str = FULL                 # full | warm (TrainingPlan.kind)
 
     def summary(self) -> str:
-        return (f"trained model version {self.version} (run {self.run_id}): "
+        return (f"trained model version {self.version} (run {self.run_id}, {self.kind} training): "
                 f"{VALIDATION_METRIC}={self.metrics.get(VALIDATION_METRIC, float('nan')):.4f}; {self.decision}")
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What kind of training tonight is, and why: full (from scratch) or warm (from the alias holder)."""
+
+    kind: str                                 # full | warm
+    reason: str                               # in words: logged, a run parameter and the run's note
+    start_state: dict | None = None           # warm: the holder's weights over the selection vocabulary
+    holder_version: str | None = None         # warm: the version it starts from
+    since_us: int | None = None               # warm: validate on held-out items first touched since (epoch us)
+    new_items: int = 0                        # warm: items in the vocabulary the holder did not know
+
+    @classmethod
+    def full(cls, reason: str) -> "TrainingPlan":
+        return cls(FULL, reason)
 
 
 def training_due(cfg: Config, date: dt.date) -> str | None:
@@ -131,27 +159,30 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
         run.work_dir = work_dir
         run.device = resolve_device(cfg.train.device)
         model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train, run.device)
-        run.recorder = _open_run(run, model_cfg, settings)
+        plan = plan_training(run, model_cfg, settings.seed)
+        log.info("[train %s] %s training: %s", date, plan.kind, plan.reason)
+        run.recorder = _open_run(run, model_cfg, settings, plan)
         try:
-            result, metrics = _fit(run, model_cfg, settings)
+            result, metrics = _fit(run, model_cfg, settings, plan)
             selection_model = result.model(model_cfg)
             final_model, final_items = selection_model, run.vocab.item_ids
             if cfg.train.refit:
                 final_model, final_items = _refit(run, settings, result.best_epoch, selection_model), \
                     run.full_vocab.item_ids
             blend = _repeat_blend(run, GateCandidate(selection_model, run.vocab.item_ids))
-            version = _register(run, final_model, final_items, metrics, blend)
+            version = _register(run, final_model, final_items, metrics, blend, plan)
             with timer.stage("gate", "compare with the alias holder") as c:
                 gate = _gate(cfg, version, GateCandidate(selection_model, run.vocab.item_ids), run.held_out, force,
                              run.device)
                 c.update(decision=gate.decision)
             promoted, decision = gate.promoted, gate.decision
             run.recorder.log_metrics(gate.figures)
-            run.recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted), tags.GATE: decision})
+            run.recorder.set_tags({tags.MODEL_VERSION: version, tags.PROMOTED: str(promoted), tags.GATE: decision,
+                                   tags.GATE_VERDICT: gate.verdict})
             run_record.record_training(run.recorder, date, run_record.Inputs.of(cfg.paths, cfg.history),
                                        run_record.TrainingSummary(cfg.train.model.type, run.shards.users,
                                                                   len(final_items), metrics, cfg.mlflow.model_name,
-                                                                  version, decision))
+                                                                  version, decision, plan.kind, plan.reason))
             run.recorder.end("FINISHED")
         except BaseException as exc:
             run.recorder.set_tags({tags.ERROR: redact_text(str(exc))[:4000]})
@@ -162,7 +193,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     finally:
         _remove(work_dir)
     log.info("[train %s] %s", date, decision)
-    return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve)
+    return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve, plan.kind)
 
 
 def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str) -> TrainingShards:
@@ -197,13 +228,68 @@ def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer,
                      StreamedHeldOut(shards.files, held_out_below=shards.held_out_below), hooks=hooks)
 
 
-def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
+def plan_training(run: _Training, model_cfg: Any, seed: int) -> TrainingPlan:
+    """Full or warm tonight (see the module's docstring), and for a warm night where it starts.
+
+    Reads the finished trainings from MLflow (their ``recsys.training_kind`` and ``recsys.gate_verdict``
+    tags; a run without them trained in full) and loads the alias holder. Anything that stands in the way
+    of a warm start makes the night full, with the reason recorded: a warm night is an optimisation, never
+    a reason for the night to fail."""
+    cfg, date = run.cfg, run.date
+    if not cfg.train.warm_start:
+        return TrainingPlan.full("train.warm_start is off")
+    earlier = [t for t in tracking.finished_trainings(cfg.mlflow) if t.date < date]
+    last_full = next((t.date for t in earlier if t.kind == FULL), None)
+    every = cfg.train.full_every_nights
+    if last_full is None:
+        return TrainingPlan.full(f"no full training has finished before {date}")
+    if (date - last_full).days >= every:
+        return TrainingPlan.full(f"the last full training was for {last_full}, {(date - last_full).days} night(s) "
+                                 f"ago (train.full_every_nights={every})")
+    if earlier[0].kind == WARM and earlier[0].gate_verdict == "worse":
+        return TrainingPlan.full(f"the warm training for {earlier[0].date} scored worse than the holder at the gate")
+    name, alias = cfg.mlflow.model_name, cfg.mlflow.alias
+    holder = tracking.alias_holder(name, alias)
+    if holder is None:
+        return TrainingPlan.full(f"no version holds @{alias} to start from")
+    version = holder[0]
+    try:
+        loaded = _load_version(cfg, version, run.device)
+    except Exception as exc:
+        return TrainingPlan.full(f"the holder version {version} could not be loaded "
+                                 f"({first_line(exc, with_type=True, limit=300)})")
+    trained_before = loaded.metadata.get("trained_before")
+    try:
+        cutoff = parse_date(trained_before)
+    except Exception:
+        return TrainingPlan.full(f"the holder version {version} records no readable training date ({trained_before!r})")
+    if cutoff >= date:
+        return TrainingPlan.full(f"the holder version {version} trained on the events before {cutoff}, not before {date}")
+    from recsys.model.warm import continued_model
+
+    try:
+        start = continued_model(loaded.model, loaded.item_ids, run.vocab.item_ids, model_cfg, seed)
+    except ValueError as exc:
+        return TrainingPlan.full(f"the holder version {version} is not the configured model "
+                                 f"({first_line(exc, limit=300)})")
+    new_items = int(len(run.vocab) - np.isin(run.vocab.item_ids, np.asarray(loaded.item_ids)).sum())
+    return TrainingPlan(WARM, f"starting from version {version} (trained before {cutoff}; {last_full} was the last "
+                              f"full training), {new_items} new item(s)",
+                        start.state_dict(), version, _day_start_us(cutoff), new_items)
+
+
+def _day_start_us(day: dt.date) -> int:
+    return int(dt.datetime.combine(day, dt.time(), tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
+
+
+def _open_run(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan) -> Any:
     """The training's MLflow run, with what it is about to do as parameters; training without a
     record is refused (TrackingFailed): the version it registers must point at a run."""
     cfg, date = run.cfg, run.date
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=tracking.training_experiment(cfg.mlflow),
-                                    tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date), tags.VERSION: __version__})
+                                    tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date), tags.VERSION: __version__,
+                                          tags.TRAINING_KIND: plan.kind})
     if recorder.failed:
         raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")
     recorder.log_params({
@@ -216,6 +302,9 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any) -> Any:
         "gate_min_users": cfg.train.gate_min_users,
         "processes": cfg.train.processes, "shard_files": len(run.shards.files.paths),
         "max_users": cfg.train.max_users, "sampled_from_users": run.shards.sampled_from,
+        "training_kind": plan.kind, "training_reason": plan.reason[:5000], "warm_from_version": plan.holder_version,
+        "warm_epochs": cfg.train.warm_fit_epochs if plan.kind == WARM else None,
+        "warm_new_items": plan.new_items if plan.kind == WARM else None,
     })
     return recorder
 
@@ -229,8 +318,10 @@ def _job(run: _Training, label: str, model_cfg: Any, settings: Any, vocab: Vocab
                   log_dir=rfs.join(run.work_dir, "logs", label))
 
 
-def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[FitOutput, dict[str, float]]:
-    """Train with early stopping on the held-out items, logging each epoch; the best epoch's figures."""
+def _fit(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan) -> tuple[FitOutput, dict[str, float]]:
+    """Train with early stopping on the held-out items, logging each epoch; the best epoch's figures.
+    Warm (``plan``): from the holder's weights, at most ``train.warm_epochs``, validated on the held-out
+    items the holder never trained on."""
     from recsys.tracking import plots
 
     recorder = run.recorder
@@ -239,10 +330,15 @@ def _fit(run: _Training, model_cfg: Any, settings: Any) -> tuple[FitOutput, dict
         recorder.log_metrics({validation_name(k) if "@" in k else k: v for k, v in row.items() if k != "epoch"},
                              step=int(row["epoch"]))
 
-    with run.timer.stage("fit", "train model (select the epoch count)") as c:
-        result = fit_with_processes(run.spark, _job(run, "select", model_cfg, settings, run.vocab, hold_out=True),
-                                    run.cfg.train.processes, on_epoch)
-        c.update(best_epoch=result.best_epoch, processes=result.processes,
+    job = _job(run, "select", model_cfg, settings, run.vocab, hold_out=True)
+    what = "train model (select the epoch count)"
+    if plan.kind == WARM:
+        job = dataclasses.replace(job, label=f"[train {run.date}] warm", init_state=plan.start_state,
+                                  stop_after=run.cfg.train.warm_fit_epochs, validate_since_us=plan.since_us)
+        what = f"train model (warm: from version {plan.holder_version}, at most {run.cfg.train.warm_fit_epochs} epochs)"
+    with run.timer.stage("fit", what) as c:
+        result = fit_with_processes(run.spark, job, run.cfg.train.processes, on_epoch)
+        c.update(kind=plan.kind, best_epoch=result.best_epoch, processes=result.processes,
                  **{k: round(v, 4) for k, v in result.best_metrics.items()})
     if result.processes > 1:   # the processes could not reach MLflow: the curve is logged now
         for row in result.curve:
@@ -314,7 +410,7 @@ def _remove(work_dir: str) -> None:
 
 
 def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[str, float],
-              blend: RepeatBlend | None = None) -> str:
+              blend: RepeatBlend | None, plan: TrainingPlan) -> str:
     """The model's files (and its repeat blend) logged to the run and registered as a new version of
     ``mlflow.model_name``."""
     from recsys.model.io import save_model
@@ -326,7 +422,8 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
                                          VALIDATION_METRIC: metrics.get(VALIDATION_METRIC),
                                          "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"]),
                                          "refit_epochs": run.cfg.train.continue_epochs if run.cfg.train.refit else None,
-                                         "held_out_share": round(run.shards.held_out_share, 4)},
+                                         "held_out_share": round(run.shards.held_out_share, 4),
+                                         "training_kind": plan.kind, "warm_from_version": plan.holder_version},
                                blend=blend)
         recorder.log_artifacts(model_dir, "model")
     artifact_uri = recorder.artifact_uri("model")
@@ -353,6 +450,8 @@ class GateDecision:
     promoted: bool
     decision: str
     figures: dict[str, float] = field(default_factory=dict)   # logged to the training run
+    verdict: str = "undecided"   # promoted | worse (kept: the holder scored better) | undecided (kept: too few
+                                 # users to judge on) | forced (--force moved the alias)
 
 
 def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData | StreamedHeldOut, force: bool,
@@ -373,7 +472,8 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
     holder = tracking.alias_holder(name, alias)
     if holder is None:
         tracking.set_alias(name, alias, version)
-        return GateDecision(True, f"promoted version {version} to @{alias}: no version held the alias")
+        return GateDecision(True, f"promoted version {version} to @{alias}: no version held the alias",
+                            verdict="promoted")
     holder_version, _ = holder
     tolerance = cfg.train.gate_tolerance
     try:
@@ -385,7 +485,8 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
         problem = f"the holder version {holder_version} could not be scored ({first_line(exc, with_type=True, limit=300)})"
         if force:
             tracking.set_alias(name, alias, version)
-            return GateDecision(True, f"promoted version {version} to @{alias} because of --force; {problem}")
+            return GateDecision(True, f"promoted version {version} to @{alias} because of --force; {problem}",
+                                verdict="forced")
         raise GateError(f"kept @{alias} on version {holder_version}: {problem}; fix or remove that version, "
                         f"or move the alias to version {version} with --force") from exc
     figures = {"gate_users": float(judged.users)}
@@ -400,13 +501,14 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
     figures = {k: v for k, v in figures.items() if np.isfinite(v)}
     if force:
         tracking.set_alias(name, alias, version)
-        return GateDecision(True, f"promoted version {version} to @{alias} because of --force; {detail}", figures)
+        return GateDecision(True, f"promoted version {version} to @{alias} because of --force; {detail}", figures,
+                            "forced")
     if new_score >= holder_score - tolerance:
         tracking.set_alias(name, alias, version)
         return GateDecision(True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}",
-                            figures)
+                            figures, "promoted")
     return GateDecision(False, f"kept @{alias} on version {holder_version}: the new version scores worse; {detail}; "
-                               "use --force to override", figures)
+                               "use --force to override", figures, "worse")
 
 
 def held_out_unseen_by(split: SplitData | StreamedHeldOut, trained_before: str | None, holder: str) -> tuple[Any, str]:
@@ -417,8 +519,7 @@ def held_out_unseen_by(split: SplitData | StreamedHeldOut, trained_before: str |
         cutoff = parse_date(trained_before)
     except Exception:
         return split, f"(all of them: version {holder} records an unreadable training date {trained_before!r})"
-    cutoff_us = int(dt.datetime.combine(cutoff, dt.time(), tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
-    return split.since(cutoff_us), f"whose newest item was first touched on or after {cutoff} (version {holder} trained before it)"
+    return split.since(_day_start_us(cutoff)), f"whose newest item was first touched on or after {cutoff} (version {holder} trained before it)"
 
 
 def _load_version(cfg: Config, version: str, device):

@@ -56,6 +56,8 @@ class TrainingSummary:
     model_name: str
     version: str
     decision: str
+    kind: str = "full"                # full | warm (recsys.pipelines.train.TrainingPlan)
+    kind_reason: str = ""             # why that kind
 
 
 def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
@@ -221,7 +223,8 @@ def record_training(recorder: Any, date: dt.date, inputs: Inputs, summary: Train
     s = summary
     ndcg = next((v for k, v in s.metrics.items() if k.startswith("val_ndcg")), None)
     recorder.set_tags({tags.NOTE: (
-        f"Trained {s.model_type} on the events before {date} ({s.users:,} users, {s.items:,} items in the vocabulary); "
+        f"Trained {s.model_type} on the events before {date} ({s.users:,} users, {s.items:,} items in the vocabulary), "
+        f"{s.kind} training" + (f" ({s.kind_reason})" if s.kind_reason else "") + "; "
         f"best epoch {int(s.metrics.get('best_epoch', 0))}"
         + (f", validation NDCG@10 {ndcg:.4f}" if ndcg is not None else "")
         + f". Registered as version {s.version} of {s.model_name}; {s.decision}.")})

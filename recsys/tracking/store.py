@@ -231,9 +231,18 @@ def training_experiment(cfg: MlflowConfig) -> str:
     return f"{cfg.experiment}-training"
 
 
-def last_training_date(cfg: MlflowConfig) -> dt.date | None:
-    """The newest date a training run finished for (its ``recsys.date`` tag: it trained on the events
-    before it), in the training experiment; None when none has. A failed training does not count."""
+@dataclass(frozen=True)
+class FinishedTraining:
+    """A training run that finished: the date it trained for, its kind and what the gate said."""
+
+    date: dt.date
+    kind: str            # full | warm (a run that records none trained in full)
+    gate_verdict: str    # promoted | worse | undecided ("" for runs that record none)
+
+
+def finished_trainings(cfg: MlflowConfig, max_results: int = 200) -> list[FinishedTraining]:
+    """The training runs that finished (a version was registered), newest date first, from the training
+    experiment; failed trainings are left out. Reads at most ``max_results`` runs, the newest started."""
     from mlflow import MlflowClient
 
     try:
@@ -241,15 +250,23 @@ def last_training_date(cfg: MlflowConfig) -> dt.date | None:
         client = MlflowClient()
         experiment = client.get_experiment_by_name(training_experiment(cfg))
         if experiment is None:
-            return None
+            return []
         runs = client.search_runs([experiment.experiment_id],
                                   filter_string=f"{tags.search_filter(tags.TRAIN_JOB)} and attributes.status = 'FINISHED'",
-                                  order_by=["attributes.start_time DESC"], max_results=100)
+                                  order_by=["attributes.start_time DESC"], max_results=max_results)
     except Exception as exc:
         raise TrackingUnavailable(f"cannot read the training runs from {redact_uri(cfg.tracking_uri)}: "
                                   f"{first_line(exc, with_type=True)}") from None
-    dates = [dt.date.fromisoformat(r.data.tags[tags.DATE]) for r in runs if tags.DATE in r.data.tags]
-    return max(dates, default=None)
+    found = [FinishedTraining(dt.date.fromisoformat(r.data.tags[tags.DATE]), r.data.tags.get(tags.TRAINING_KIND, "full"),
+                              r.data.tags.get(tags.GATE_VERDICT, "")) for r in runs if tags.DATE in r.data.tags]
+    return sorted(found, key=lambda t: t.date, reverse=True)    # stable: of one date, the newest started first
+
+
+def last_training_date(cfg: MlflowConfig) -> dt.date | None:
+    """The newest date a training run finished for (its ``recsys.date`` tag: it trained on the events
+    before it), in the training experiment; None when none has. A failed training does not count."""
+    trainings = finished_trainings(cfg, max_results=100)
+    return trainings[0].date if trainings else None
 
 
 def set_alias(model_name: str, alias: str, version: str) -> None:
