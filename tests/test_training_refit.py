@@ -199,6 +199,11 @@ def test_one_fit_holds_out_a_share_of_users_learns_everyone_elses_newest_item_an
     assert run.metrics["repeats_validation_rows"] == 5 * len(held_out)
 
 
+def _item_rows(loaded, ids):
+    index = {int(i): n + 1 for n, i in enumerate(loaded.item_ids)}
+    return loaded.model.item_embeddings().detach()[[index[int(i)] for i in ids]]
+
+
 def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_learns_the_newest_only_item(refits):
     """``train.refit_epochs=1``: the registered model is the selected one trained one more epoch on everything,
     its vocabulary grown by the item seen only as user 1's newest; it is not the selected model's weights
@@ -210,20 +215,11 @@ def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_l
     _, scratch = refits["scratch"]
     assert NEWEST_ONLY in set(continued.item_ids.tolist()) and continued.metadata["refit_epochs"] == 1
 
-    def item_rows(loaded, ids):
-        index = {int(i): n + 1 for n, i in enumerate(loaded.item_ids)}
-        return loaded.model.item_embeddings().detach()[[index[int(i)] for i in ids]]
-
     known = selected.item_ids
-    moved = (item_rows(continued, known) - item_rows(selected, known)).norm()
+    moved = (_item_rows(continued, known) - _item_rows(selected, known)).norm()
     assert moved > 0                                                           # it trained
-    assert moved < 0.5 * (item_rows(scratch, known) - item_rows(selected, known)).norm()   # from the selected weights
-    assert torch.isfinite(item_rows(continued, [NEWEST_ONLY])).all()
-
-
-def _item_rows(loaded, ids):
-    index = {int(i): n + 1 for n, i in enumerate(loaded.item_ids)}
-    return loaded.model.item_embeddings().detach()[[index[int(i)] for i in ids]]
+    assert moved < 0.5 * (_item_rows(scratch, known) - _item_rows(selected, known)).norm()   # from the selected weights
+    assert torch.isfinite(_item_rows(continued, [NEWEST_ONLY])).all()
 
 
 WARM = ["train.warm_start=true", "train.warm_epochs=1", "train.epochs=3", "train.patience=3", "train.refit_epochs=1",
@@ -231,23 +227,22 @@ WARM = ["train.warm_start=true", "train.warm_epochs=1", "train.epochs=3", "train
 
 
 def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a_full_one_comes_on_the_cadence(
-        spark, data_root, tmp_path):
+        spark, data_root, tmp_path, refits):
     """``train.warm_start``: the 03-05 training is full (none before it); the 03-07 one starts from its weights
     (version 1, trained before 03-05), with the item first seen on day 5 added to the vocabulary, one epoch, and
     is gated on the users whose newest item the holder never saw (counted from the raw files). Its known items
-    stay near the holder's, unlike a full training's at the same date and seed (a seed of its own, so that the
-    two cannot share their initial weights). With ``train.full_every_nights=3`` the 03-08 training is full again
-    (the last full one was 3 nights before)."""
+    stay near the holder's, unlike those of a full training at 03-07 with the same settings (the ``refits``
+    fixture's; under another seed than this test's, so that the two cannot share their initial weights). With
+    ``train.full_every_nights=3`` the 03-08 training is full again (the last full one was 3 nights before)."""
     from mlflow import MlflowClient
 
     from recsys.pipelines.train import run_training
 
     cfg = _config(data_root, tmp_path, "mlflow.model_name=warm", "train.gate_tolerance=1", "train.full_every_nights=3",
-                  *WARM)
+                  "train.seed=7", *WARM)
     first = run_training(spark, cfg, FIRST_TRAINING)
     assert first.kind == "full" and first.promoted
-    second = run_training(spark, _config(data_root, tmp_path, "mlflow.model_name=warm", "train.gate_tolerance=1",
-                                         "train.full_every_nights=3", "train.seed=7", *WARM), SECOND_TRAINING)
+    second = run_training(spark, cfg, SECOND_TRAINING)
     client = MlflowClient(cfg.mlflow.tracking_uri)
     run = client.get_run(second.run_id).data
     assert second.kind == "warm" and run.tags["recsys.training_kind"] == "warm", run.params["training_reason"]
@@ -258,9 +253,7 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     holder, warm = _registered(cfg, first.version), _registered(cfg, second.version)
     assert NEW_ON_DAY5 not in set(holder.item_ids.tolist())
     assert {NEW_ON_DAY5, NEWEST_ONLY} <= set(warm.item_ids.tolist()) and warm.metadata["training_kind"] == "warm"
-    reference = _config(data_root, tmp_path, "mlflow.model_name=warm-reference", "mlflow.experiment=reference",
-                        "train.seed=7", *WARM, "train.warm_start=false")     # its own experiment: not on the cadence
-    full = _registered(reference, run_training(spark, reference, SECOND_TRAINING).version)
+    _, full = refits["continued"]            # seed 42, trained in full at 03-07: 3 epochs and a 1-epoch refit
     known = holder.item_ids
     warm_moved = (_item_rows(warm, known) - _item_rows(holder, known)).norm()
     assert 0 < warm_moved < 0.5 * (_item_rows(full, known) - _item_rows(holder, known)).norm()
