@@ -258,9 +258,33 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     warm_moved = (_item_rows(warm, known) - _item_rows(holder, known)).norm()
     assert 0 < warm_moved < 0.5 * (_item_rows(full, known) - _item_rows(holder, known)).norm()
 
+    _the_nights_lists_count_the_models_new_items(spark, cfg, warm, holder)
+
     third = run_training(spark, cfg, dt.date(2024, 3, 8))
     assert third.kind == "full"
     assert "3 night(s) ago (train.full_every_nights=3)" in client.get_run(third.run_id).data.params["training_reason"]
+
+
+def _the_nights_lists_count_the_models_new_items(spark, cfg, model, previous) -> None:
+    """The registered model records the items its predecessor lacked; the night it serves counts them in the
+    manifest, as found in the published lists."""
+    import pyarrow.parquet as pq
+
+    from recsys.model.io import read_new_item_ids
+    from recsys.pipelines.nightly import run_nightly
+    from recsys.tracking import store as tracking
+
+    version = tracking.alias_holder(cfg.mlflow.model_name, cfg.mlflow.alias)[0]
+    new = read_new_item_ids(tracking.model_version_dir(cfg.mlflow.model_name, version, cfg.paths.driver_dir / "models"))
+    assert new.tolist() == sorted(set(model.item_ids.tolist()) - set(previous.item_ids.tolist()))
+    assert {NEW_ON_DAY5, NEWEST_ONLY} <= set(new.tolist())
+    result = run_nightly(spark, cfg, SECOND_TRAINING)
+    lists = pq.read_table(result.output_dir).column("recommendations").to_pylist()
+    slots = [r["item_id"] for recs in lists for r in recs if r["item_id"] in set(new.tolist())]
+    assert slots, "no list holds a new item: the figures below would not be tested"
+    figures = result.manifest.metrics
+    assert figures["model_new_items"] == len(new)
+    assert figures["new_items_recommended"] == len(set(slots)) and figures["new_item_slots"] == len(slots)
 
 
 def test_a_warm_night_the_gate_finds_worse_keeps_the_holder_and_the_next_night_trains_in_full(

@@ -10,6 +10,9 @@ only numbers are read. A model directory holds:
     item_ids.npy          int64 [num_items]: item_ids[i] is the external item id of model index i + 1
     repeats.json          optional: how the user's known items compete with new ones
                           (:class:`recsys.model.repeats.RepeatBlend`); absent: known items are masked
+    new_item_ids.npy      optional: int64, sorted: the items this model knows and the version it was trained
+                          to replace (the alias holder then) did not; the nightly job counts how many of them
+                          its lists recommend. Absent: no version came before, or saved elsewhere
 
 ``config.json`` is written last, so a directory whose writing was interrupted fails to load with
 "missing config.json" rather than loading half a model.
@@ -33,6 +36,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 ITEM_IDS_FILE = "item_ids.npy"
 REPEATS_FILE = "repeats.json"
+NEW_ITEM_IDS_FILE = "new_item_ids.npy"
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,12 +50,14 @@ class LoadedModel:
 
 
 def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
-               metadata: dict | None = None, blend: RepeatBlend | None = None) -> Path:
+               metadata: dict | None = None, blend: RepeatBlend | None = None,
+               new_item_ids: np.ndarray | None = None) -> Path:
     """Write ``model`` and its vocabulary to ``directory`` (created if needed); returns ``directory``.
 
     ``metadata`` must be JSON-serialisable (training figures, data digests, ...); it is returned
     unchanged by :func:`load_model`. ``blend``: the repeat blend fitted with the model (None: none, so
-    known items are masked when it scores).
+    known items are masked when it scores). ``new_item_ids``: the items of ``item_ids`` the version this one
+    replaces did not know (:func:`read_new_item_ids`).
     """
     directory = Path(directory)
     model_type = model_type_of(model)
@@ -75,6 +81,9 @@ def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
     (directory / CONFIG_FILE).unlink(missing_ok=True)  # an interrupted overwrite must not look complete
     _save_weights(model, directory / WEIGHTS_FILE)
     np.save(directory / ITEM_IDS_FILE, item_ids.astype(np.int64), allow_pickle=False)
+    (directory / NEW_ITEM_IDS_FILE).unlink(missing_ok=True)
+    if new_item_ids is not None:
+        np.save(directory / NEW_ITEM_IDS_FILE, np.unique(np.asarray(new_item_ids, dtype=np.int64)), allow_pickle=False)
     (directory / REPEATS_FILE).unlink(missing_ok=True)
     if blend is not None:
         (directory / REPEATS_FILE).write_text(blend.to_json() + "\n")
@@ -119,6 +128,13 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> LoadedMod
                              "model, or delete it to mask known items") from exc
     return LoadedModel(model=model.to(device).eval(), item_ids=item_ids.astype(np.int64, copy=False),
                        model_type=model_type, config=config, metadata=metadata, blend=blend)
+
+
+def read_new_item_ids(directory: Path) -> np.ndarray | None:
+    """The model's new items (``new_item_ids.npy``, sorted), or None when it records none; without loading
+    the weights."""
+    path = Path(directory) / NEW_ITEM_IDS_FILE
+    return np.load(path, allow_pickle=False).astype(np.int64, copy=False) if path.exists() else None
 
 
 def _read_config(path: Path) -> tuple[str, Any, dict]:

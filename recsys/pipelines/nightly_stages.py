@@ -15,12 +15,13 @@ the stage results in one place, :func:`run_metrics`; the per-stage log lines sho
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import io
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -37,7 +38,7 @@ from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_
                                  read_events_window, window_start)
 from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
-from recsys.model.io import ITEM_IDS_FILE
+from recsys.model.io import ITEM_IDS_FILE, read_new_item_ids
 from recsys.pipelines import nightly_compare as compare
 from recsys.pipelines.nightly_compare import Comparison, GuardStage
 from recsys.pipelines.timing import StageTimer
@@ -316,6 +317,7 @@ class ScoreStage:
     worker: WorkerFigures
     write_seconds: float
     rows: Mapping[str, int]           # recsys.publish.validate.row_checks, observed on the rows as written
+    new_items: Mapping[str, int] = field(default_factory=dict)   # new_item_figures: the model's new items in the lists
 
     @property
     def users_per_s(self) -> float:
@@ -340,8 +342,29 @@ def score(run: NightlyRun, catalog: CatalogStage, history: HistoryStage, fallbac
                           users_per_task=cfg.scoring.users_per_task, cores=default_parallelism(spark),
                           exchange=previous.joins)
     if previous.joins:   # split into the tasks together with the previous lists: the scoring pass keeps that split
-        return _score_and_write(previous.join(history.histories, tasks), spec, 0, run.layout.staging_dir, run.hooks)
-    return _score_and_write(history.histories, spec, tasks, run.layout.staging_dir, run.hooks)
+        scored = _score_and_write(previous.join(history.histories, tasks), spec, 0, run.layout.staging_dir, run.hooks)
+    else:
+        scored = _score_and_write(history.histories, spec, tasks, run.layout.staging_dir, run.hooks)
+    figures = new_item_figures(read_new_item_ids(model.local_dir), scored.worker.checks.item_ids,
+                               scored.worker.checks.item_times)
+    return dataclasses.replace(scored, new_items=figures)
+
+
+def new_item_figures(new_item_ids: np.ndarray | None, item_ids: np.ndarray, item_times: np.ndarray) -> dict[str, int]:
+    """How the lists carry the items the model is the first version to know (``new_item_ids``, recorded at
+    training; None: not recorded, no figures): ``model_new_items`` (how many it knows), ``new_items_recommended``
+    (how many of them are in at least one list) and ``new_item_slots`` (the list places they fill), from the
+    tasks' per-item counts of what they recommended (``item_ids`` with ``item_times``).
+
+    >>> new_item_figures(np.array([5, 9]), np.array([1, 5, 7]), np.array([10, 3, 1]))
+    {'model_new_items': 2, 'new_items_recommended': 1, 'new_item_slots': 3}
+    """
+    if new_item_ids is None:
+        return {}
+    new = np.isin(np.asarray(item_ids), np.asarray(new_item_ids))
+    times = np.asarray(item_times)[new]
+    return {"model_new_items": int(len(new_item_ids)), "new_items_recommended": int((times > 0).sum()),
+            "new_item_slots": int(times.sum())}
 
 
 def _score_and_write(histories: DataFrame, spec: ScoringSpec, partitions: int, output_dir: str,
@@ -450,6 +473,7 @@ def run_metrics(results: StageResults) -> dict[str, float]:
         "fallback_users": worker.totals.chunks.fallback_users,
         "users_per_s": results.scored.users_per_s,
         **worker.metrics(),
+        **results.scored.new_items,
         **results.report.figures,
         **results.guard.metrics(),
     }

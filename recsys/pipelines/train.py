@@ -170,7 +170,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
                 final_model, final_items = _refit(run, settings, result.best_epoch, selection_model), \
                     run.full_vocab.item_ids
             blend = _repeat_blend(run, GateCandidate(selection_model, run.vocab.item_ids))
-            version = _register(run, final_model, final_items, metrics, blend, plan)
+            new_items = _items_new_since_holder(cfg, final_items)
+            version = _register(run, final_model, final_items, metrics, blend, plan, new_items)
             with timer.stage("gate", "compare with the alias holder") as c:
                 gate = _gate(cfg, version, GateCandidate(selection_model, run.vocab.item_ids), run.held_out, force,
                              run.device)
@@ -409,13 +410,33 @@ def _remove(work_dir: str) -> None:
         log.warning("could not remove the training shards under %s: %s", redact_uri(work_dir), exc)
 
 
+def _items_new_since_holder(cfg: Config, item_ids: np.ndarray) -> np.ndarray | None:
+    """The items of ``item_ids`` the alias holder's vocabulary lacks (what this version will be the first to
+    recommend), or None with no holder, or one whose vocabulary cannot be read (the gate says why)."""
+    from recsys.model.io import ITEM_IDS_FILE
+
+    holder = tracking.alias_holder(cfg.mlflow.model_name, cfg.mlflow.alias)
+    if holder is None:
+        return None
+    try:
+        local = tracking.model_version_dir(cfg.mlflow.model_name, holder[0], cfg.paths.driver_dir / "models")
+        known = np.load(Path(local) / ITEM_IDS_FILE, allow_pickle=False)
+    except Exception as exc:
+        log.warning("the holder version %s's items could not be read (%s): new items are not recorded", holder[0],
+                    first_line(exc, with_type=True, limit=300))
+        return None
+    return np.setdiff1d(np.asarray(item_ids, dtype=np.int64), known.astype(np.int64))
+
+
 def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[str, float],
-              blend: RepeatBlend | None, plan: TrainingPlan) -> str:
+              blend: RepeatBlend | None, plan: TrainingPlan, new_item_ids: np.ndarray | None = None) -> str:
     """The model's files (and its repeat blend) logged to the run and registered as a new version of
     ``mlflow.model_name``."""
     from recsys.model.io import save_model
 
     recorder = run.recorder
+    if new_item_ids is not None:
+        recorder.log_metrics({"new_items": len(new_item_ids)})
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = save_model(model.cpu(), item_ids, Path(tmp) / "model",
                                metadata={"trained_before": str(run.date), "run_id": recorder.run_id,
@@ -423,8 +444,9 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
                                          "refit": run.cfg.train.refit, "epochs": int(metrics["best_epoch"]),
                                          "refit_epochs": run.cfg.train.continue_epochs if run.cfg.train.refit else None,
                                          "held_out_share": round(run.shards.held_out_share, 4),
-                                         "training_kind": plan.kind, "warm_from_version": plan.holder_version},
-                               blend=blend)
+                                         "training_kind": plan.kind, "warm_from_version": plan.holder_version,
+                                         "new_items": None if new_item_ids is None else len(new_item_ids)},
+                               blend=blend, new_item_ids=new_item_ids)
         recorder.log_artifacts(model_dir, "model")
     artifact_uri = recorder.artifact_uri("model")
     if recorder.failed or artifact_uri is None:
