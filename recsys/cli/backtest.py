@@ -321,7 +321,8 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
                 log.info("[backtest] %s (%d/%d): training on the events before it (train.every_nights=%d)", night,
                          i + 1, len(nights), scratch.train.every_nights)
                 trained = run_training(spark, scratch, night)
-                row.update(trained_version=trained.version, gate=trained.decision, promoted=trained.promoted)
+                row.update(trained_version=trained.version, training_kind=trained.kind, gate=trained.decision,
+                           promoted=trained.promoted)
             else:
                 row["training"] = f"not due: {reason}"
         row["train_s"] = round(time.perf_counter() - t0, 1)
@@ -408,7 +409,8 @@ def _progress(spark, work: Path, night: dt.date, i: int, total: int, row: dict[s
         parts = [got[measure.figure_column(system, f"hr@{k}{p}")] for p in ("", ".repeat", ".new")]
         return "/".join("-" if v is None else f"{v:.3f}" for v in parts)
 
-    trained = (f"trained version {row['trained_version']} ({'alias moved' if row.get('promoted') else 'alias kept'})"
+    trained = (f"trained version {row['trained_version']} ({row.get('training_kind', 'full')}; "
+               f"{'alias moved' if row.get('promoted') else 'alias kept'})"
                if "trained_version" in row else "no training" + (f" ({row['training']})" if "training" in row else ""))
     log.info("[backtest] %s (%d/%d) in %.0f s (train %.0f s, recommend %.0f s, measure %.0f s): %s; lists of model "
              "version %s (%s, guard %s); %d returning users; HR@%d all/repeat/new: job %s, pfreq %s, als %s, "
@@ -421,7 +423,8 @@ def _progress(spark, work: Path, night: dt.date, i: int, total: int, row: dict[s
 def _night_note(row: dict[str, Any]) -> str:
     parts = [f"model v{row.get('model_version', '?')}"]
     if "trained_version" in row:
-        parts.append(f"trained v{row['trained_version']}{'' if row.get('promoted') else ', gate kept the holder'}")
+        parts.append(f"trained v{row['trained_version']} ({row.get('training_kind', 'full')})"
+                     f"{'' if row.get('promoted') else ', gate kept the holder'}")
     if row.get("guard") not in (None, "pass"):
         parts.append(f"guard {row['guard']}")
     return "; ".join(parts)
@@ -433,8 +436,10 @@ def _notes(scratch: Config, request: BacktestRequest, model_note: str | None, re
     else:
         trainings = sum("trained_version" in r for r in replay)
         kept = sum("trained_version" in r and not r.get("promoted") for r in replay)
+        warm = sum(r.get("training_kind") == "warm" for r in replay)
         schedule = (f"trained every {scratch.train.every_nights} night(s) (train.every_nights"
                     f"{', --train-every' if request.train_every else ''}): {trainings} training(s)"
+                    + (f", {warm} of them warm (train.warm_start)" if warm else "")
                     + (f", {kept} of them not promoted by the gate (the nights after kept the alias holder)" if kept else ""))
     refused = [r["date"] for r in replay if r.get("guard") in ("fail", "accepted")]
     notes = [f"the job: {schedule}"]
