@@ -86,6 +86,16 @@ SUCCESS_MARKER = "_SUCCESS"
 MANIFEST_NAME = "_manifest.json"
 
 
+def start_of_day_us(date: dt.date) -> int:
+    """Midnight UTC of ``date``, in epoch microseconds: the instant a night's lists are for, and the first
+    instant a model trained on the events before ``date`` has not seen.
+
+    >>> start_of_day_us(dt.date(1970, 1, 2))
+    86400000000
+    """
+    return int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
+
+
 def parse_date(value: str | dt.date) -> dt.date:
     """Parse YYYY-MM-DD, with an error that says what was wrong."""
     if isinstance(value, dt.date):

@@ -58,7 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recsys.data._output import prepare_dataset_dirs
-from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
+from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, start_of_day_us, write_partition
 from recsys.errors import InputDataError
 
 CATEGORY_NAMES: tuple[str, ...] = (
@@ -726,5 +726,4 @@ def _timestamps(rng: np.random.Generator, ev_type: np.ndarray, ev_session: np.nd
         offset = (offset * scale[ev_session]).astype(np.int64)
         duration = np.minimum(duration, _DAY_US - 1)
     start = (rng.random(n_sessions) * (_DAY_US - duration)).astype(np.int64)
-    day_start = int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
-    return day_start + start[ev_session] + offset
+    return start_of_day_us(date) + start[ev_session] + offset

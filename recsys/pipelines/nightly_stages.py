@@ -33,7 +33,7 @@ from recsys import fs as rfs
 from recsys.config import Config, PathsConfig, RecommendConfig
 from recsys.data import history as hist
 from recsys.data import rules as data_rules
-from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name
+from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name, start_of_day_us
 from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
                                  read_events_window, window_start)
 from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed, first_line
@@ -294,11 +294,6 @@ def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: FallbackS
         rules=RuleParams.from_config(cfg.recommend),
         popularity=np.asarray(fallback.popularity, dtype=np.int64),
     )
-
-
-def start_of_day_us(date: dt.date) -> int:
-    """Midnight UTC of ``date``, in epoch microseconds (the instant a night's lists are for)."""
-    return int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
 
 
 def score_users(histories: DataFrame, spec: ScoringSpec, partitions: int = 0) -> tuple[DataFrame, Observation]:

@@ -40,7 +40,7 @@ from pyspark.sql import SparkSession
 from recsys import __version__
 from recsys.config import Config
 from recsys import fs as rfs
-from recsys.data.contracts import parse_date
+from recsys.data.contracts import parse_date, start_of_day_us
 from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
 from recsys.hooks import Hooks
 from recsys.learning.distributed import FitJob, FitOutput, fit_with_processes
@@ -276,11 +276,7 @@ def plan_training(run: _Training, model_cfg: Any, seed: int) -> TrainingPlan:
     new_items = int(len(run.vocab) - np.isin(run.vocab.item_ids, np.asarray(loaded.item_ids)).sum())
     return TrainingPlan(WARM, f"starting from version {version} (trained before {cutoff}; {last_full} was the last "
                               f"full training), {new_items} new item(s)",
-                        start.state_dict(), version, _day_start_us(cutoff), new_items)
-
-
-def _day_start_us(day: dt.date) -> int:
-    return int(dt.datetime.combine(day, dt.time(), tzinfo=dt.timezone.utc).timestamp()) * 1_000_000
+                        start.state_dict(), version, start_of_day_us(cutoff), new_items)
 
 
 def _open_run(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan) -> Any:
@@ -541,7 +537,7 @@ def held_out_unseen_by(split: SplitData | StreamedHeldOut, trained_before: str |
         cutoff = parse_date(trained_before)
     except Exception:
         return split, f"(all of them: version {holder} records an unreadable training date {trained_before!r})"
-    return split.since(_day_start_us(cutoff)), f"whose newest item was first touched on or after {cutoff} (version {holder} trained before it)"
+    return split.since(start_of_day_us(cutoff)), f"whose newest item was first touched on or after {cutoff} (version {holder} trained before it)"
 
 
 def _load_version(cfg: Config, version: str, device):
