@@ -239,7 +239,7 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     from recsys.pipelines.train import run_training
 
     cfg = _config(data_root, tmp_path, "mlflow.model_name=warm", "train.gate_tolerance=1", "train.full_every_nights=3",
-                  "train.seed=7", *WARM)
+                  "train.seed=7", "output.table=null", *WARM)     # the night publishes a path only: no table of its own
     first = run_training(spark, cfg, FIRST_TRAINING)
     assert first.kind == "full" and first.promoted
     second = run_training(spark, cfg, SECOND_TRAINING)
@@ -248,7 +248,11 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     assert second.kind == "warm" and run.tags["recsys.training_kind"] == "warm", run.params["training_reason"]
     assert run.params["warm_from_version"] == first.version and run.params["warm_new_items"] == "1"   # NEW_ON_DAY5
     assert second.metrics["best_epoch"] == 1 and second.promoted and run.tags["recsys.gate_verdict"] == "promoted"
-    assert run.metrics["gate_users"] == _unseen_since(data_root, FIRST_TRAINING, SECOND_TRAINING)
+    unseen = _unseen_since(data_root, FIRST_TRAINING, SECOND_TRAINING)
+    assert run.metrics["gate_users"] == unseen
+    assert run.metrics["val_users"] == unseen           # early stopping on them too, not on users the holder saw
+    full_run = client.get_run(first.run_id).data
+    assert full_run.metrics["val_users"] == int(full_run.params["validation_users"]) > unseen   # a full night: all
 
     holder, warm = _registered(cfg, first.version), _registered(cfg, second.version)
     assert NEW_ON_DAY5 not in set(holder.item_ids.tolist())

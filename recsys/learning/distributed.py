@@ -176,16 +176,18 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
                                       dtype=torch.float64)
                 dist.all_reduce(values)
                 part.sums = dict(zip(keys, values[:len(keys)].tolist()))
-                part.known = int(values[len(keys)])
+                part.known, part.total = int(values[len(keys)]), int(values[len(keys) + 1])
+            users = {"users": float(part.total)}   # the held-out users validated on (val_users in MLflow)
             if not part.known:   # no held-out item is in the vocabulary: nothing ranks, nothing is learned yet
-                return {f"ndcg@{SELECTION_K}": 0.0, f"hr@{SELECTION_K}": 0.0, "mrr": 0.0}
-            return part.means_over_known()
+                return {f"ndcg@{SELECTION_K}": 0.0, f"hr@{SELECTION_K}": 0.0, "mrr": 0.0, **users}
+            return {**part.means_over_known(), **users}
 
         def epoch_done(row: dict) -> None:
             journal.write(f"epoch {row['epoch']}: train_loss={row['train_loss']:.4f}")
             if rank == 0:
                 _print(f"{job.label} epoch {row['epoch']}: " + ", ".join(
-                    f"{k}={v:.4f}" for k, v in row.items() if k != "epoch" and isinstance(v, float)))
+                    f"{k}={v:.0f}" if k == "users" else f"{k}={v:.4f}"
+                    for k, v in row.items() if k != "epoch" and isinstance(v, float)))
                 if on_epoch is not None:
                     on_epoch(row)
 
