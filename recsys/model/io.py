@@ -109,13 +109,7 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> LoadedMod
     model = model_cls(config)
     _load_weights(model, directory / WEIGHTS_FILE, config)
 
-    try:
-        item_ids = np.load(directory / ITEM_IDS_FILE, allow_pickle=False)
-    except ValueError as exc:  # object arrays need pickle, which we refuse
-        raise ValueError(f"{directory / ITEM_IDS_FILE} is not a plain integer array ({exc}): re-save the model") from exc
-    if item_ids.ndim != 1 or not np.issubdtype(item_ids.dtype, np.integer):
-        raise ValueError(f"{directory / ITEM_IDS_FILE} must hold a 1-d integer array, "
-                         f"got {item_ids.dtype} with shape {item_ids.shape}")
+    item_ids = read_item_ids(directory)
     if len(item_ids) != config.num_items:
         raise ValueError(f"{directory / ITEM_IDS_FILE} has {len(item_ids)} ids but {CONFIG_FILE} says "
                          f"num_items={config.num_items}: the files come from different models")
@@ -128,6 +122,19 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> LoadedMod
                              "model, or delete it to mask known items") from exc
     return LoadedModel(model=model.to(device).eval(), item_ids=item_ids.astype(np.int64, copy=False),
                        model_type=model_type, config=config, metadata=metadata, blend=blend)
+
+
+def read_item_ids(directory: Path) -> np.ndarray:
+    """The model's vocabulary (``item_ids.npy``: the external id of model index i + 1), without loading the
+    weights; a file that is not a plain 1-d integer array is a ``ValueError`` naming it."""
+    path = Path(directory) / ITEM_IDS_FILE
+    try:
+        item_ids = np.load(path, allow_pickle=False)
+    except ValueError as exc:  # object arrays need pickle, which we refuse
+        raise ValueError(f"{path} is not a plain integer array ({exc}): re-save the model") from exc
+    if item_ids.ndim != 1 or not np.issubdtype(item_ids.dtype, np.integer):
+        raise ValueError(f"{path} must hold a 1-d integer array, got {item_ids.dtype} with shape {item_ids.shape}")
+    return item_ids
 
 
 def read_new_item_ids(directory: Path) -> np.ndarray | None:

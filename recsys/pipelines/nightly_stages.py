@@ -38,7 +38,7 @@ from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_
                                  read_events_window, window_start)
 from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
-from recsys.model.io import ITEM_IDS_FILE, read_new_item_ids
+from recsys.model.io import read_item_ids, read_new_item_ids
 from recsys.pipelines import nightly_compare as compare
 from recsys.pipelines.nightly_compare import Comparison, GuardStage
 from recsys.pipelines.timing import StageTimer
@@ -127,7 +127,7 @@ class CatalogStage:
 
 def load_vocabulary(model: tracking.ResolvedModel) -> Vocabulary:
     """The resolved model's item vocabulary, read from its files without loading the weights."""
-    return Vocabulary(np.load(model.local_dir / ITEM_IDS_FILE, allow_pickle=False))
+    return Vocabulary(read_item_ids(model.local_dir))
 
 
 def read_catalog(spark: SparkSession, paths: PathsConfig, catalog_max_age_days: int, date: dt.date,

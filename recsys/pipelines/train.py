@@ -409,14 +409,14 @@ def _remove(work_dir: str) -> None:
 def _items_new_since_holder(cfg: Config, item_ids: np.ndarray) -> np.ndarray | None:
     """The items of ``item_ids`` the alias holder's vocabulary lacks (what this version will be the first to
     recommend), or None with no holder, or one whose vocabulary cannot be read (the gate says why)."""
-    from recsys.model.io import ITEM_IDS_FILE
+    from recsys.model.io import read_item_ids
 
     holder = tracking.alias_holder(cfg.mlflow.model_name, cfg.mlflow.alias)
     if holder is None:
         return None
     try:
         local = tracking.model_version_dir(cfg.mlflow.model_name, holder[0], cfg.paths.driver_dir / "models")
-        known = np.load(Path(local) / ITEM_IDS_FILE, allow_pickle=False)
+        known = read_item_ids(local)
     except Exception as exc:
         log.warning("the holder version %s's items could not be read (%s): new items are not recorded", holder[0],
                     first_line(exc, with_type=True, limit=300))
