@@ -163,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_recommend)
 
+    p = sub.add_parser("night", help="the whole night in one process: train if train.every_nights says it is due, "
+                                     "then publish the date's lists (same as jobs/night.py)")
+    p.add_argument("--date", type=_date, default=None, help="the night: train on events before it, publish its "
+                                                            "partition (default: today, UTC)")
+    p.add_argument("--force", action="store_true",
+                   help="recompute the date's lists if already published with the same model version and "
+                        "configuration (training keeps its cadence and its gate)")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_night)
+
     p = sub.add_parser("export", help="write a date's published lists into Redis as a new version, then switch "
                                       "the pointer readers follow (same as jobs/export.py; docs/export.md)")
     p.add_argument("--date", type=_date, default=None, help="the published date to export (default: today, UTC)")
@@ -288,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     code = run_command(args.func, args)
-    if args.command in ("recommend", "train", "export"):
+    if args.command in ("recommend", "train", "export", "night"):
         from recsys.cli.outcome import final_line
 
         log.log(*final_line(args.command, code, getattr(args, "outcome", None)))
@@ -449,6 +459,25 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         else:
             print(f"published {redact_uri(result.output_dir)} (run {result.run_id or 'untracked'})")
     return int(overall_exit_code(results))
+
+
+def cmd_night(args: argparse.Namespace) -> int:
+    cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
+    from recsys.cli.outcome import recommend_detail
+    from recsys.pipelines.night import run_night
+    from recsys.spark.session import build_session
+
+    date = args.date or _today()
+    spark = build_session(cfg.spark, cfg.scoring.arrow_batch_size, app_name=f"{cfg.spark.app_name}-night",
+                          launch=_launch(), output=cfg.output, storage=cfg.storage)
+    try:
+        result = run_night(spark, cfg, date, force=args.force, hooks=_hooks())
+    finally:
+        spark.stop()
+    args.outcome = f"{result.training_note.splitlines()[0]}; {recommend_detail([result.nightly])}"
+    print(result.training_note)
+    print(recommend_detail([result.nightly]))
+    return int(result.exit_code)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -1,0 +1,103 @@
+"""``recsys night``: training when due, then the night's lists, in one process and one Spark session.
+
+Three nights of the small dataset of tests/jobkit.py through the command line, in this process on the shared
+session (``jobkit.cli``): the first trains (due: nothing trained yet) and publishes with the new version; the
+next is not due (``train.every_nights=2``) and publishes with the same version; the third is due, its training
+fails on bad input, and the night still publishes, with the version holding the alias, exit 0, saying why.
+The same semantics as the DAG's two tasks (tests/test_airflow_dag.py), without the second process.
+"""
+import dataclasses
+import datetime as dt
+import json
+import logging
+
+import pytest
+
+import jobkit
+from jobkit import N_USERS, RUN_DATE
+
+pytestmark = [pytest.mark.spark]
+
+# 24 users: the gate judges on 10 or more; the store's first version records no training date, so the first
+# training is judged on all users and, with tolerance 1, moves the alias
+TRAINING = ["train.epochs=2", "train.device=cpu", "train.every_nights=2", "train.model.sasrec.dim=8",
+            "train.model.sasrec.layers=1", "train.model.sasrec.heads=1", "train.model.sasrec.max_len=8",
+            "train.gate_min_users=10", "train.gate_tolerance=1"]
+
+
+def _manifest(root, date: dt.date) -> dict:
+    return json.loads((root / "recommendations" / f"dt={date}" / "_manifest.json").read_text())
+
+
+def _alias_holder(store) -> str:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
+    return str(client.get_model_version_by_alias(store.model_name, "champion").version)
+
+
+def _night(monkeypatch, spark, root, store, date: dt.date, *extra: str) -> int:
+    return jobkit.cli(monkeypatch, spark, ["night", "--date", str(date),
+                                           *jobkit.recommend_args(root, store, *TRAINING, *extra)])
+
+
+def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_failed_training(
+        spark, tmp_path, monkeypatch, caplog, capsys):
+    jobkit.write_dataset(tmp_path)
+    store = jobkit.make_store(tmp_path / "store")
+    caplog.set_level(logging.INFO, logger="recsys")
+
+    # night 1: nothing trained yet, so training is due; the lists come from the version it registered
+    assert _night(monkeypatch, spark, tmp_path, store, RUN_DATE) == 0
+    out = capsys.readouterr().out
+    assert "trained model version 2" in out and f"published {RUN_DATE}" in out
+    assert _alias_holder(store) == "2"
+    first = _manifest(tmp_path, RUN_DATE)
+    assert first["model"]["version"] == "2" and first["counts"]["rows"] == N_USERS
+    final = caplog.records[-1].getMessage()
+    assert final.startswith("recsys night finished with exit code 0") and "trained model version 2" in final
+
+    # night 2: one night after, train.every_nights=2: not due, the same version scores
+    second_date = RUN_DATE + dt.timedelta(days=1)
+    caplog.clear()
+    assert _night(monkeypatch, spark, tmp_path, store, second_date) == 0
+    final = caplog.records[-1].getMessage()
+    assert f"training not due: the last training finished for {RUN_DATE}" in final
+    assert _manifest(tmp_path, second_date)["model"]["version"] == "2"
+
+    # night 3: due again; a training that cannot build its vocabulary fails (exit 2 for `recsys train`) and the
+    # night publishes with the alias holder, exit 0, its outcome naming the failure and the setting
+    third_date = RUN_DATE + dt.timedelta(days=2)
+    caplog.clear()
+    assert _night(monkeypatch, spark, tmp_path, store, third_date, "train.min_item_count=1000000") == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "recsys night" in r.getMessage()]
+    assert len(warnings) == 1 and "training failed (exit 2" in warnings[0] and "train.min_item_count" in warnings[0]
+    final = caplog.records[-1].getMessage()
+    assert final.startswith("recsys night finished with exit code 0") and "training failed (exit 2" in final
+    assert _manifest(tmp_path, third_date)["model"]["version"] == "2" == _alias_holder(store)
+    assert jobkit.errors_logged(caplog) == []       # the night succeeded: no ERROR line for the operator to chase
+
+
+def test_the_night_exits_with_the_nightly_jobs_code_when_its_lists_cannot_be_made(spark, tmp_path, monkeypatch, caplog):
+    """Bad input for the date (no events in its window): training fails, so does the night, with exit 2."""
+    jobkit.write_dataset(tmp_path)
+    store = jobkit.make_store(tmp_path / "store")
+    late = dt.date(2024, 6, 20)                    # no events in the 30-day window before it
+    assert _night(monkeypatch, spark, tmp_path, store, late) == 2
+    assert any("no events between" in m for m in jobkit.errors_logged(caplog))
+    assert not (tmp_path / "recommendations" / f"dt={late}").exists()
+    assert _alias_holder(store) == store.version   # nothing trained, nothing moved
+
+
+def test_night_result_exit_code_is_the_nightly_jobs():
+    from recsys.errors import ExitCode
+    from recsys.pipelines.night import NightResult
+    from recsys.pipelines.nightly import NightlyResult
+
+    fields = {f.name for f in dataclasses.fields(NightResult)}
+    assert {"training", "training_note", "training_failed", "nightly"} <= fields
+    nightly = NightlyResult(date=RUN_DATE, run_id=None, output_dir="x", manifest=jobkit.night_manifest("r", "1"),
+                            exit_code=ExitCode.TRACKING_FAILED)
+    night = NightResult(date=RUN_DATE, training=None, training_note="training failed", training_failed=True,
+                        nightly=nightly)
+    assert night.exit_code == ExitCode.TRACKING_FAILED
