@@ -1,7 +1,7 @@
 """The whole night as scheduled, against Spark ALS's night on the same events: one run, side by side.
 
     python benchmarks/night.py --work /tmp/recsys-night --users 10000 [100000 ...] [--nights 7]
-        [--items 5000] [--days 28] [--train-every N] [--set KEY=VALUE ...] [--json PATH]
+        [--items 5000] [--days 28] [--train-every N] [--modes two,one] [--set KEY=VALUE ...] [--json PATH]
 
 For each ``--users`` scale the sample generator writes ``--days`` of events ending the day before the
 first night (the log then grows by a day a night: night D reads the events before D, as in production).
@@ -10,6 +10,9 @@ Each night runs what the DAG in ``conf/schedulers/`` runs, as child processes of
 1. ``recsys train --date D --if-due`` (trains when ``train.every_nights``, default 1, says so; ``--train-every``
    overrides it), then
 2. ``recsys recommend --date D`` (the published top-N for D);
+
+or, with ``--modes one`` (or ``two,one`` for both, each on its own copy of the store, the same ALS nights
+beside them), ``recsys night --date D``: the same two steps in one process and one Spark session;
 
 and then Spark ALS's night on the same window of events: a fresh ``local[2]`` process that reads the
 window with the job's reader, fits implicit ALS (rank 64, 10 iterations, as ``recsys backtest``'s
@@ -82,6 +85,19 @@ def job_night(root: Path, date: dt.date, extra: list[str]) -> dict:
             "night_s": round(train_s + rec_s, 1)}
 
 
+def one_process_night(root: Path, date: dt.date, extra: list[str]) -> dict:
+    """``recsys night`` for ``date``: training when due, then the lists, in one process; seconds, stages, peak."""
+    code, night_s, peak, out = _timed([sys.executable, "-m", "recsys.cli", "night", "--date", str(date),
+                                       *_overrides(root, extra)], root / f"night-{date}.log")
+    if code != 0:
+        raise SystemExit(f"recsys night failed for {date} (exit {code}); log: {root / f'night-{date}.log'}")
+    lines = [line for line in out.splitlines() if RECOMMEND_BREAKDOWN in line]
+    return {"trained": "training not due" not in out and "training failed" not in out,
+            "train_stages_s": {label: float(s) for label, s in TRAIN_STAGE.findall(out)},
+            "recommend_stages_s": json.loads(lines[-1].split(RECOMMEND_BREAKDOWN, 1)[1]) if lines else {},
+            "night_peak_mb": peak, "night_s": round(night_s, 1)}
+
+
 def als_night(root: Path, date: dt.date, window_days: int, top_n: int) -> dict:
     """Spark ALS's night in a child process (this script with ``--als-child``)."""
     out_dir = root / "als" / f"dt={date}"
@@ -128,31 +144,50 @@ def _als_child(events: str, date: str, window_days: str, top_n: str, out_dir: st
 
 
 def run_scale(work: Path, users: int, items: int, days: int, nights: int, extra: list[str], window_days: int,
-              top_n: int) -> dict:
+              top_n: int, modes: tuple[str, ...] = ("two",)) -> dict:
+    """Each mode's nights (``two``: train then recommend, two processes; ``one``: ``recsys night``) on its own
+    copy of the generated data and store, beside Spark ALS's night on the same events."""
     from recsys.data.sample import SampleSpec, generate_sample
 
-    root = work / f"u{users}"
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
+    roots = {mode: work / (f"u{users}" if mode == "two" else f"u{users}-{mode}") for mode in modes}
+    for root in roots.values():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
     end = FIRST_NIGHT + dt.timedelta(days=nights - 2)          # the last night's events: the day before it
-    summary = generate_sample(root / "data", SampleSpec(users=users, items=items, days=days + nights - 1, seed=7,
-                                                        end_date=end), overwrite=True)
+    first = roots[modes[0]]
+    summary = generate_sample(first / "data", SampleSpec(users=users, items=items, days=days + nights - 1, seed=7,
+                                                         end_date=end), overwrite=True)
+    for root in list(roots.values())[1:]:
+        shutil.copytree(first / "data", root / "data")
     # the log as it stands on each night: the generator wrote every day up front, so each night's reads are
     # bounded by its date (events before D, as the job reads them); the last night's day is the end
     rows = []
     for n in range(nights):
         date = FIRST_NIGHT + dt.timedelta(days=n)
-        row = {"date": str(date), **job_night(root, date, extra), **als_night(root, date, window_days, top_n)}
-        row["ratio"] = round(row["night_s"] / row["als_s"], 2)
-        print(f"[{users} users] {date}: job {row['night_s']} s (train {row['train_s']} s"
-              f"{'' if row['trained'] else ', not due'}, recommend {row['recommend_s']} s) vs ALS {row['als_s']} s "
-              f"(fit {row['als_fit_s']} s, recommend {row['als_recommend_s']} s): {row['ratio']}x", flush=True)
+        row = {"date": str(date)}
+        for mode, root in roots.items():
+            night = job_night(root, date, extra) if mode == "two" else one_process_night(root, date, extra)
+            row.update(night if mode == modes[0] else {f"{mode}_{key}": value for key, value in night.items()})
+        row.update(als_night(first, date, window_days, top_n))
+        for mode in modes:
+            prefix = "" if mode == modes[0] else f"{mode}_"
+            row[f"{prefix}ratio"] = round(row[f"{prefix}night_s"] / row["als_s"], 2)
+            detail = (f" (train {row[prefix + 'train_s']} s{'' if row[prefix + 'trained'] else ', not due'}, "
+                      f"recommend {row[prefix + 'recommend_s']} s)" if mode == "two" else
+                      f" (one process{'' if row[f'{prefix}trained'] else ', not trained'})")
+            print(f"[{users} users] {date}: job {row[f'{prefix}night_s']} s{detail} vs ALS {row['als_s']} s "
+                  f"(fit {row['als_fit_s']} s, recommend {row['als_recommend_s']} s): {row[f'{prefix}ratio']}x",
+                  flush=True)
         rows.append(row)
-    job_mean = statistics.mean(r["night_s"] for r in rows)
     als_mean = statistics.mean(r["als_s"] for r in rows)
-    return {"users": users, "items": items, "events": summary.events, "nights": rows,
-            "mean_night_s": round(job_mean, 1), "mean_als_night_s": round(als_mean, 1),
-            "ratio": round(job_mean / als_mean, 2)}
+    result = {"users": users, "items": items, "events": summary.events, "modes": list(modes), "nights": rows,
+              "mean_als_night_s": round(als_mean, 1)}
+    for mode in modes:
+        prefix = "" if mode == modes[0] else f"{mode}_"
+        job_mean = statistics.mean(r[f"{prefix}night_s"] for r in rows)
+        result[f"{prefix}mean_night_s"] = round(job_mean, 1)
+        result[f"{prefix}ratio"] = round(job_mean / als_mean, 2)
+    return result
 
 
 def main() -> int:
@@ -168,8 +203,14 @@ def main() -> int:
     parser.add_argument("--top-n", type=int, default=100)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a configuration override for the job's runs (repeatable)")
+    parser.add_argument("--modes", default="two",
+                        help="comma-separated: two (recsys train, then recsys recommend: two processes, as the "
+                             "DAG runs them), one (recsys night: one process); several run side by side (default: two)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    if not modes or set(modes) - {"two", "one"} or len(set(modes)) != len(modes):
+        parser.error(f"--modes {args.modes!r}: give two, one, or both (two,one)")
     if args.nights < 1 or args.days < 1:
         parser.error("--nights and --days must be at least 1")
     # ALS reads the window the job reads: history.window_days as set here, else the default (every event)
@@ -181,14 +222,18 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     results = []
     for users in args.users:
-        results.append(run_scale(args.work, users, args.items, args.days, args.nights, extra, window_days, args.top_n))
+        results.append(run_scale(args.work, users, args.items, args.days, args.nights, extra, window_days, args.top_n,
+                                 modes))
         if args.json:
             args.json.write_text(json.dumps({"settings": extra, "scales": results}, indent=2))
-    print("\n| users | events | mean night: recsys (train + recommend) | Spark ALS (fit + recommendForAllUsers) | ratio |")
-    print("|---|---|---|---|---|")
+    names = {"two": "recsys, train + recommend", "one": "recsys night, one process"}
+    print("\n| users | events | " + " | ".join(f"mean night: {names[m]}" for m in modes)
+          + " | Spark ALS (fit + recommendForAllUsers) | " + " | ".join(f"ratio ({m})" for m in modes) + " |")
+    print("|---|---|" + "---|" * (2 * len(modes) + 1))
     for r in results:
-        print(f"| {r['users']:,} | {r['events']:,} | {r['mean_night_s']} s | {r['mean_als_night_s']} s | "
-              f"{r['ratio']}x |")
+        prefixes = ["" if m == modes[0] else f"{m}_" for m in modes]
+        print(f"| {r['users']:,} | {r['events']:,} | " + " | ".join(f"{r[p + 'mean_night_s']} s" for p in prefixes)
+              + f" | {r['mean_als_night_s']} s | " + " | ".join(f"{r[p + 'ratio']}x" for p in prefixes) + " |")
     return 0
 
 
