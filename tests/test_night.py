@@ -17,6 +17,7 @@ import jobkit
 from jobkit import N_USERS, RUN_DATE
 
 pytestmark = [pytest.mark.spark]
+SLOW = pytest.mark.slow     # the two that train and publish (about a minute together); the last one is quick
 
 # 24 users: the gate judges on 10 or more; the store's first version records no training date, so the first
 # training is judged on all users and, with tolerance 1, moves the alias
@@ -41,6 +42,7 @@ def _night(monkeypatch, spark, root, store, date: dt.date, *extra: str) -> int:
                                            *jobkit.recommend_args(root, store, *TRAINING, *extra)])
 
 
+@SLOW
 def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_failed_training(
         spark, tmp_path, monkeypatch, caplog, capsys):
     jobkit.write_dataset(tmp_path)
@@ -78,6 +80,7 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     assert jobkit.errors_logged(caplog) == []       # the night succeeded: no ERROR line for the operator to chase
 
 
+@SLOW
 def test_the_night_exits_with_the_nightly_jobs_code_when_its_lists_cannot_be_made(spark, tmp_path, monkeypatch, caplog):
     """Bad input for the date (no events in its window): training fails, so does the night, with exit 2."""
     jobkit.write_dataset(tmp_path)
