@@ -72,7 +72,8 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     third_date = RUN_DATE + dt.timedelta(days=2)
     caplog.clear()
     assert _night(monkeypatch, spark, tmp_path, store, third_date, "train.min_item_count=1000000") == 0
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "recsys night" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "recsys night" in r.getMessage()]
     assert len(warnings) == 1 and "training failed (exit 2" in warnings[0] and "train.min_item_count" in warnings[0]
     final = caplog.records[-1].getMessage()
     assert final.startswith("recsys night finished with exit code 0") and "training failed (exit 2" in final

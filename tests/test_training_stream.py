@@ -122,6 +122,10 @@ def test_streamed_scores_equal_the_in_memory_ones(tmp_path):
     model = build_model(SASRecConfig(num_items=len(vocab), dim=8, layers=1, heads=1, max_len=MAX_LEN)).eval()
     assert StreamedHeldOut(files).score(model, vocab.item_ids, "cpu") == pytest.approx(
         split.score(model, vocab.item_ids, "cpu"), abs=1e-9)
+    # the gate's per-user figures (its noise): the same users' values, in the files' order, averaging to the score
+    streamed_gains = StreamedHeldOut(files).user_gains(model, vocab.item_ids, "cpu")
+    assert sorted(streamed_gains.round(9)) == sorted(split.user_gains(model, vocab.item_ids, "cpu").round(9))
+    assert streamed_gains.mean() == pytest.approx(split.score(model, vocab.item_ids, "cpu"), abs=1e-6)
 
     sums = ranking_sums(model, vocab, held_out_chunks(files, users_per_chunk=7), ks=(10,), device="cpu")
     from recsys.learning.split import validation_set

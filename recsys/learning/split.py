@@ -48,6 +48,11 @@ class SplitData:
         """The selection metric over all these users (:func:`score_on_split`)."""
         return score_on_split(model, item_ids, self, device)
 
+    def user_gains(self, model, item_ids: np.ndarray, device) -> np.ndarray:
+        """[V] each validation user's NDCG@10, in this split's order (0 where ``item_ids`` lacks the target):
+        the terms whose mean :meth:`score` is, so two versions' figures pair user by user."""
+        return held_out_gains(model, Vocabulary(item_ids), self.valid_histories, self.valid_targets, device)
+
 
 @dataclass(frozen=True)
 class StreamedHeldOut:
@@ -79,6 +84,15 @@ class StreamedHeldOut:
                             ks=(SELECTION_K,), device=device)
         return sums.mean_over_all(SELECTION_METRIC)
 
+    def user_gains(self, model, item_ids: np.ndarray, device) -> np.ndarray:
+        """[V] each held-out user's NDCG@10 in the files' order (0 where ``item_ids`` lacks the target)."""
+        from recsys.model.stream import held_out_chunks
+
+        vocab = Vocabulary(item_ids)
+        parts = [held_out_gains(model, vocab, c.histories, c.targets, device)
+                 for c in held_out_chunks(self.files, since_us=self.since_us, held_out_below=self.held_out_below)]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
 
 def split_last_item(seqs: Sequences, min_len: int = 3, first_us: np.ndarray | None = None) -> SplitData:
     """Hold out each user's newest item as the validation target (users with >= ``min_len`` items).
@@ -107,6 +121,20 @@ def validation_set(vocab: Vocabulary, split: SplitData):
     targets = vocab.index_of(split.valid_targets)
     keep = np.flatnonzero(targets > 0)
     return ValidationSet(histories=histories.take(keep), targets=targets[keep])
+
+
+def held_out_gains(model, vocab: Vocabulary, histories: Sequences, targets: np.ndarray, device) -> np.ndarray:
+    """[V] NDCG@10 of each user's held-out ``targets`` (item ids) after ``histories`` (item ids); 0 for a target
+    outside ``vocab``."""
+    from recsys.model.metrics import SELECTION_K, ndcg_gains, ranking_ranks
+
+    mapped, _ = vocab.map_sequences(histories)
+    index = vocab.index_of(np.asarray(targets))
+    keep = np.flatnonzero(index > 0)
+    gains = np.zeros(len(index))
+    if len(keep):
+        gains[keep] = ndcg_gains(ranking_ranks(model, mapped.take(keep), index[keep], device=device), SELECTION_K)
+    return gains
 
 
 def score_on_split(model, item_ids: np.ndarray, split: SplitData, device) -> float:

@@ -131,16 +131,10 @@ def user_metrics(ranks: torch.Tensor | np.ndarray, offsets: np.ndarray, ks: Sequ
 
 
 @torch.no_grad()
-def evaluate_ranking(model: SequenceRecommender, histories: Sequences, targets: np.ndarray, *,
-                     ks: Sequence[int] = (10,), batch_size: int = 1024, device: str | torch.device = "cpu",
-                     exclude: Sequences | None = None) -> dict[str, float]:
-    """Leave-one-out metrics with full ranking: ``{"ndcg@k", "hr@k" for k in ks, "mrr"}``.
-
-    ``histories[u]`` is what the model reads (its last ``max_len`` items), ``targets[u]`` the held-out
-    item index, ``exclude[u]`` the items removed from the ranking (default: the whole history, as the
-    nightly job masks seen items). ``model`` must already be on ``device``; it is put in eval mode for
-    the call and restored afterwards.
-    """
+def ranking_ranks(model: SequenceRecommender, histories: Sequences, targets: np.ndarray, *, batch_size: int = 1024,
+                  device: str | torch.device = "cpu", exclude: Sequences | None = None) -> torch.Tensor:
+    """[U] each user's 0-based rank of ``targets[u]`` under full ranking (:func:`evaluate_ranking`'s arguments):
+    the per-user figures behind its means, for what needs their spread (the training gate's noise)."""
     targets = np.asarray(targets, dtype=np.int64)
     exclude = histories if exclude is None else exclude
     if len(targets) != len(histories) or len(exclude) != len(histories):
@@ -167,7 +161,27 @@ def evaluate_ranking(model: SequenceRecommender, histories: Sequences, targets: 
     finally:
         if was_training:
             model.train()
-    all_ranks = torch.cat(ranks)
+    return torch.cat(ranks)
+
+
+def ndcg_gains(ranks: torch.Tensor, k: int) -> np.ndarray:
+    """[U] float64 per-user NDCG@k with one relevant item: 1 / log2(rank + 2) when rank < k, else 0
+    (the terms :func:`ndcg_at_k` averages)."""
+    ranks = _check(ranks).double()
+    return torch.where(ranks < k, 1.0 / torch.log2(ranks.clamp(max=k) + 2.0), torch.zeros_like(ranks)).numpy()
+
+
+def evaluate_ranking(model: SequenceRecommender, histories: Sequences, targets: np.ndarray, *,
+                     ks: Sequence[int] = (10,), batch_size: int = 1024, device: str | torch.device = "cpu",
+                     exclude: Sequences | None = None) -> dict[str, float]:
+    """Leave-one-out metrics with full ranking: ``{"ndcg@k", "hr@k" for k in ks, "mrr"}``.
+
+    ``histories[u]`` is what the model reads (its last ``max_len`` items), ``targets[u]`` the held-out
+    item index, ``exclude[u]`` the items removed from the ranking (default: the whole history, as the
+    nightly job masks seen items). ``model`` must already be on ``device``; it is put in eval mode for
+    the call and restored afterwards.
+    """
+    all_ranks = ranking_ranks(model, histories, targets, batch_size=batch_size, device=device, exclude=exclude)
     out: dict[str, float] = {}
     for k in ks:
         out[f"ndcg@{k}"] = ndcg_at_k(all_ranks, k)

@@ -64,6 +64,9 @@ VALIDATION_METRIC = validation_name(SELECTION_METRIC)   # val_ndcg@10: what the 
 
 
 FULL, WARM = "full", "warm"
+# A refused candidate is "worse" (and a warm one sends the next night to a full training) only when it is
+# below the holder by more than this many standard errors of the paired per-user difference; nearer, "close".
+GATE_NOISE_Z = 1.96
 
 
 @dataclass
@@ -468,8 +471,9 @@ class GateDecision:
     promoted: bool
     decision: str
     figures: dict[str, float] = field(default_factory=dict)   # logged to the training run
-    verdict: str = "undecided"   # promoted | worse (kept: the holder scored better) | undecided (kept: too few
-                                 # users to judge on) | forced (--force moved the alias)
+    verdict: str = "undecided"   # promoted | worse (kept: the holder scored better beyond the noise) | close
+                                 # (kept: lower, within the paired noise; not a failure for the next night's plan)
+                                 # | undecided (kept: too few users to judge on) | forced (--force moved the alias)
 
 
 def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData | StreamedHeldOut, force: bool,
@@ -525,8 +529,43 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
         tracking.set_alias(name, alias, version)
         return GateDecision(True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}",
                             figures, "promoted")
-    return GateDecision(False, f"kept @{alias} on version {holder_version}: the new version scores worse; {detail}; "
-                               "use --force to override", figures, "worse")
+    gap = holder_score - tolerance - new_score          # > 0: how far below the holder, beyond the tolerance
+    se = paired_standard_error(judged.user_gains(candidate.model, candidate.item_ids, device),
+                               judged.user_gains(loaded.model, loaded.item_ids, device))
+    figures["gate_difference_se"] = se
+    if refused_verdict(gap, se) == "close":
+        return GateDecision(False, f"kept @{alias} on version {holder_version}: the new version scores lower, by "
+                                   f"{gap:.4f} beyond the tolerance, within the noise ({GATE_NOISE_Z} standard "
+                                   f"errors of the paired difference: {GATE_NOISE_Z * se:.4f}); {detail}; use "
+                                   "--force to override", figures, "close")
+    return GateDecision(False, f"kept @{alias} on version {holder_version}: the new version scores worse; {detail}, "
+                               f"{gap:.4f} beyond it, more than {GATE_NOISE_Z} standard errors of the paired "
+                               f"difference ({GATE_NOISE_Z * se:.4f}); use --force to override", figures, "worse")
+
+
+def refused_verdict(gap: float, se: float) -> str:
+    """A refused candidate, ``gap`` below the holder beyond the tolerance: ``worse`` when the gap is more than
+    ``GATE_NOISE_Z`` standard errors ``se`` of the paired difference, else ``close``.
+
+    >>> refused_verdict(0.0017, 0.004), refused_verdict(0.02, 0.004)
+    ('close', 'worse')
+    """
+    return "close" if gap <= GATE_NOISE_Z * se else "worse"
+
+
+def paired_standard_error(new: np.ndarray, holder: np.ndarray) -> float:
+    """The standard error of the mean of ``new - holder`` (per-user figures of two versions on the same users).
+
+    What tells a gap the gate sees from the noise of which users happened to be held out: a candidate refused by
+    less than that is no evidence that warm training went wrong (docs/training.md, "Warm nights").
+
+    >>> round(paired_standard_error(np.array([0.5, 1.0, 0.0, 0.5]), np.array([0.5, 0.5, 0.0, 0.0])), 4)
+    0.1443
+    """
+    diff = np.asarray(new, dtype=np.float64) - np.asarray(holder, dtype=np.float64)
+    if len(diff) != len(holder) or len(diff) < 2:
+        return 0.0
+    return float(diff.std(ddof=1) / math.sqrt(len(diff)))
 
 
 def held_out_unseen_by(split: SplitData | StreamedHeldOut, trained_before: str | None, holder: str) -> tuple[Any, str]:

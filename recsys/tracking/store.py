@@ -237,7 +237,7 @@ class FinishedTraining:
 
     date: dt.date
     kind: str            # full | warm (a run that records none trained in full)
-    gate_verdict: str    # promoted | worse | undecided | forced ("" for runs that record none)
+    gate_verdict: str    # promoted | worse | close | undecided | forced ("" for runs that record none)
 
 
 def finished_trainings(cfg: MlflowConfig, max_results: int = 200) -> list[FinishedTraining]:

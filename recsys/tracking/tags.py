@@ -21,7 +21,7 @@ OUTPUT = "recsys.output"                # the published partition
 PROTOCOL = "recsys.protocol"            # evaluate: loo | temporal
 PROMOTED = "recsys.promoted"            # train: whether the alias moved
 GATE = "recsys.gate"                    # train: the gate's decision, in words
-GATE_VERDICT = "recsys.gate_verdict"    # train: promoted | worse (the holder scored better) | undecided
+GATE_VERDICT = "recsys.gate_verdict"    # train: promoted | worse (beyond the noise) | close (within it) | undecided
 TRAINING_KIND = "recsys.training_kind"  # train: full (from scratch) | warm (from the alias holder's weights)
 USED_BY_PREFIX = "recsys.used_by."      # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
 EXPORT_VERSION = "recsys.export.version"  # nightly: the key-value store version its lists were exported as
