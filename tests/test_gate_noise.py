@@ -63,3 +63,8 @@ def test_identical_versions_have_no_noise_and_any_gap_between_them_is_worse():
     same = np.array([0.0, 1.0, 0.5, 0.0])
     assert paired_standard_error(same, same) == 0.0
     assert refused_verdict(1e-9, 0.0) == "worse" and refused_verdict(0.0, 0.0) == "close"
+
+
+def test_figures_that_do_not_pair_grant_no_noise():
+    assert paired_standard_error(np.array([1.0, 0.0, 0.5]), np.array([1.0, 0.0])) == 0.0
+    assert paired_standard_error(np.array([1.0]), np.array([0.0])) == 0.0

@@ -562,10 +562,10 @@ def paired_standard_error(new: np.ndarray, holder: np.ndarray) -> float:
     >>> round(paired_standard_error(np.array([0.5, 1.0, 0.0, 0.5]), np.array([0.5, 0.5, 0.0, 0.0])), 4)
     0.1443
     """
-    diff = np.asarray(new, dtype=np.float64) - np.asarray(holder, dtype=np.float64)
-    if len(diff) != len(holder) or len(diff) < 2:
+    new, holder = np.asarray(new, dtype=np.float64), np.asarray(holder, dtype=np.float64)
+    if len(new) != len(holder) or len(new) < 2:   # nothing to pair: no noise to grant, so a refusal stays "worse"
         return 0.0
-    return float(diff.std(ddof=1) / math.sqrt(len(diff)))
+    return float((new - holder).std(ddof=1) / math.sqrt(len(new)))
 
 
 def held_out_unseen_by(split: SplitData | StreamedHeldOut, trained_before: str | None, holder: str) -> tuple[Any, str]:
