@@ -20,7 +20,7 @@ from recsys.model.io import save_model
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.model.training import TrainSettings, fit
 from recsys.sequences import Sequences, Vocabulary
-from recsys.learning.split import score_on_split, split_last_item
+from recsys.learning.split import mean_gain, split_last_item
 from recsys.pipelines.train import GateCandidate, _gate
 
 pytestmark = pytest.mark.slow   # the module's fixture trains a model and creates a sqlite MLflow store: 10-20 s
@@ -47,7 +47,7 @@ def world(tmp_path_factory):
     train, _ = vocab.map_sequences(split.train)
     good = fit(train, CONFIG, TrainSettings(epochs=8, batch_size=16, learning_rate=5e-3, seed=1, num_threads=1)).model
     bad = SASRec(CONFIG).eval()
-    scores = {"good": score_on_split(good, ITEM_IDS, split, "cpu"), "bad": score_on_split(bad, ITEM_IDS, split, "cpu")}
+    scores = {which: mean_gain(split.user_gains(model, ITEM_IDS, "cpu")) for which, model in (("good", good), ("bad", bad))}
     assert scores["good"] > scores["bad"] + 0.2          # the premise of the tests below
     return dict(root=root, split=split, models={"good": good, "bad": bad}, scores=scores)
 
@@ -162,7 +162,7 @@ def test_a_holder_with_a_training_date_is_judged_only_on_items_it_never_saw(worl
     assert gate.promoted and gate.figures["gate_users"] == unseen.users
     assert f"on {unseen.users} held-out user(s) whose newest item was first touched on or after 2025-01-06" in gate.decision
     for which in ("good", "bad"):
-        assert f"{score_on_split(world['models'][which], ITEM_IDS, unseen, 'cpu'):.4f}" in gate.decision
+        assert f"{mean_gain(unseen.user_gains(world['models'][which], ITEM_IDS, 'cpu')):.4f}" in gate.decision
 
 
 def test_too_few_unseen_items_keep_the_holder_and_force_still_moves_it(world, store):

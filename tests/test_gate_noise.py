@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from recsys.learning.split import split_last_item
+from recsys.learning.split import mean_gain, split_last_item, validation_set
+from recsys.model.metrics import evaluate_ranking
 from recsys.model.sasrec import SASRec, SASRecConfig
 from recsys.pipelines.train import GATE_NOISE_Z, paired_standard_error, refused_verdict
-from recsys.sequences import Sequences
+from recsys.sequences import Sequences, Vocabulary
 
 ITEMS = 40
 
@@ -27,20 +28,28 @@ def _model(seed: int) -> SASRec:
     return SASRec(SASRecConfig(num_items=ITEMS, dim=8, layers=1, heads=1, max_len=8, dropout=0.0))
 
 
-def test_per_user_gains_average_to_the_score_and_count_an_unknown_target_as_zero():
+def _training_score(model, item_ids, split) -> float:
+    """The selection metric as training computes it (evaluate_ranking over the users whose target the
+    vocabulary knows), spread over every held-out user: what the gate's mean of gains must equal."""
+    valid = validation_set(Vocabulary(item_ids), split)
+    known = evaluate_ranking(model, valid.histories, valid.targets, ks=(10,))["ndcg@10"]
+    return known * len(valid.targets) / split.users
+
+
+def test_per_user_gains_average_to_the_training_metric_and_count_an_unknown_target_as_zero():
     split = _split()
     model = _model(0)
     known = np.arange(1, ITEMS + 1)
     gains = split.user_gains(model, known, "cpu")
     assert gains.shape == (split.users,) and gains.min() >= 0 and gains.max() <= 1
-    assert gains.mean() == pytest.approx(split.score(model, known, "cpu"), abs=1e-6)
+    assert mean_gain(gains) == pytest.approx(_training_score(model, known, split), abs=1e-6)
     # a vocabulary without the items 1..10: users whose target is one of them score 0, the others as before
     fewer = np.arange(11, ITEMS + 1)
     model_fewer = SASRec(SASRecConfig(num_items=len(fewer), dim=8, layers=1, heads=1, max_len=8, dropout=0.0))
     gains_fewer = split.user_gains(model_fewer, fewer, "cpu")
     lacking = np.isin(split.valid_targets, np.arange(1, 11))
     assert lacking.any() and (gains_fewer[lacking] == 0).all()
-    assert gains_fewer.mean() == pytest.approx(split.score(model_fewer, fewer, "cpu"), abs=1e-6)
+    assert mean_gain(gains_fewer) == pytest.approx(_training_score(model_fewer, fewer, split), abs=1e-6)
 
 
 def test_a_refusal_by_a_few_users_is_close_and_one_by_many_is_worse():

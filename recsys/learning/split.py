@@ -1,7 +1,8 @@
 """The held-out split that training and the gate share: each user's newest item set aside.
 
 Id-space and model-independent, so every model version (the candidate and the alias holder, with
-different vocabularies) is scored on the same users by :func:`score_on_split`. Each held-out item
+different vocabularies) is scored on the same users, user by user (``user_gains``; the gate's score is their
+:func:`mean_gain`). Each held-out item
 carries when the user first interacted with it, so the gate can keep only the items an older model
 version never trained on (:meth:`SplitData.since`).
 """
@@ -43,21 +44,16 @@ class SplitData:
         return SplitData(self.train, self.valid_histories.take(rows), self.valid_targets[rows],
                          self.valid_first_us[rows])
 
-
-    def score(self, model, item_ids: np.ndarray, device) -> float:
-        """The selection metric over all these users (:func:`score_on_split`)."""
-        return score_on_split(model, item_ids, self, device)
-
     def user_gains(self, model, item_ids: np.ndarray, device) -> np.ndarray:
         """[V] each validation user's NDCG@10, in this split's order (0 where ``item_ids`` lacks the target):
-        the terms whose mean :meth:`score` is, so two versions' figures pair user by user."""
+        the selection metric user by user, so two versions' figures pair and their mean is the gate's score."""
         return held_out_gains(model, Vocabulary(item_ids), self.valid_histories, self.valid_targets, device)
 
 
 @dataclass(frozen=True)
 class StreamedHeldOut:
     """The held-out split read from training shards, chunk by chunk: :class:`SplitData`'s gate interface
-    (``users``, ``since``, ``score``) without the histories in memory."""
+    (``users``, ``since``, ``user_gains``) without the histories in memory."""
 
     files: ShardFiles
     since_us: int | None = None
@@ -73,16 +69,6 @@ class StreamedHeldOut:
     def since(self, cutoff_us: int) -> "StreamedHeldOut":
         return StreamedHeldOut(self.files, cutoff_us if self.since_us is None else max(cutoff_us, self.since_us),
                                self.held_out_below)
-
-    def score(self, model, item_ids: np.ndarray, device) -> float:
-        """NDCG@10 over every held-out user; a target outside ``item_ids`` counts as a miss."""
-        from recsys.model.metrics import SELECTION_K, SELECTION_METRIC
-        from recsys.model.stream import held_out_chunks, ranking_sums
-
-        sums = ranking_sums(model, Vocabulary(item_ids), held_out_chunks(self.files, since_us=self.since_us,
-                                                                         held_out_below=self.held_out_below),
-                            ks=(SELECTION_K,), device=device)
-        return sums.mean_over_all(SELECTION_METRIC)
 
     def user_gains(self, model, item_ids: np.ndarray, device) -> np.ndarray:
         """[V] each held-out user's NDCG@10 in the files' order (0 where ``item_ids`` lacks the target)."""
@@ -117,10 +103,18 @@ def validation_set(vocab: Vocabulary, split: SplitData):
     """Validation users whose target the model can know, histories mapped to its vocabulary."""
     from recsys.model.training import ValidationSet
 
-    histories, _ = vocab.map_sequences(split.valid_histories)
-    targets = vocab.index_of(split.valid_targets)
-    keep = np.flatnonzero(targets > 0)
-    return ValidationSet(histories=histories.take(keep), targets=targets[keep])
+    _, histories, targets = known_targets(vocab, split.valid_histories, split.valid_targets)
+    return ValidationSet(histories=histories, targets=targets)
+
+
+def known_targets(vocab: Vocabulary, histories: Sequences, targets: np.ndarray
+                  ) -> tuple[np.ndarray, Sequences, np.ndarray]:
+    """The rows whose target ``vocab`` knows, with their histories and targets mapped to its indices: what a
+    model can be scored on (the other rows are misses, whatever it ranks)."""
+    index = vocab.index_of(np.asarray(targets))
+    keep = np.flatnonzero(index > 0)
+    mapped, _ = vocab.map_sequences(histories.take(keep))
+    return keep, mapped, index[keep]
 
 
 def held_out_gains(model, vocab: Vocabulary, histories: Sequences, targets: np.ndarray, device) -> np.ndarray:
@@ -128,27 +122,18 @@ def held_out_gains(model, vocab: Vocabulary, histories: Sequences, targets: np.n
     outside ``vocab``."""
     from recsys.model.metrics import SELECTION_K, ndcg_gains, ranking_ranks
 
-    mapped, _ = vocab.map_sequences(histories)
-    index = vocab.index_of(np.asarray(targets))
-    keep = np.flatnonzero(index > 0)
-    gains = np.zeros(len(index))
+    keep, mapped, index = known_targets(vocab, histories, targets)
+    gains = np.zeros(len(targets))
     if len(keep):
-        gains[keep] = ndcg_gains(ranking_ranks(model, mapped.take(keep), index[keep], device=device), SELECTION_K)
+        gains[keep] = ndcg_gains(ranking_ranks(model, mapped, index, device=device), SELECTION_K)
     return gains
 
 
-def score_on_split(model, item_ids: np.ndarray, split: SplitData, device) -> float:
-    """The selection metric (NDCG@10) over *all* validation users; a target the model's vocabulary lacks counts as a miss.
+def mean_gain(gains: np.ndarray) -> float:
+    """The gate's score from per-user gains: their mean (a target a version's vocabulary lacks counts 0, so any
+    two versions are compared on the same users), NaN when no user was held out.
 
-    Any two model versions scored with this function are compared on the same users, whatever
-    their vocabularies.
+    >>> mean_gain(np.array([1.0, 0.0, 0.5])), mean_gain(np.zeros(0))
+    (0.5, nan)
     """
-    from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
-
-    valid = validation_set(Vocabulary(item_ids), split)
-    if len(split.valid_targets) == 0:
-        return float("nan")
-    if len(valid.targets) == 0:
-        return 0.0
-    scores = evaluate_ranking(model, valid.histories, valid.targets, ks=(SELECTION_K,), device=device)
-    return float(scores[SELECTION_METRIC]) * len(valid.targets) / len(split.valid_targets)
+    return float(gains.mean()) if len(gains) else float("nan")

@@ -46,7 +46,7 @@ from recsys.hooks import Hooks
 from recsys.learning.distributed import FitJob, FitOutput, fit_with_processes
 from recsys.learning.settings import model_config, train_settings
 from recsys.learning.shards import TrainingShards, remove_stale_attempts, training_work_dir, write_training_shards
-from recsys.learning.split import SplitData, StreamedHeldOut
+from recsys.learning.split import SplitData, StreamedHeldOut, mean_gain
 from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.model.repeats import RepeatBlend
 from recsys.pipelines.timing import StageTimer
@@ -502,7 +502,7 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
         loaded = _load_version(cfg, holder_version, device)
         judged, basis = held_out_unseen_by(split, loaded.metadata.get("trained_before"), holder_version)
         enough = judged.users >= cfg.train.gate_min_users
-        holder_score = judged.score(loaded.model, loaded.item_ids, device) if enough or force else math.nan
+        holder_gains = judged.user_gains(loaded.model, loaded.item_ids, device) if enough or force else None
     except Exception as exc:
         problem = f"the holder version {holder_version} could not be scored ({first_line(exc, with_type=True, limit=300)})"
         if force:
@@ -516,7 +516,8 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
         return GateDecision(False, f"kept @{alias} on version {holder_version}: only {judged.users} held-out "
                                    f"user(s) {basis}, fewer than train.gate_min_users={cfg.train.gate_min_users} to "
                                    f"judge on; the set grows every night the holder stays, or use --force", figures)
-    new_score = judged.score(candidate.model.to(device), candidate.item_ids, device)   # _register: on CPU
+    new_gains = judged.user_gains(candidate.model.to(device), candidate.item_ids, device)   # _register: on CPU
+    new_score, holder_score = mean_gain(new_gains), mean_gain(holder_gains)
     figures.update({"gate_candidate_" + SELECTION_METRIC: new_score, "gate_holder_" + SELECTION_METRIC: holder_score})
     detail = (f"new {SELECTION_METRIC}={new_score:.4f} vs holder version {holder_version} {holder_score:.4f} on "
               f"{judged.users} held-out user(s) {basis} (tolerance {tolerance})")
@@ -530,8 +531,7 @@ def _gate(cfg: Config, version: str, candidate: GateCandidate, split: SplitData 
         return GateDecision(True, f"promoted version {version} to @{alias}: not worse than the holder; {detail}",
                             figures, "promoted")
     gap = holder_score - tolerance - new_score          # > 0: how far below the holder, beyond the tolerance
-    se = paired_standard_error(judged.user_gains(candidate.model, candidate.item_ids, device),
-                               judged.user_gains(loaded.model, loaded.item_ids, device))
+    se = paired_standard_error(new_gains, holder_gains)
     figures["gate_difference_se"] = se
     if refused_verdict(gap, se) == "close":
         return GateDecision(False, f"kept @{alias} on version {holder_version}: the new version scores lower, by "
