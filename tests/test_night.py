@@ -102,6 +102,6 @@ def test_night_result_exit_code_is_the_nightly_jobs():
     assert {"training", "training_note", "training_failed", "nightly"} <= fields
     nightly = NightlyResult(date=RUN_DATE, run_id=None, output_dir="x", manifest=jobkit.night_manifest("r", "1"),
                             exit_code=ExitCode.TRACKING_FAILED)
-    night = NightResult(date=RUN_DATE, training=None, training_note="training failed", training_failed=True,
+    night = NightResult(training=None, training_note="training failed", training_failed=True,
                         nightly=nightly)
     assert night.exit_code == ExitCode.TRACKING_FAILED

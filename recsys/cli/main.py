@@ -474,9 +474,10 @@ def cmd_night(args: argparse.Namespace) -> int:
         result = run_night(spark, cfg, date, force=args.force, hooks=_hooks())
     finally:
         spark.stop()
-    args.outcome = f"{result.training_note.splitlines()[0]}; {recommend_detail([result.nightly])}"
+    detail = recommend_detail([result.nightly])
+    args.outcome = f"{result.training_note.splitlines()[0]}; {detail}"
     print(result.training_note)
-    print(recommend_detail([result.nightly]))
+    print(detail)
     return int(result.exit_code)
 
 

@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 from recsys.config import Config
 from recsys.errors import ExitCode, RecsysError, first_line
 from recsys.hooks import NO_HOOKS, Hooks
-from recsys.pipelines.nightly import NightlyResult, overall_exit_code, run_dates
+from recsys.pipelines.nightly import NightlyResult, run_dates
 from recsys.pipelines.train import TrainResult, run_training, training_due
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 class NightResult:
     """What the night did: its training (or why there was none) and the nightly job's result."""
 
-    date: dt.date
     training: TrainResult | None      # None: not due, or failed
     training_note: str                # one line: trained ... / not due: ... / failed (exit N): ...
     training_failed: bool
@@ -43,7 +42,7 @@ class NightResult:
     @property
     def exit_code(self) -> ExitCode:
         """The nightly job's: a failed training is reported, not an exit code (the night ran without it)."""
-        return overall_exit_code([self.nightly])
+        return self.nightly.exit_code
 
 
 def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = False,
@@ -74,4 +73,4 @@ def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = 
                 f"the night runs with the version that holds the model alias")
         log.warning("recsys night %s: %s", date, note, exc_info=True)
     [nightly] = run_dates(spark, cfg, [date], force=force, hooks=hooks)
-    return NightResult(date=date, training=training, training_note=note, training_failed=failed, nightly=nightly)
+    return NightResult(training=training, training_note=note, training_failed=failed, nightly=nightly)
