@@ -17,14 +17,15 @@ def cfg(tmp_path):
                                   f"mlflow.artifact_location={tmp_path / 'artifacts'}", "train.every_nights=2"])
 
 
-def _training_run(cfg, date: dt.date, status: str = "FINISHED") -> None:
+def _training_run(cfg, date: dt.date, status: str = "FINISHED", model_name: str | None = None) -> None:
     from mlflow import MlflowClient
 
     from recsys.tracking import store, tags
 
     experiment = store.setup(cfg.mlflow, store.training_experiment(cfg.mlflow))
     client = MlflowClient()
-    run = client.create_run(experiment, tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date)})
+    named = {} if model_name is None else {tags.MODEL_NAME: model_name}
+    run = client.create_run(experiment, tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date), **named})
     client.set_terminated(run.info.run_id, status)
 
 
@@ -47,6 +48,21 @@ def test_a_failed_training_does_not_reset_the_cadence(cfg):
     assert training_due(cfg, D + dt.timedelta(days=2)) is None        # the failed night is tried again
     _training_run(cfg, D + dt.timedelta(days=2))
     assert training_due(cfg, D + dt.timedelta(days=3)) is not None
+
+
+def test_each_model_name_keeps_its_own_cadence_in_a_shared_experiment(cfg):
+    from recsys.pipelines.train import training_due
+    from recsys.tracking import store
+
+    other = cfg.mlflow.model_name + "-challenger"
+    _training_run(cfg, D + dt.timedelta(days=1), model_name=other)      # another model, the same experiment
+    _training_run(cfg, D, model_name=cfg.mlflow.model_name)
+    assert [t.date for t in store.finished_trainings(cfg.mlflow)] == [D]
+    assert "1 night(s) ago" in training_due(cfg, D + dt.timedelta(days=1))   # not "already finished" for D+1
+    assert training_due(cfg, D + dt.timedelta(days=2)) is None
+    # a run from before the name was tagged counts for every name
+    _training_run(cfg, D + dt.timedelta(days=2))
+    assert store.last_training_date(cfg.mlflow) == D + dt.timedelta(days=2)
 
 
 def test_train_if_due_exits_0_without_starting_spark_when_not_due(cfg, monkeypatch, caplog):

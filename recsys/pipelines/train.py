@@ -289,7 +289,7 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan)
     recorder = tracking.RunRecorder(cfg.mlflow, run_name=f"train {date}",
                                     experiment=tracking.training_experiment(cfg.mlflow),
                                     tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(date), tags.VERSION: __version__,
-                                          tags.TRAINING_KIND: plan.kind})
+                                          tags.TRAINING_KIND: plan.kind, tags.MODEL_NAME: cfg.mlflow.model_name})
     if recorder.failed:
         raise TrackingFailed(f"cannot record the training run in {redact_uri(cfg.mlflow.tracking_uri)}: {recorder.error}")
     recorder.log_params({

@@ -241,8 +241,13 @@ class FinishedTraining:
 
 
 def finished_trainings(cfg: MlflowConfig, max_results: int = 200) -> list[FinishedTraining]:
-    """The training runs that finished (a version was registered), newest date first, from the training
-    experiment; failed trainings are left out. Reads at most ``max_results`` runs, the newest started."""
+    """The training runs of ``cfg.model_name`` that finished (a version was registered), newest date first,
+    from the training experiment; failed trainings are left out. Reads at most ``max_results`` runs, the newest
+    started.
+
+    Several models may share one experiment (an A/B pair, a second model name for a test): each one's cadence
+    and warm plan count only its own trainings. A run that records no model name (written before the name was
+    tagged) counts for every name, as it did then."""
     from mlflow import MlflowClient
 
     try:
@@ -258,13 +263,14 @@ def finished_trainings(cfg: MlflowConfig, max_results: int = 200) -> list[Finish
         raise TrackingUnavailable(f"cannot read the training runs from {redact_uri(cfg.tracking_uri)}: "
                                   f"{first_line(exc, with_type=True)}") from None
     found = [FinishedTraining(dt.date.fromisoformat(r.data.tags[tags.DATE]), r.data.tags.get(tags.TRAINING_KIND, "full"),
-                              r.data.tags.get(tags.GATE_VERDICT, "")) for r in runs if tags.DATE in r.data.tags]
+                              r.data.tags.get(tags.GATE_VERDICT, "")) for r in runs
+             if tags.DATE in r.data.tags and r.data.tags.get(tags.MODEL_NAME, cfg.model_name) == cfg.model_name]
     return sorted(found, key=lambda t: t.date, reverse=True)    # stable: of one date, the newest started first
 
 
 def last_training_date(cfg: MlflowConfig) -> dt.date | None:
-    """The newest date a training run finished for (its ``recsys.date`` tag: it trained on the events
-    before it), in the training experiment; None when none has. A failed training does not count."""
+    """The newest date a training run of ``cfg.model_name`` finished for (its ``recsys.date`` tag: it trained on
+    the events before it), in the training experiment; None when none has. A failed training does not count."""
     trainings = finished_trainings(cfg, max_results=100)
     return trainings[0].date if trainings else None
 

@@ -23,6 +23,7 @@ PROMOTED = "recsys.promoted"            # train: whether the alias moved
 GATE = "recsys.gate"                    # train: the gate's decision, in words
 GATE_VERDICT = "recsys.gate_verdict"    # train: promoted | worse (beyond the noise) | close (within it) | undecided
 TRAINING_KIND = "recsys.training_kind"  # train: full (from scratch) | warm (from the alias holder's weights)
+MODEL_NAME = "recsys.model_name"        # train: the registered model (mlflow.model_name) its version went to
 USED_BY_PREFIX = "recsys.used_by."      # + YYYY-MM-DD on the model version (MLflow keys allow no "=")
 EXPORT_VERSION = "recsys.export.version"  # nightly: the key-value store version its lists were exported as
 EXPORT_STORE = "recsys.export.store"      # ... and where (the Redis URL, without credentials)
