@@ -37,6 +37,7 @@ export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$python}"
 
 if [[ -n "${SPARK_HOME:-}" && -x "$SPARK_HOME/bin/spark-submit" ]]; then
   submit="$SPARK_HOME/bin/spark-submit"
+  spark_home="$SPARK_HOME"
 else
   spark_home="$("$python" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null)" || {
     echo "spark-submit.sh: no SPARK_HOME and pyspark is not importable by $python; run 'make venv' or set SPARK_HOME" >&2
@@ -48,6 +49,9 @@ fi
 master="${SPARK_MASTER:-local[*,4]}"
 pack=""
 driver_on_cluster=""    # --deploy-mode cluster: the driver runs from the packed environment too
+deploy_mode_given=""    # a deploy mode on the command line wins over the properties files
+properties_file=""
+load_spark_defaults=""
 passthrough=()
 driver_java_options=""
 # spark-submit options come before the job file; everything from the job file on is the job's
@@ -60,10 +64,14 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
     --pack=*) pack="${1#--pack=}"; [[ -n "$pack" ]] || { echo "spark-submit.sh: --pack= needs an archive" >&2; exit 2; }; shift ;;
     --verbose|-v|--supervise) passthrough+=("$1"); shift ;;
     --deploy-mode) [[ $# -ge 2 ]] || { echo "spark-submit.sh: --deploy-mode needs a value" >&2; exit 2; }
-              [[ "$2" == cluster ]] && driver_on_cluster=1
+              deploy_mode_given=1; [[ "$2" == cluster ]] && driver_on_cluster=1
               passthrough+=("$1" "$2"); shift 2 ;;
-    --deploy-mode=*) [[ "${1#*=}" == cluster ]] && driver_on_cluster=1
+    --deploy-mode=*) deploy_mode_given=1; [[ "${1#*=}" == cluster ]] && driver_on_cluster=1
               passthrough+=("$1"); shift ;;
+    --properties-file) [[ $# -ge 2 ]] || { echo "spark-submit.sh: --properties-file needs a value" >&2; exit 2; }
+              properties_file="$2"; passthrough+=("$1" "$2"); shift 2 ;;
+    --properties-file=*) properties_file="${1#*=}"; passthrough+=("$1"); shift ;;
+    --load-spark-defaults) load_spark_defaults=1; passthrough+=("$1"); shift ;;
     --driver-java-options) [[ $# -ge 2 ]] || { echo "spark-submit.sh: $1 needs a value" >&2; exit 2; }
               driver_java_options="$driver_java_options $2"; shift 2 ;;
     --driver-java-options=*) driver_java_options="$driver_java_options ${1#*=}"; shift ;;
@@ -71,6 +79,7 @@ while [[ $# -gt 0 && "$1" == -* ]]; do
               driver_java_options="$driver_java_options ${2#*=}"; shift 2
             else
               [[ $# -ge 2 ]] || { echo "spark-submit.sh: --conf needs a value" >&2; exit 2; }
+              [[ "$2" == spark.submit.deployMode=* ]] && deploy_mode_given=1
               [[ "$2" == spark.submit.deployMode=cluster ]] && driver_on_cluster=1
               passthrough+=("$1" "$2"); shift 2
             fi ;;
@@ -82,6 +91,22 @@ done
 if [[ $# -eq 0 ]]; then
   echo "usage: spark-submit.sh [--master URL] [spark-submit options] JOB.py [job arguments]" >&2
   exit 2
+fi
+
+# The deploy mode may also come from a properties file (--properties-file, else spark-defaults.conf under
+# SPARK_CONF_DIR or SPARK_HOME/conf, both with --load-spark-defaults), as spark-submit reads them: a driver
+# on the cluster needs the whole environment packed, whichever place said so.
+deploy_mode_in() {   # the spark.submit.deployMode a properties file sets, if any (key=value, key:value, key value)
+  [[ -f "$1" ]] || return 0
+  sed -nE 's/^[[:space:]]*spark\.submit\.deployMode[[:space:]]*[=:[:space:]][[:space:]]*([A-Za-z]+)[[:space:]]*$/\1/p' "$1" | tail -n 1
+}
+if [[ -z "$deploy_mode_given" ]]; then
+  mode=""
+  [[ -z "$properties_file" ]] || mode="$(deploy_mode_in "$properties_file")"
+  if [[ -z "$mode" && ( -z "$properties_file" || -n "$load_spark_defaults" ) && -n "${spark_home:-}" ]]; then
+    mode="$(deploy_mode_in "${SPARK_CONF_DIR:-$spark_home/conf}/spark-defaults.conf")"
+  fi
+  [[ "$mode" == cluster ]] && driver_on_cluster=1
 fi
 
 # A standalone master that does not answer costs a minute of Spark's registration retries: ask first.

@@ -240,13 +240,18 @@ def test_a_whole_archive_keeps_every_distribution_under_a_digest_of_its_own():
 
 
 @pytest.mark.slow          # two spark-submit JVMs that stop at the YARN check: a few seconds each
-@pytest.mark.parametrize("mode, whole", [((), False), (("--deploy-mode", "cluster"), True),
-                                         (("--conf", "spark.submit.deployMode=cluster"), True),
-                                         (("--deploy-mode=client",), False)])
-def test_spark_submit_packs_the_whole_environment_only_for_a_driver_on_the_cluster(tmp_path, mode, whole):
+@pytest.mark.parametrize("mode, defaults, whole", [
+    ((), None, False), (("--deploy-mode", "cluster"), None, True),
+    (("--conf", "spark.submit.deployMode=cluster"), None, True), (("--deploy-mode=client",), None, False),
+    # a deploy mode from the properties files, as spark-submit reads them; the command line wins over them
+    ((), "spark.submit.deployMode  cluster", True), (("--deploy-mode", "client"), "spark.submit.deployMode cluster", False),
+    (("--properties-file", "{tmp}/props.conf"), "spark.submit.deployMode=client", True)])
+def test_spark_submit_packs_the_whole_environment_only_for_a_driver_on_the_cluster(tmp_path, mode, defaults, whole):
     """``--pack`` with the driver in the cluster (it runs from the archive too) ships everything; otherwise what the
     executors import. Both archives are seeded in a cache of the test's own, so nothing is packed: the script
-    names the one it uses, then spark-submit stops at YARN's configuration check."""
+    names the one it uses, then spark-submit stops at YARN's configuration check. ``defaults``: a line of the
+    test's own spark-defaults.conf (SPARK_CONF_DIR); ``--properties-file`` names one that sets cluster mode, and
+    replaces the defaults (which say client there)."""
     from pathlib import Path
 
     cache = tmp_path / "cache"
@@ -262,6 +267,13 @@ def test_spark_submit_packs_the_whole_environment_only_for_a_driver_on_the_clust
     checkout = Path(packing.__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_", "HADOOP_", "YARN_"))}
     env.update(RECSYS_PACK_CACHE=str(cache), PYSPARK_PYTHON=sys.executable)    # this environment: the seeded digests
+    if defaults is not None:
+        conf_dir = tmp_path / "conf"
+        conf_dir.mkdir()
+        (conf_dir / "spark-defaults.conf").write_text(f"spark.master yarn\n{defaults}\n")
+        (tmp_path / "props.conf").write_text("spark.master yarn\nspark.submit.deployMode:cluster\n")
+        env["SPARK_CONF_DIR"] = str(conf_dir)
+    mode = tuple(m.replace("{tmp}", str(tmp_path)) for m in mode)
     if "SPARK_SUBMIT_OPTS" in os.environ:      # the test JVMs' options (tests/jvmkit.py)
         env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
     done = subprocess.run([str(checkout / "spark-submit.sh"), "--pack", "--master", "yarn", *mode,
