@@ -105,11 +105,22 @@ def held_out_below(share: float, min_users: int, users: int) -> int:
     return HASH_BUCKETS if wanted >= 1 else int(HASH_BUCKETS * wanted)
 
 
-def held_out_rows(buckets: np.ndarray | None, below: int | None) -> np.ndarray | None:
-    """Which rows may hold out their newest item: those whose bucket is below the cut (None: every row)."""
-    if below is None or below >= HASH_BUCKETS or buckets is None:
+def bucket_columns(below: int | None) -> list[str]:
+    """The shard columns :func:`held_out_rows` reads for the cut ``below``: the bucket when the cut holds out a
+    share of the users, none when every user is held out (shards written without buckets still read).
+
+    >>> bucket_columns(None), bucket_columns(HASH_BUCKETS), bucket_columns(100)
+    ([], [], ['held_out_bucket'])
+    """
+    return [HELD_OUT_BUCKET] if below is not None and below < HASH_BUCKETS else []
+
+
+def held_out_rows(batch: pa.RecordBatch, below: int | None) -> np.ndarray | None:
+    """Which rows of ``batch`` may hold out their newest item: those whose bucket is below the cut (None: every
+    row). ``batch`` holds the :func:`bucket_columns` of ``below``."""
+    if not bucket_columns(below):
         return None
-    return np.asarray(buckets) < below
+    return batch.column(HELD_OUT_BUCKET).to_numpy(zero_copy_only=False).astype(np.int64) < below
 
 
 @dataclass(frozen=True)
@@ -154,13 +165,11 @@ class StreamedWindows:
 
     def sequences(self, paths: Sequence[str] | None = None) -> Iterator[Sequences]:
         """Index-space training sequences, a chunk of users at a time."""
-        by_bucket = self.hold_out_newest and self.held_out_below is not None and self.held_out_below < HASH_BUCKETS
-        columns = [HISTORY, HELD_OUT_BUCKET] if by_bucket else [HISTORY]
+        columns = [HISTORY] + (bucket_columns(self.held_out_below) if self.hold_out_newest else [])
         for batch in read_batches(self.files.paths if paths is None else paths, columns, self.users_per_chunk):
             seqs = Sequences.from_arrow(batch.column(0))
             if self.hold_out_newest:
-                eligible = held_out_rows(_buckets(batch) if by_bucket else None, self.held_out_below)
-                seqs = seqs.split_newest(MIN_HELD_OUT_LEN, eligible)[0]
+                seqs = seqs.split_newest(MIN_HELD_OUT_LEN, held_out_rows(batch, self.held_out_below))[0]
             yield self.vocab.map_sequences(seqs)[0]
 
     def _count(self) -> None:
@@ -232,22 +241,16 @@ class HeldOutChunk:
     first_us: np.ndarray
 
 
-def _buckets(batch: pa.RecordBatch) -> np.ndarray:
-    return batch.column(HELD_OUT_BUCKET).to_numpy(zero_copy_only=False).astype(np.int64)
-
-
 def held_out_chunks(files: ShardFiles, *, since_us: int | None = None, held_out_below: int | None = None,
                     users_per_chunk: int = USERS_PER_CHUNK) -> Iterator[HeldOutChunk]:
     """Each held-out user's newest item (users with at least ``MIN_HELD_OUT_LEN`` items and, with
     ``held_out_below``, a bucket below it), a chunk at a time; with ``since_us``, only the users who first
     touched it at or after that instant."""
-    by_bucket = held_out_below is not None and held_out_below < HASH_BUCKETS
-    columns = [HISTORY, NEWEST_FIRST_US] + ([HELD_OUT_BUCKET] if by_bucket else [])
-    for batch in read_batches(files.paths, columns, users_per_chunk):
+    for batch in read_batches(files.paths, [HISTORY, NEWEST_FIRST_US, *bucket_columns(held_out_below)],
+                              users_per_chunk):
         seqs = Sequences.from_arrow(batch.column(0))
         first_us = batch.column(1).to_numpy(zero_copy_only=False).astype(np.int64)
-        eligible = held_out_rows(_buckets(batch) if by_bucket else None, held_out_below)
-        left, rows, targets = seqs.split_newest(MIN_HELD_OUT_LEN, eligible)
+        left, rows, targets = seqs.split_newest(MIN_HELD_OUT_LEN, held_out_rows(batch, held_out_below))
         first_us = first_us[rows]
         keep = np.arange(len(rows)) if since_us is None else np.flatnonzero(first_us >= since_us)
         if len(keep):
@@ -305,6 +308,6 @@ def count_users(files: ShardFiles) -> int:
 
 
 __all__ = ["HISTORY", "NEWEST_FIRST_US", "USER_ID", "HELD_OUT_BUCKET", "HASH_BUCKETS", "MIN_HELD_OUT_LEN",
-           "held_out_below", "held_out_rows", "ShardFiles", "StreamedWindows",
+           "held_out_below", "held_out_rows", "bucket_columns", "ShardFiles", "StreamedWindows",
            "HeldOutChunk", "RankingSums", "count_users", "held_out_chunks", "ranking_sums", "read_batches",
            "window_count", "window_examples"]
