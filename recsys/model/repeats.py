@@ -205,17 +205,25 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
         present = valid.known_counts > 0
         log_counts = np.log(np.clip(valid.known_counts, 1, None))
         log_ages = np.log1p(np.clip(valid.known_ages, 0, None))
-        ordered: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        # only a new item ranked under 10 can reach a top-10 place: each row's smallest ranks, as many columns as
+        # the row with the most such items needs (exact; a day with dozens of new items costs no more)
+        useful = int((valid.new_target_ranks < NDCG_K).sum(1).max(initial=0))
+        new_ranks = np.sort(valid.new_target_ranks, axis=1)[:, :max(1, useful)]
+        # candidates that differ only in repeat_bias share everything else: scored together, one bias per slice
+        groups: dict[tuple[float, float], list[int]] = {}
         for g, blend in enumerate(candidates):
-            age_weight = 0.0 if blend.masks_known else blend.age_weight
+            groups.setdefault((0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight), []).append(g)
+        ordered: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        for (age_weight, rank_weight), members in groups.items():
             if age_weight not in ordered:
                 base = np.where(present, log_counts - age_weight * log_ages, -np.inf)
                 # the 10 best known items per row in this weight's order: the others never reach a top-10 place
                 order = np.argsort(-base, axis=1, kind="stable")[:, :NDCG_K]
                 ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
             top_base, top_target = ordered[age_weight]
-            ndcg[g], hits[g] = _score(top_base + blend.repeat_bias, top_target, valid.new_target_ranks,
-                                      blend.new_rank_weight, ideal)
+            biases = np.array([candidates[g].repeat_bias for g in members])
+            ndcg[members], hits[members] = _score(top_base[None] + biases[:, None, None], top_target, new_ranks,
+                                                  rank_weight, ideal)
     return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
 
 
@@ -253,22 +261,24 @@ def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
 
 
 def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, rank_weight: float,
-           ideal: np.ndarray) -> tuple[float, float]:
-    """(sum of NDCG@10, rows with a hit) of the merged lists; ``known`` [S, K] blended scores, descending."""
-    n_known = known.shape[1]
+           ideal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([B] sums of NDCG@10, [B] rows with a hit) of the merged lists; ``known`` [B, S, K]: the known items' blended
+    scores, descending along K, under B repeat biases at once; ``new_ranks`` [S, T]."""
+    n_known = known.shape[-1]
     # new ranks whose score beats a known item's: -w log1p(r) > s  <=>  r < exp(-s / w) - 1
     beaten_by_new = np.where(np.isfinite(known), np.ceil(np.clip(np.exp(np.clip(-known / rank_weight, None, 30)) - 1,
                                                                  0, NDCG_K)), NDCG_K)
-    known_place = np.arange(n_known)[None, :] + beaten_by_new                     # [S, K]
-    known_gain = np.where(known_target & (known_place < NDCG_K), 1.0 / np.log2(known_place + 2.0), 0.0).sum(1)
+    known_place = np.arange(n_known) + beaten_by_new                              # [B, S, K]
+    listed_known = known_target & (known_place < NDCG_K)
+    known_gain = np.where(listed_known, 1.0 / np.log2(known_place + 2.0), 0.0).sum(-1)
     useful = new_ranks < NDCG_K                                                    # [S, T]
     new_score = -rank_weight * np.log1p(np.where(useful, new_ranks, 0.0))         # [S, T]
-    above = (known[:, None, :] >= new_score[:, :, None]).sum(2)                    # [S, T] known items at or above
+    above = (known[:, :, None, :] >= new_score[None, :, :, None]).sum(-1)          # [B, S, T] known items at or above
     new_place = np.where(useful, new_ranks + above, np.inf)
-    new_gain = np.where(new_place < NDCG_K, 1.0 / np.log2(new_place + 2.0), 0.0).sum(1)
-    hits = (known_target & (known_place < NDCG_K)).any(1) | (new_place < NDCG_K).any(1)
+    new_gain = np.where(new_place < NDCG_K, 1.0 / np.log2(new_place + 2.0), 0.0).sum(-1)
+    hits = listed_known.any(-1) | (new_place < NDCG_K).any(-1)
     ndcg = np.where(ideal > 0, (known_gain + new_gain) / np.where(ideal > 0, ideal, 1.0), 0.0)
-    return float(ndcg.sum()), float(hits.sum())
+    return ndcg.sum(-1), hits.sum(-1).astype(np.float64)
 
 
 # ------------------------------------------------------------------------------------------------ validation rows
