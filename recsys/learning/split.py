@@ -2,9 +2,8 @@
 
 Id-space and model-independent, so every model version (the candidate and the alias holder, with
 different vocabularies) is scored on the same users, user by user (``user_gains``; the gate's score is their
-:func:`mean_gain`). Each held-out item
-carries when the user first interacted with it, so the gate can keep only the items an older model
-version never trained on (:meth:`SplitData.since`).
+:func:`mean_gain`). Each held-out item carries when the user first interacted with it, so the gate can keep
+only the items an older model version never trained on (:meth:`SplitData.since`).
 """
 from __future__ import annotations
 

@@ -274,10 +274,6 @@ class RankingSums:
         """What early stopping reads: metrics over users whose target the model can rank."""
         return {k: v / self.known for k, v in self.sums.items()} if self.known else {}
 
-    def mean_over_all(self, metric: str) -> float:
-        """What the gate reads: the metric over all held-out users, a target the model lacks being a miss."""
-        return self.sums.get(metric, 0.0) / self.total if self.total else float("nan")
-
 
 def ranking_sums(model: torch.nn.Module, vocab: Vocabulary, chunks: Iterator[HeldOutChunk], *,
                  ks: Sequence[int], device: torch.device | str) -> RankingSums:
