@@ -152,6 +152,8 @@ class BlendValidation:
     known_target: np.ndarray      # [S, K] bool
     new_target_ranks: np.ndarray  # [S, T] float model ranks of the day's new items; inf: padded or not rankable
     targets: np.ndarray           # [S] int: how many distinct items the user had that day (the NDCG's ideal)
+    known_index: np.ndarray | None = None   # [S, K] the known items' model indices: equal blended scores rank by
+                                            # it, as the core's lists do (by candidate column); None: history order
 
     @property
     def samples(self) -> int:
@@ -217,8 +219,10 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
         for (age_weight, rank_weight), members in groups.items():
             if age_weight not in ordered:
                 base = np.where(present, log_counts - age_weight * log_ages, -np.inf)
-                # the 10 best known items per row in this weight's order: the others never reach a top-10 place
-                order = np.argsort(-base, axis=1, kind="stable")[:, :NDCG_K]
+                # the 10 best known items per row in this weight's order (ties as the core breaks them): the others
+                # never reach a top-10 place
+                order = (np.argsort(-base, axis=1, kind="stable") if valid.known_index is None else
+                         np.lexsort((valid.known_index, -base), axis=1))[:, :NDCG_K]
                 ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
             top_base, top_target = ordered[age_weight]
             biases = np.array([candidates[g].repeat_bias for g in members])
@@ -323,6 +327,8 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     target_idx = vocab.index_of(days.targets.items)
     target_row = np.repeat(np.arange(days.rows), days.targets.lengths)
     known_target = np.zeros((days.rows, width), dtype=bool)
+    known_index = np.zeros((days.rows, width), dtype=np.int64)
+    known_index[row_of, place] = histories.items
     is_known_target = np.zeros(len(target_idx), dtype=bool)
     for r in np.unique(target_row):   # a day's targets against the row's known items (a handful each)
         hist_r = histories.items[histories.offsets[r]:histories.offsets[r + 1]]
@@ -337,7 +343,8 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     new_place = np.arange(len(new_at)) - (np.cumsum(new_counts) - new_counts)[target_row[new_at]]
     ranks = _new_target_ranks(model, histories, target_idx, target_row, new_at, device=device, batch=batch)
     new_ranks[target_row[new_at], new_place] = ranks
-    return BlendValidation(known_counts, known_ages, known_target, new_ranks, days.targets.lengths.astype(np.int64))
+    return BlendValidation(known_counts, known_ages, known_target, new_ranks, days.targets.lengths.astype(np.int64),
+                           known_index)
 
 
 def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", target_idx: np.ndarray, target_row: np.ndarray,
