@@ -441,9 +441,6 @@ def record(mlflow_cfg: MlflowConfig, experiment: str, summary: BacktestSummary, 
                                 f"HR@{summary.k}", (("", "all next-day items"), (".repeat", "repeat items"),
                                                     (".new", "items new to the user")), highlight=JOB)
     recorder.log_figure(fig, "plots/backtest_nights.png")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     recorder.end("FINISHED")
     if recorder.failed:
         log.warning("the backtest could not be recorded in %s: %s", redact_uri(mlflow_cfg.tracking_uri), recorder.error)

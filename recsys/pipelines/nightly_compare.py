@@ -418,6 +418,3 @@ def _log_trend(recorder: RunRecorder, cfg: Config, date: dt.date, tonight: Mappi
     fig = plots.night_trend(rows, guard_thresholds={name: t.model_dump() for name, t in cfg.guard.thresholds.items()},
                             min_users=cfg.guard.min_users)
     recorder.log_figure(fig, "plots/guard_trend.png")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)

@@ -646,19 +646,10 @@ def _record_run(run: NightlyRun, results: StageResults, published_dir: str, publ
     fig = plots.score_distribution(sample_scores.column("score").to_numpy(), sample_scores.column("rank").to_numpy(),
                                    cfg.scoring.top_n)
     recorder.log_figure(fig, "plots/score_distribution.png")
-    _close(fig)
     rec_ids, rec_times = report.item_counts
     times = counts_per_candidate(catalog.candidates.item_ids, rec_ids, rec_times)
     fig = plots.popularity_long_tail(times, fallback.popularity)
     recorder.log_figure(fig, "plots/popularity_long_tail.png")
-    _close(fig)
-
-
-def _close(fig: Any) -> None:
-    """pyplot keeps every figure until closed: a backfill of many dates in one process would pile them up."""
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
 
 
 def _recommendation_sample(published: DataFrame, catalog: CatalogSnapshot, users: int = 20) -> str:

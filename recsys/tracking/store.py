@@ -409,7 +409,14 @@ class RunRecorder:
         self._call("log_text", redact_text(text), name)
 
     def log_figure(self, figure: Any, name: str) -> None:
-        self._call("log_figure", figure, name)
+        """Log a matplotlib figure and close it, logged or not: pyplot keeps every figure until closed, and a
+        process that runs night after night (``recsys night``, a backfill, the backtest) would pile them up."""
+        try:
+            self._call("log_figure", figure, name)
+        finally:
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._call("log_artifact", str(path), artifact_path)
