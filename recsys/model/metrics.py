@@ -73,10 +73,8 @@ def _check(ranks: torch.Tensor) -> torch.Tensor:
 
 
 def ndcg_at_k(ranks: torch.Tensor, k: int) -> float:
-    """Mean NDCG@k with one relevant item per user: 1 / log2(rank + 2) when rank < k, else 0."""
-    ranks = _check(ranks)
-    gains = torch.where(ranks < k, 1.0 / torch.log2(ranks.clamp(max=k) + 2.0), torch.zeros_like(ranks))
-    return float(gains.mean())
+    """Mean NDCG@k with one relevant item per user: the mean of :func:`ndcg_gains`."""
+    return float(ndcg_gains(ranks, k).mean())
 
 
 def hit_rate_at_k(ranks: torch.Tensor, k: int) -> float:
