@@ -282,6 +282,7 @@ class TrainConfig(_Section):
     refit_epochs: int | None = Field(ge=1)
     warm_start: bool
     warm_epochs: int = Field(ge=1)
+    warm_replay_share: float = Field(gt=0, le=1)
     full_every_nights: int = Field(ge=1, le=366)
     held_out_share: float = Field(gt=0, le=1)
     held_out_min_users: int = Field(ge=0)

@@ -7,6 +7,7 @@ ending with one newest item per user. Item ``NEWEST_ONLY`` is viewed once, as us
 interaction, and never otherwise. User 2 first viewed its newest item on day 1 and again on day 6:
 its newest item was *seen* before any later cut (the repeat collapses to day 6 in the history). Item
 ``NEW_ON_DAY5`` first appears on day 5 (user 3, before its run): a model trained before day 5 does not know it.
+Users ``LAPSED`` view runs on days 1 and 2 only: a warm night after day 4 trains on a replayed share of them.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ USERS, ITEMS, DAYS = 60, 40, 6
 NEWEST_ONLY = 500
 NEW_ON_DAY5 = 600
 REPEATER = 2
+LAPSED = range(USERS + 1, USERS + 11)
 FIRST_TRAINING, SECOND_TRAINING = dt.date(2024, 3, 5), dt.date(2024, 3, 7)
 
 
@@ -34,7 +36,7 @@ def _write(root: Path) -> None:
     rng = np.random.default_rng(3)
     for day in range(1, DAYS + 1):
         rows = []
-        for user in range(1, USERS + 1):
+        for user in [*range(1, USERS + 1), *(LAPSED if day <= 2 else ())]:
             start = int(rng.integers(0, ITEMS))
             for k in range(3):
                 rows.append(dict(user_id=user, item_id=1 + (start + k) % ITEMS, event_type="view",
@@ -182,21 +184,25 @@ def test_one_fit_holds_out_a_share_of_users_learns_everyone_elses_newest_item_an
                 if 1 not in _held_out_users(spark, _config(data_root, tmp_path, f"train.seed={s}"), 0.5))
     cfg = _config(data_root, tmp_path, "mlflow.model_name=one-fit", f"train.seed={seed}", *share)
     held_out = _held_out_users(spark, cfg, 0.5)
-    assert 0.25 * USERS < len(held_out) < 0.75 * USERS
+    everyone = USERS + len(LAPSED)
+    assert 0.25 * everyone < len(held_out) < 0.75 * everyone
 
     assert run_training(spark, cfg, FIRST_TRAINING).promoted           # the holder, trained before 03-05
     second = run_training(spark, cfg, SECOND_TRAINING)
     run = MlflowClient(cfg.mlflow.tracking_uri).get_run(second.run_id).data
     assert int(run.params["validation_users"]) == len(held_out)
-    assert float(run.params["held_out_share"]) == pytest.approx(len(held_out) / USERS, abs=1e-3)
+    assert float(run.params["held_out_share"]) == pytest.approx(len(held_out) / everyone, abs=1e-3)
     loaded = _registered(cfg, second.version)
     assert NEWEST_ONLY in set(loaded.item_ids.tolist())                # user 1 is not held out: learned in the one fit
     assert loaded.metadata["refit"] is False and loaded.metadata["held_out_share"] < 1
 
     everyone_unseen = _unseen_since(data_root, FIRST_TRAINING, SECOND_TRAINING)
     assert 0 < run.metrics["gate_users"] < everyone_unseen              # only held-out users are judged
-    # the blend's rows: each held-out user on each day before 03-07 with a history before it (days 2..6)
-    assert run.metrics["repeats_validation_rows"] == 5 * len(held_out)
+    # the blend's rows: each held-out user on each day before 03-07 they were active with a history before it
+    # (days 2..6; day 2 only for the lapsed users)
+    lapsed = len(held_out & set(LAPSED))
+    assert 0 < lapsed < len(LAPSED)
+    assert run.metrics["repeats_validation_rows"] == 5 * (len(held_out) - lapsed) + lapsed
 
 
 def _item_rows(loaded, ids):
@@ -223,7 +229,7 @@ def test_a_refit_that_continues_the_selected_model_starts_from_its_weights_and_l
 
 
 WARM = ["train.warm_start=true", "train.warm_epochs=1", "train.epochs=3", "train.patience=3", "train.refit_epochs=1",
-        "train.gate_min_users=1"]
+        "train.gate_min_users=1", "train.warm_replay_share=0.5"]
 
 
 def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a_full_one_comes_on_the_cadence(
@@ -253,6 +259,11 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     assert run.metrics["val_users"] == unseen           # early stopping on them too, not on users the holder saw
     full_run = client.get_run(first.run_id).data
     assert full_run.metrics["val_users"] == int(full_run.params["validation_users"]) > unseen   # a full night: all
+    assert full_run.metrics["fit_users"] == full_run.metrics["refit_users"] == int(full_run.params["users"])
+    replayed = _replayed(spark, cfg, SECOND_TRAINING, since=FIRST_TRAINING, share=0.5)
+    assert USERS < replayed < USERS + len(LAPSED)       # the active users and some, not all, of the lapsed ones
+    assert run.metrics["fit_users"] == run.metrics["refit_users"] == replayed
+    assert run.params["warm_replay_share"] == "0.5"
 
     holder, warm = _registered(cfg, first.version), _registered(cfg, second.version)
     assert NEW_ON_DAY5 not in set(holder.item_ids.tolist())
@@ -267,6 +278,19 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     third = run_training(spark, cfg, dt.date(2024, 3, 8))
     assert third.kind == "full"
     assert "3 night(s) ago (train.full_every_nights=3)" in client.get_run(third.run_id).data.params["training_reason"]
+
+
+def _replayed(spark, cfg, date: dt.date, *, since: dt.date, share: float) -> int:
+    """Users a warm night for ``date`` trains on: those with an event on or after ``since`` (from the raw
+    histories) and those of the others whose draw for the night is below ``share``."""
+    from recsys.learning.shards import training_histories
+    from recsys.model.stream import replay_draw
+
+    rows = training_histories(spark, cfg, date).toArrow()
+    newest = rows.column("newest_us").to_numpy()
+    assert (newest < int(dt.datetime.combine(since, dt.time(), UTC).timestamp() * 1e6)).sum() == len(LAPSED)
+    drawn = replay_draw(rows.column("held_out_bucket").to_numpy(), date.toordinal()) < share
+    return int(((newest >= int(dt.datetime.combine(since, dt.time(), UTC).timestamp() * 1e6)) | drawn).sum())
 
 
 def _the_nights_lists_count_the_models_new_items(spark, cfg, model, previous) -> None:

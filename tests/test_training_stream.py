@@ -16,8 +16,8 @@ from recsys.learning.split import SplitData, StreamedHeldOut, mean_gain, split_l
 from recsys.model.configs import SASRecConfig
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.registry import build_model
-from recsys.model.stream import (HASH_BUCKETS, ShardFiles, StreamedWindows, StreamSettings, count_users,
-                                 held_out_below, held_out_chunks, ranking_sums)
+from recsys.model.stream import (HASH_BUCKETS, Replay, ShardFiles, StreamedWindows, StreamSettings, count_users,
+                                 held_out_below, held_out_chunks, ranking_sums, replay_draw)
 from recsys.model.training import InMemoryWindows, TrainSettings, fit
 from recsys.sequences import Sequences, Vocabulary
 
@@ -36,13 +36,15 @@ def _buckets(user_ids: np.ndarray) -> np.ndarray:
     return (user_ids * 2_654_435_761) % HASH_BUCKETS
 
 
-def _write(tmp_path, user_ids, seqs, first_us, files: int = 3) -> ShardFiles:
+def _write(tmp_path, user_ids, seqs, first_us, files: int = 3, newest_us: np.ndarray | None = None) -> ShardFiles:
     paths = []
+    newest_us = first_us if newest_us is None else newest_us
     for f in range(files):
         rows = np.arange(f, len(user_ids), files)
         table = pa.table({"user_id": pa.array(user_ids[rows], pa.int64()),
                           "history": pa.array([seqs.to_lists()[r].tolist() for r in rows], pa.list_(pa.int64())),
                           "newest_first_us": pa.array(first_us[rows], pa.int64()),
+                          "newest_us": pa.array(newest_us[rows], pa.int64()),
                           "held_out_bucket": pa.array(_buckets(user_ids[rows]), pa.int64())})
         path = tmp_path / f"part-{f:05d}.parquet"
         pq.write_table(table, path, row_group_size=7)
@@ -73,6 +75,39 @@ def test_an_epoch_streamed_holds_exactly_the_windows_of_the_in_memory_epoch(tmp_
             shuffle_windows=16))
         labels = Counter(int(v) for _, y in shifted.batches(2) for v in y.flatten() if v)
         assert labels == Counter(int(v) for _, y in memory.batches(1) for v in y.flatten() if v)
+
+
+def test_a_warm_nights_epoch_holds_the_active_users_and_a_share_of_the_others_drawn_anew_each_night(tmp_path):
+    """``Replay``: every user whose newest event is at or after the instant trains, and about ``share`` of the
+    others; the epoch holds exactly those users' windows (newest items held out as without a replay), the same
+    users in every epoch of a night, other inactive ones under another salt (night)."""
+    user_ids, seqs, first_us = _histories(users=600, seed=5)
+    newest_us = first_us + np.random.default_rng(6).integers(0, 10**12, len(user_ids))
+    since = int(np.median(newest_us))
+    files = _write(tmp_path, user_ids, seqs, first_us, newest_us=newest_us)
+    vocab = Vocabulary(np.unique(seqs.items))
+    below = held_out_below(0.5, 0, len(user_ids))
+
+    def stream(share: float, salt: int) -> StreamedWindows:
+        return StreamedWindows(files, vocab, StreamSettings(
+            max_len=MAX_LEN, batch_size=5, seed=3, hold_out_newest=True, random_offsets=False, users_per_chunk=11,
+            shuffle_windows=16, held_out_below=below, replay=Replay(since, share, salt)))
+
+    def kept(share: float, salt: int) -> np.ndarray:   # who should train, from the raw columns
+        return (newest_us >= since) | (replay_draw(_buckets(user_ids), salt) < share)
+
+    active = newest_us >= since
+    for salt in (1, 2):
+        users = kept(0.25, salt)
+        assert 0.15 < users[~active].mean() < 0.35 and users[active].all()
+        mapped, _ = vocab.map_sequences(seqs.split_newest(3, _buckets(user_ids) < below)[0].take(np.flatnonzero(users)))
+        memory = InMemoryWindows(mapped, max_len=MAX_LEN, batch_size=5, seed=3, random_offsets=False)
+        source = stream(0.25, salt)
+        assert source.users_per_epoch == users.sum()
+        assert _window_multiset(source.batches(1)) == _window_multiset(memory.batches(1))
+        assert _window_multiset(source.batches(2)) == _window_multiset(memory.batches(1))
+    assert (kept(0.25, 1) != kept(0.25, 2)).any()
+    assert stream(1.0, 1).users_per_epoch == len(user_ids)
 
 
 def test_batches_are_shuffled_reproducible_and_differ_by_epoch_and_rank(tmp_path):

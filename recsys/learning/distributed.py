@@ -52,6 +52,9 @@ class FitJob:
     init_state: dict | None = None   # start from these weights (a refit that continues the selected model, a warm night)
     validate_since_us: int | None = None  # validate only on held-out items first touched at or after this instant
                                      # (epoch us): a warm night's, which the holder it starts from never saw
+    replay_since_us: int | None = None  # train only on users active at or after this instant (epoch us) and a
+    replay_share: float = 1.0        # share of the others drawn by replay_salt (recsys.model.stream.Replay);
+    replay_salt: int = 0             # None: every user
     device: str = "cpu"
     faults: tuple[str, ...] = ()
     progress_every_s: float = 30.0
@@ -93,6 +96,7 @@ class FitOutput:
     best_epoch: int
     best_metrics: dict = field(default_factory=dict)
     processes: int = 1
+    users: int = 0                   # users an epoch trained on, over every process (a warm night: active + replayed)
 
     def model(self, model_config: Any):
         from recsys.model.registry import build_model
@@ -145,7 +149,8 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
     import torch.distributed as dist
 
     from recsys.model.metrics import SELECTION_K
-    from recsys.model.stream import ShardFiles, StreamedWindows, StreamSettings, held_out_chunks, ranking_sums
+    from recsys.model.stream import (Replay, ShardFiles, StreamedWindows, StreamSettings, held_out_chunks,
+                                     ranking_sums)
     from recsys.model.training import FitCallbacks, fit
     from recsys.sequences import Vocabulary
 
@@ -163,7 +168,9 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
             max_len=job.model_config.max_len, batch_size=batch_size, seed=job.settings.seed,
             hold_out_newest=job.hold_out_newest, random_offsets=job.settings.window_offsets == "random",
             held_out_below=job.held_out_below, rank=rank,
-            users_per_chunk=job.users_per_chunk, shuffle_windows=max(job.shuffle_windows, batch_size)))
+            users_per_chunk=job.users_per_chunk, shuffle_windows=max(job.shuffle_windows, batch_size),
+            replay=None if job.replay_since_us is None else Replay(job.replay_since_us, job.replay_share,
+                                                                    job.replay_salt)))
 
         def validate(model) -> dict[str, float]:
             part = ranking_sums(model, vocab, held_out_chunks(files, held_out_below=job.held_out_below,
@@ -208,8 +215,11 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
 
         journal.write(f"started: process {rank} of {world}, files {', '.join(p.rsplit('/', 1)[-1] for p in files.paths)}")
         if rank == 0:
+            replayed = ("" if job.replay_since_us is None else
+                        f" (active since the start model's data, and {job.replay_share:.0%} of the others replayed)")
             _print(f"{job.label} {world} process(es), {len(files.paths)} of {len(job.files)} shard file(s) here, "
-                   f"{source.windows_per_epoch:,} windows an epoch in this process, batches of {batch_size}")
+                   f"{source.windows_per_epoch:,} windows of {source.users_per_epoch:,} users{replayed} an epoch "
+                   f"in this process, batches of {batch_size}")
         start = job.model_config
         if job.init_state is not None:
             from recsys.model.registry import build_model
@@ -220,8 +230,14 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
                      valid=validate if job.validate else None, stop_after=job.stop_after,
                      callbacks=FitCallbacks(progress=epoch_done, steps_progress=steps,
                                             progress_every_s=job.progress_every_s, on_step=on_step))
+        users = source.users_per_epoch
+        if world > 1:
+            total = torch.tensor([float(users)], dtype=torch.float64,
+                                 device=device if device.startswith("cuda") else "cpu")   # nccl: on the GPU
+            dist.all_reduce(total)
+            users = int(total.item())
         state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
-        return FitOutput(state, result.curve, result.best_epoch, result.best_metrics, world)
+        return FitOutput(state, result.curve, result.best_epoch, result.best_metrics, world, users)
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()

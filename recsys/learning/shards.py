@@ -32,7 +32,8 @@ from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.contracts import partition_name
 from recsys.data.readers import read_events_window
-from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, USER_ID,
+from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, NEWEST_US,
+                                 USER_ID,
                                  ShardFiles, held_out_below)
 from recsys.sequences import Vocabulary
 
@@ -99,19 +100,21 @@ def held_out_bucket(user_id: str, seed: int):
 
 
 def training_histories(spark: SparkSession, cfg: Config, date: dt.date) -> DataFrame:
-    """user_id, history (item ids, oldest first, up to ``train.history_items``), newest_first_us, held_out_bucket:
-    each user's history before ``date``, when they *first* touched their newest item (histories collapse
-    repeats to the latest time; the gate must know whether an older model could have seen the pair at all)
-    and the user's held-out bucket."""
+    """user_id, history (item ids, oldest first, up to ``train.history_items``), newest_first_us, newest_us,
+    held_out_bucket: each user's history before ``date``, when they *first* touched their newest item (histories
+    collapse repeats to the latest time; the gate must know whether an older model could have seen the pair at
+    all), when they last did (the user's newest event: a warm night trains on the users active since the model
+    it starts from, :class:`recsys.model.stream.Replay`) and the user's held-out bucket."""
     events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
                                                    cfg.history.event_types))
     histories = hist.build_histories(events, max_items=cfg.train.history_items,
                                      tie_break_seed=cfg.history.tie_break_seed)
-    first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias(NEWEST_FIRST_US))
+    first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias(NEWEST_FIRST_US),
+                                                          F.unix_micros(F.max("ts")).alias(NEWEST_US))
     # histories used once (a second reference would build them, shuffles and all, a second time)
     return (histories.withColumn("item_id", F.element_at(hist.HISTORY_COLUMN, -1))
             .join(first_seen, ["user_id", "item_id"]).drop("item_id")
-            .select(USER_ID, F.col(hist.HISTORY_COLUMN).alias(HISTORY), NEWEST_FIRST_US,
+            .select(USER_ID, F.col(hist.HISTORY_COLUMN).alias(HISTORY), NEWEST_FIRST_US, NEWEST_US,
                     held_out_bucket(USER_ID, cfg.train.seed).alias(HELD_OUT_BUCKET)))
 
 

@@ -1,9 +1,9 @@
 """Training data streamed from Parquet shards of histories: what a training process reads, a chunk at a time.
 
 Spark writes every user's history before the training date as Parquet files (``recsys.learning.shards``;
-columns ``user_id``, ``history``: external item ids, oldest first, and ``newest_first_us``). No
-process ever holds all of them: a training process reads its files in batches of
-``users_per_chunk`` users, maps each chunk to the model's vocabulary, cuts it into training windows
+columns ``user_id``, ``history``: external item ids, oldest first, ``newest_first_us``, ``newest_us`` and
+``held_out_bucket``). No process ever holds all of them: a training process reads its files in batches of
+``users_per_chunk`` users (on a warm night only those :class:`Replay` keeps), maps each chunk to the model's vocabulary, cuts it into training windows
 and passes the windows through a shuffle buffer of bounded size. Memory is set by the chunk, the
 buffer and the model, not by the number of users: the same at 250k users as at 10M.
 
@@ -37,6 +37,7 @@ from recsys.sequences import Sequences, Vocabulary
 
 HISTORY = "history"
 NEWEST_FIRST_US = "newest_first_us"
+NEWEST_US = "newest_us"            # when the user's newest event happened (epoch us): who was active since a date
 USER_ID = "user_id"
 HELD_OUT_BUCKET = "held_out_bucket"  # a seeded hash of the user id in [0, HASH_BUCKETS): held out when below the cut
 HASH_BUCKETS = 1 << 30
@@ -123,6 +124,50 @@ def held_out_rows(batch: pa.RecordBatch, below: int | None) -> np.ndarray | None
     return batch.column(HELD_OUT_BUCKET).to_numpy(zero_copy_only=False).astype(np.int64) < below
 
 
+def replay_draw(buckets: np.ndarray, salt: int) -> np.ndarray:
+    """A uniform number in [0, 1) per user from their ``held_out_bucket`` and ``salt``: the same for a user
+    within a night (every epoch and process agrees on who is replayed), another draw each night (another salt),
+    and unrelated to whether the user is held out (the bucket is mixed by splitmix64's finaliser first).
+
+    >>> draws = replay_draw(np.arange(0, HASH_BUCKETS, HASH_BUCKETS // 20000), salt=738900)
+    >>> bool(abs((draws < 0.25).mean() - 0.25) < 0.02), bool(((draws >= 0) & (draws < 1)).all())
+    (True, True)
+    >>> bool((replay_draw(np.arange(1000), 1) != replay_draw(np.arange(1000), 2)).any())
+    True
+    """
+    with np.errstate(over="ignore"):
+        x = np.asarray(buckets, dtype=np.uint64) + np.uint64(salt % (1 << 63)) * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Which users a warm night trains on: every user with an event at or after ``active_since_us`` (what the
+    model it starts from has not seen), and of the others a ``share`` drawn anew each night (``salt``), so that
+    what the model knew is rehearsed, not forgotten, at a fraction of a full pass (docs/training.md, "Warm
+    nights"). ``share`` 1 trains on every user."""
+
+    active_since_us: int
+    share: float
+    salt: int = 0
+
+    COLUMNS = (NEWEST_US, HELD_OUT_BUCKET)
+
+    def rows(self, batch: pa.RecordBatch) -> np.ndarray:
+        """Which rows of ``batch`` (holding :attr:`COLUMNS`) are trained on."""
+        newest = batch.column(NEWEST_US).to_numpy(zero_copy_only=False).astype(np.int64)
+        active = newest >= self.active_since_us
+        if self.share >= 1:
+            return np.ones(len(newest), dtype=bool)
+        buckets = batch.column(HELD_OUT_BUCKET).to_numpy(zero_copy_only=False).astype(np.int64)
+        return active | (replay_draw(buckets, self.salt) < self.share)
+
+
 @dataclass(frozen=True)
 class StreamSettings:
     """How an epoch's windows are cut from the shards and batched.
@@ -131,7 +176,8 @@ class StreamSettings:
     train on everything (the refit); ``held_out_below``: the held-out users' bucket cut (None: every user,
     as with shards written without buckets); ``random_offsets``: shift each long user's window tiling every
     epoch; ``rank``: this process's place in a data-parallel training (its shuffle differs);
-    ``users_per_chunk`` users are read at a time and ``shuffle_windows`` windows shuffled together.
+    ``users_per_chunk`` users are read at a time and ``shuffle_windows`` windows shuffled together;
+    ``replay``: train only on the users it keeps (a warm night's active users and replayed sample; None: all).
     """
 
     max_len: int
@@ -143,6 +189,7 @@ class StreamSettings:
     rank: int = 0
     users_per_chunk: int = USERS_PER_CHUNK
     shuffle_windows: int = SHUFFLE_WINDOWS
+    replay: Replay | None = None
 
 
 class StreamedWindows:
@@ -160,24 +207,38 @@ class StreamedWindows:
         self.hold_out_newest, self.random_offsets = s.hold_out_newest, s.random_offsets
         self.held_out_below = s.held_out_below
         self.users_per_chunk, self.shuffle_windows = s.users_per_chunk, s.shuffle_windows
+        self.replay = s.replay
         self._windows: int | None = None
+        self._users: int | None = None
         self._item_counts: np.ndarray | None = None
 
     def sequences(self, paths: Sequence[str] | None = None) -> Iterator[Sequences]:
-        """Index-space training sequences, a chunk of users at a time."""
+        """Index-space training sequences, a chunk of users at a time (with ``replay``, only the users it keeps)."""
         columns = [HISTORY] + (bucket_columns(self.held_out_below) if self.hold_out_newest else [])
+        if self.replay is not None:
+            columns += [c for c in Replay.COLUMNS if c not in columns]
         for batch in read_batches(self.files.paths if paths is None else paths, columns, self.users_per_chunk):
+            if self.replay is not None:
+                batch = batch.filter(pa.array(self.replay.rows(batch)))
             seqs = Sequences.from_arrow(batch.column(0))
             if self.hold_out_newest:
                 seqs = seqs.split_newest(MIN_HELD_OUT_LEN, held_out_rows(batch, self.held_out_below))[0]
             yield self.vocab.map_sequences(seqs)[0]
 
     def _count(self) -> None:
-        windows, counts = 0, np.zeros(len(self.vocab) + 1, dtype=np.int64)
+        windows, users, counts = 0, 0, np.zeros(len(self.vocab) + 1, dtype=np.int64)
         for seqs in self.sequences():
             windows += window_count(seqs, self.max_len)
+            users += len(seqs)
             counts += np.bincount(seqs.items, minlength=len(counts))
-        self._windows, self._item_counts = windows, counts
+        self._windows, self._users, self._item_counts = windows, users, counts
+
+    @property
+    def users_per_epoch(self) -> int:
+        """Users an epoch trains on (every user in the files, or those ``replay`` keeps)."""
+        if self._users is None:
+            self._count()
+        return self._users
 
     @property
     def windows_per_epoch(self) -> int:
@@ -303,7 +364,7 @@ def count_users(files: ShardFiles) -> int:
     return count
 
 
-__all__ = ["HISTORY", "NEWEST_FIRST_US", "USER_ID", "HELD_OUT_BUCKET", "HASH_BUCKETS", "MIN_HELD_OUT_LEN",
+__all__ = ["HISTORY", "NEWEST_FIRST_US", "NEWEST_US", "Replay", "replay_draw", "USER_ID", "HELD_OUT_BUCKET", "HASH_BUCKETS", "MIN_HELD_OUT_LEN",
            "held_out_below", "held_out_rows", "bucket_columns", "ShardFiles", "StreamedWindows",
            "HeldOutChunk", "RankingSums", "count_users", "held_out_chunks", "ranking_sums", "read_batches",
            "window_count", "window_examples"]

@@ -170,7 +170,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
             selection_model = result.model(model_cfg)
             final_model, final_items = selection_model, run.vocab.item_ids
             if cfg.train.refit:
-                final_model, final_items = _refit(run, settings, result.best_epoch, selection_model), \
+                final_model, final_items = _refit(run, settings, result.best_epoch, selection_model, plan), \
                     run.full_vocab.item_ids
             blend = _repeat_blend(run, GateCandidate(selection_model, run.vocab.item_ids))
             new_items = _items_new_since_holder(cfg, final_items)
@@ -305,6 +305,7 @@ def _open_run(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan)
         "training_kind": plan.kind, "training_reason": plan.reason[:5000], "warm_from_version": plan.holder_version,
         "warm_epochs": cfg.train.warm_fit_epochs if plan.kind == WARM else None,
         "warm_new_items": plan.new_items if plan.kind == WARM else None,
+        "warm_replay_share": cfg.train.warm_replay_share if plan.kind == WARM else None,
     })
     return recorder
 
@@ -334,29 +335,40 @@ def _fit(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan) -> t
     what = "train model (select the epoch count)"
     if plan.kind == WARM:
         job = dataclasses.replace(job, label=f"[train {run.date}] warm", init_state=plan.start_state,
-                                  stop_after=run.cfg.train.warm_fit_epochs, validate_since_us=plan.since_us)
+                                  stop_after=run.cfg.train.warm_fit_epochs, validate_since_us=plan.since_us,
+                                  **_replay(run, plan))
         what = f"train model (warm: from version {plan.holder_version}, at most {run.cfg.train.warm_fit_epochs} epochs)"
     with run.timer.stage("fit", what) as c:
         result = fit_with_processes(run.spark, job, run.cfg.train.processes, on_epoch)
-        c.update(kind=plan.kind, best_epoch=result.best_epoch, processes=result.processes,
+        c.update(kind=plan.kind, best_epoch=result.best_epoch, processes=result.processes, trained_users=result.users,
                  **{k: round(v, 4) for k, v in result.best_metrics.items()})
     if result.processes > 1:   # the processes could not reach MLflow: the curve is logged now
         for row in result.curve:
             on_epoch(row)
     metrics = {validation_name(k): v for k, v in result.best_metrics.items()}
     metrics["best_epoch"] = result.best_epoch
-    recorder.log_metrics({**metrics, **run.timer.as_metrics()})
+    recorder.log_metrics({**metrics, "fit_users": result.users, **run.timer.as_metrics()})
     recorder.log_figure(plots.learning_curve(_curve_with_val_names(result.curve), VALIDATION_METRIC),
                         "plots/learning_curve.png")
     return result, metrics
 
 
-def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
+def _replay(run: _Training, plan: TrainingPlan) -> dict[str, Any]:
+    """A warm night's users (:class:`recsys.model.stream.Replay`): those active since the holder's training date
+    and ``train.warm_replay_share`` of the others, drawn anew each night (the date is the draw's salt)."""
+    if plan.kind != WARM or plan.since_us is None:
+        return {}
+    return {"replay_since_us": plan.since_us, "replay_share": run.cfg.train.warm_replay_share,
+            "replay_salt": run.date.toordinal()}
+
+
+def _refit(run: _Training, settings: Any, epochs: int, selected: Any, plan: TrainingPlan) -> Any:
     """The registered model, trained on every interaction before the date (no held-out items, so no early
     stop). From scratch (``train.refit_epochs`` null): the selection's settings for its chosen epoch count,
     the learning-rate schedule keeping the selection's horizon, so the refit repeats its first epochs.
     Continued (``train.refit_epochs: N``): the selected model's weights, its vocabulary grown by the items
-    seen only in the newest interactions (:func:`recsys.model.warm.grown_state`), for N more epochs."""
+    seen only in the newest interactions (:func:`recsys.model.warm.grown_state`), for N more epochs; on a warm
+    night, on the warm fit's users (the active ones and the replayed share of the others)."""
     from recsys.model.warm import continued_model
 
     def on_epoch(row: dict[str, Any]) -> None:
@@ -370,13 +382,16 @@ def _refit(run: _Training, settings: Any, epochs: int, selected: Any) -> Any:
                                      settings.seed).state_dict()
     with run.timer.stage("refit", f"train on every interaction for {epochs} epochs, {how}") as c:
         job = _job(run, "refit", model_cfg, settings, run.full_vocab, hold_out=False, stop_after=max(1, epochs))
+        if init_state is not None:
+            job = dataclasses.replace(job, **_replay(run, plan))
         result = fit_with_processes(run.spark, dataclasses.replace(job, init_state=init_state),
                                     run.cfg.train.processes, on_epoch)
-        c.update(epochs=len(result.curve), items=len(run.full_vocab), interactions=run.shards.interactions)
+        c.update(epochs=len(result.curve), items=len(run.full_vocab), trained_users=result.users)
     if result.processes > 1:
         for row in result.curve:
             on_epoch(row)
-    run.recorder.log_metrics({"refit_epochs": len(result.curve), **run.timer.as_metrics()})
+    run.recorder.log_metrics({"refit_epochs": len(result.curve), "refit_users": result.users,
+                              **run.timer.as_metrics()})
     return result.model(model_cfg)
 
 
