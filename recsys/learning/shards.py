@@ -33,8 +33,7 @@ from recsys.data import history as hist
 from recsys.data.contracts import partition_name
 from recsys.data.readers import read_events_window
 from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, NEWEST_US,
-                                 USER_ID,
-                                 ShardFiles, held_out_below)
+                                 USER_ID, ShardFiles, held_out_below)
 from recsys.sequences import Vocabulary
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,9 @@
 Spark writes every user's history before the training date as Parquet files (``recsys.learning.shards``;
 columns ``user_id``, ``history``: external item ids, oldest first, ``newest_first_us``, ``newest_us`` and
 ``held_out_bucket``). No process ever holds all of them: a training process reads its files in batches of
-``users_per_chunk`` users (on a warm night only those :class:`Replay` keeps), maps each chunk to the model's vocabulary, cuts it into training windows
-and passes the windows through a shuffle buffer of bounded size. Memory is set by the chunk, the
-buffer and the model, not by the number of users: the same at 250k users as at 10M.
+``users_per_chunk`` users (on a warm night only those :class:`Replay` keeps), maps each chunk to the model's
+vocabulary, cuts it into training windows and passes the windows through a shuffle buffer of bounded size.
+Memory is set by the chunk, the buffer and the model, not by the number of users: the same at 250k users as at 10M.
 
 The examples are the ones the in-memory path makes (``recsys.model.training``): the same held-out
 split (:meth:`Sequences.split_newest`), the same window tiling with the same per-epoch offsets
@@ -160,10 +160,9 @@ class Replay:
 
     def rows(self, batch: pa.RecordBatch) -> np.ndarray:
         """Which rows of ``batch`` (holding :attr:`COLUMNS`) are trained on."""
-        newest = batch.column(NEWEST_US).to_numpy(zero_copy_only=False).astype(np.int64)
-        active = newest >= self.active_since_us
         if self.share >= 1:
-            return np.ones(len(newest), dtype=bool)
+            return np.ones(batch.num_rows, dtype=bool)
+        active = batch.column(NEWEST_US).to_numpy(zero_copy_only=False).astype(np.int64) >= self.active_since_us
         buckets = batch.column(HELD_OUT_BUCKET).to_numpy(zero_copy_only=False).astype(np.int64)
         return active | (replay_draw(buckets, self.salt) < self.share)
 
@@ -364,7 +363,7 @@ def count_users(files: ShardFiles) -> int:
     return count
 
 
-__all__ = ["HISTORY", "NEWEST_FIRST_US", "NEWEST_US", "Replay", "replay_draw", "USER_ID", "HELD_OUT_BUCKET", "HASH_BUCKETS", "MIN_HELD_OUT_LEN",
-           "held_out_below", "held_out_rows", "bucket_columns", "ShardFiles", "StreamedWindows",
+__all__ = ["HISTORY", "NEWEST_FIRST_US", "NEWEST_US", "USER_ID", "HELD_OUT_BUCKET", "HASH_BUCKETS",
+           "MIN_HELD_OUT_LEN", "Replay", "replay_draw", "held_out_below", "held_out_rows", "bucket_columns", "ShardFiles", "StreamedWindows",
            "HeldOutChunk", "RankingSums", "count_users", "held_out_chunks", "ranking_sums", "read_batches",
            "window_count", "window_examples"]
