@@ -45,6 +45,22 @@ def test_window_excludes_events_older_than_window_days(spark, tmp_path):
     assert [r.item_id for r in window.collect()] == [11]
 
 
+def test_a_window_never_opens_a_file_outside_it(spark, tmp_path):
+    """Partitions before the window and from the date on hold files that are not Parquet: the night's read of
+    its window never opens them (only the window's partitions are listed for files and checked); the same
+    files inside a window fail the read, naming the file, so opening one would show."""
+    events = tmp_path / "events"
+    write_events(events, {5: [(1, 10, "view", ts(5))], 7: [(1, 11, "view", ts(7))]})
+    for day in (1, 8, 9):                       # before the window of 2024-05-08 and 3 days; on and after the date
+        partition = events / f"dt=2024-05-{day:02d}"
+        partition.mkdir()
+        (partition / "part-00000.parquet").write_bytes(b"not a parquet file")
+    window = read_events_window(spark, str(events), dt.date(2024, 5, 8), window_days=3)
+    assert sorted(r.item_id for r in window.collect()) == [10, 11]
+    with pytest.raises(InputDataError, match="dt=2024-05-01"):
+        read_events_window(spark, str(events), dt.date(2024, 5, 8), window_days=10)
+
+
 def test_event_type_filter(spark, tmp_path):
     events = tmp_path / "events"
     write_events(events, {1: [(1, 10, "view", ts(1)), (1, 11, "purchase", ts(1))]})

@@ -113,6 +113,8 @@ def test_two_processes_train_to_the_validation_ndcg_of_one(spark, data_root, tmp
     run = mlflow.MlflowClient(two_cfg.mlflow.tracking_uri).get_run(two.run_id)
     assert run.data.params["processes"] == "2" and run.info.status == "FINISHED"
     assert len(run.data.metrics) and "refit_epochs" in run.data.metrics
+    # each process counts the users of its own shards; the figures are the sum over both
+    assert run.data.metrics["fit_users"] == run.data.metrics["refit_users"] == int(run.data.params["users"])
     curve = mlflow.MlflowClient(two_cfg.mlflow.tracking_uri).get_metric_history(two.run_id, "val_ndcg_at_10")
     assert len([m for m in curve if m.step >= 1]) == len(two.curve)   # the processes' learning curve, logged by the driver
     assert not list((tmp_path / "two" / "work" / "train").glob("*/*")), "the shards were not removed"

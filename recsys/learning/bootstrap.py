@@ -25,4 +25,4 @@ def run_fit_anywhere(recsys_paths: list, job_fields: dict):
 
     out = run_fit(FitJob.from_plain(job_fields))
     return {"state": out.state, "curve": out.curve, "best_epoch": out.best_epoch,
-            "best_metrics": out.best_metrics, "processes": out.processes}
+            "best_metrics": out.best_metrics, "processes": out.processes, "users": out.users}
