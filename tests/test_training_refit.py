@@ -283,14 +283,15 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
 def _replayed(spark, cfg, date: dt.date, *, since: dt.date, share: float) -> int:
     """Users a warm night for ``date`` trains on: those with an event on or after ``since`` (from the raw
     histories) and those of the others whose draw for the night is below ``share``."""
+    from recsys.data.contracts import start_of_day_us
     from recsys.learning.shards import training_histories
     from recsys.model.stream import replay_draw
 
     rows = training_histories(spark, cfg, date).toArrow()
-    newest = rows.column("newest_us").to_numpy()
-    assert (newest < int(dt.datetime.combine(since, dt.time(), UTC).timestamp() * 1e6)).sum() == len(LAPSED)
+    active = rows.column("newest_us").to_numpy() >= start_of_day_us(since)
+    assert (~active).sum() == len(LAPSED)
     drawn = replay_draw(rows.column("held_out_bucket").to_numpy(), date.toordinal()) < share
-    return int(((newest >= int(dt.datetime.combine(since, dt.time(), UTC).timestamp() * 1e6)) | drawn).sum())
+    return int((active | drawn).sum())
 
 
 def _the_nights_lists_count_the_models_new_items(spark, cfg, model, previous) -> None:

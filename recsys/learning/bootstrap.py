@@ -23,6 +23,4 @@ def run_fit_anywhere(recsys_paths: list, job_fields: dict):
             sys.path.insert(0, path)
     from recsys.learning.distributed import FitJob, run_fit
 
-    out = run_fit(FitJob.from_plain(job_fields))
-    return {"state": out.state, "curve": out.curve, "best_epoch": out.best_epoch,
-            "best_metrics": out.best_metrics, "processes": out.processes, "users": out.users}
+    return run_fit(FitJob.from_plain(job_fields)).to_plain()

@@ -98,6 +98,10 @@ class FitOutput:
     processes: int = 1
     users: int = 0                   # users an epoch trained on, over every process (a warm night: active + replayed)
 
+    def to_plain(self) -> dict:
+        """Every field, as the bootstrap returns it to the driver (``FitOutput(**plain)`` reads it back)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     def model(self, model_config: Any):
         from recsys.model.registry import build_model
 
@@ -151,7 +155,7 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
     from recsys.model.metrics import SELECTION_K
     from recsys.model.stream import (Replay, ShardFiles, StreamedWindows, StreamSettings, held_out_chunks,
                                      ranking_sums)
-    from recsys.model.training import FitCallbacks, fit
+    from recsys.model.training import FitCallbacks, all_reduce, fit
     from recsys.sequences import Vocabulary
 
     device = job.device
@@ -179,10 +183,8 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
                                 ks=(SELECTION_K,), device=device)
             keys = (f"ndcg@{SELECTION_K}", f"hr@{SELECTION_K}", "mrr")   # the same on every process, known users or not
             if world > 1:
-                values = torch.tensor([part.sums.get(k, 0.0) for k in keys] + [part.known, part.total],
-                                      dtype=torch.float64)
-                dist.all_reduce(values)
-                part.sums = dict(zip(keys, values[:len(keys)].tolist()))
+                values = all_reduce([part.sums.get(k, 0.0) for k in keys] + [float(part.known), float(part.total)])
+                part.sums = dict(zip(keys, values[:len(keys)]))
                 part.known, part.total = int(values[len(keys)]), int(values[len(keys) + 1])
             users = {"users": float(part.total)}   # the held-out users validated on (val_users in MLflow)
             if not part.known:   # no held-out item is in the vocabulary: nothing ranks, nothing is learned yet
@@ -230,12 +232,7 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
                      valid=validate if job.validate else None, stop_after=job.stop_after,
                      callbacks=FitCallbacks(progress=epoch_done, steps_progress=steps,
                                             progress_every_s=job.progress_every_s, on_step=on_step))
-        users = source.users_per_epoch
-        if world > 1:
-            total = torch.tensor([float(users)], dtype=torch.float64,
-                                 device=device if device.startswith("cuda") else "cpu")   # nccl: on the GPU
-            dist.all_reduce(total)
-            users = int(total.item())
+        users = int(all_reduce([float(source.users_per_epoch)])[0])   # every process's
         state = {k: v.detach().cpu().clone() for k, v in result.model.state_dict().items()}
         return FitOutput(state, result.curve, result.best_epoch, result.best_metrics, world, users)
     finally:

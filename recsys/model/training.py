@@ -277,8 +277,9 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
-    """Sum (or min/max) ``values`` over the processes of a data-parallel training; unchanged alone."""
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Sum (or min/max) ``values`` over the processes of a data-parallel training; unchanged alone. The one
+    place a training process adds its figures to the others' (the loop's counts, validation sums, users)."""
     import torch.distributed as dist
 
     if _world()[1] == 1:
@@ -307,7 +308,7 @@ def _fit(source, model_config, settings: TrainSettings,
         torch.manual_seed(settings.seed + 1000 * rank)
     optimizer = _optimizer(model, settings)
     # one horizon for every process: the smallest share of windows (an epoch ends when the first runs out)
-    windows = int(_all_reduce([float(source.windows_per_epoch)], "min")[0])
+    windows = int(all_reduce([float(source.windows_per_epoch)], "min")[0])
     steps_per_epoch = max(1, -(-windows // source.batch_size))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(settings, steps_per_epoch))
     counts = vocabulary_counts(source.item_counts, model_config.num_items)           # this process's data
@@ -324,7 +325,7 @@ def _fit(source, model_config, settings: TrainSettings,
         batches = iter(source.batches(epoch))
         while True:
             batch = next(batches, None)
-            if world > 1 and _all_reduce([float(batch is not None)], "min")[0] == 0.0:
+            if world > 1 and all_reduce([float(batch is not None)], "min")[0] == 0.0:
                 break                     # another process ran out: DDP needs every process in every step
             if batch is None:
                 break
@@ -352,7 +353,7 @@ def _fit(source, model_config, settings: TrainSettings,
                 loop.steps_progress({"epoch": epoch, "epochs": last_epoch, "step": step, "steps": steps_per_epoch,
                                      "windows_per_s": rate,
                                      "epoch_seconds_left": max(0.0, (steps_per_epoch - step) * (now - started) / step)})
-        loss_total, targets_total = _all_reduce([float(loss_sum), float(targets_seen)])
+        loss_total, targets_total = all_reduce([float(loss_sum), float(targets_seen)])
         row: dict = {"epoch": epoch, "train_loss": loss_total / max(targets_total, 1.0)}
 
         stop = False
