@@ -268,6 +268,7 @@ class TrainConfig(_Section):
     learning_rate: float = Field(gt=0)
     weight_decay: float = Field(ge=0)
     patience: int = Field(ge=1)
+    patience_windows: int | None = Field(ge=1)
     warmup_epochs: float = Field(ge=0)
     lr_decay: Literal["constant", "cosine"]
     window_offsets: Literal["fixed", "random"]

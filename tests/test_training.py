@@ -120,6 +120,33 @@ def test_early_stopping_keeps_the_best_epochs_weights():
     assert all(torch.equal(best[k], again[k]) for k in best)
 
 
+def test_early_stopping_also_counts_the_training_windows_since_the_best_epoch():
+    """``patience_windows`` stops sooner than ``patience`` once that many windows (not epochs) passed without a
+    better validation NDCG; a better epoch starts the count again; None leaves the epoch count alone."""
+    train, _ = successor_task(users=40)
+    per_epoch = len(training_windows(train, CONFIG.max_len))      # fixed offsets: the same windows every epoch
+    scores = [0.1, 0.5, 0.4, 0.6, 0.3, 0.2, 0.1, 0.1, 0.1, 0.1]   # the best at epoch 2, then at epoch 4
+
+    def scripted(model) -> dict[str, float]:
+        """The validation figure of each epoch in turn (what early stopping reads, set by the test)."""
+        calls.append(1)
+        return {"ndcg@10": scores[len(calls) - 1]}
+
+    def epochs_run(**stop) -> tuple[int, int]:
+        calls.clear()
+        result = fit(train, CONFIG, TrainSettings(epochs=10, batch_size=32, seed=3, num_threads=SHARE, **stop),
+                     valid=scripted)
+        return len(result.curve), result.best_epoch
+
+    calls: list[int] = []
+    assert epochs_run(patience=5, patience_windows=per_epoch) == (3, 2)          # one epoch of windows
+    # epoch 4 beats epoch 2 before two epochs of windows passed, and the count starts again from it
+    assert epochs_run(patience=5, patience_windows=2 * per_epoch) == (6, 4)
+    assert epochs_run(patience=5, patience_windows=2 * per_epoch + 1) == (7, 4)
+    assert epochs_run(patience=1, patience_windows=None) == (3, 2)               # the epoch count alone
+    assert epochs_run(patience=2, patience_windows=10 * per_epoch) == (6, 4)     # whichever comes first
+
+
 def test_without_validation_the_last_epoch_is_kept():
     train, _ = successor_task(users=20)
     result = fit(train, CONFIG, TrainSettings(epochs=2, batch_size=16, num_threads=SHARE))

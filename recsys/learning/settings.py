@@ -37,7 +37,8 @@ def train_settings(train: TrainConfig, device: Any = None):
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return TrainSettings(epochs=train.epochs, batch_size=train.batch_size, learning_rate=train.learning_rate,
-                         weight_decay=train.weight_decay, patience=train.patience, seed=train.seed,
+                         weight_decay=train.weight_decay, patience=train.patience,
+                         patience_windows=train.patience_windows, seed=train.seed,
                          warmup_epochs=train.warmup_epochs, lr_decay=train.lr_decay,
                          window_offsets=train.window_offsets, loss=train.loss, negatives=train.negatives,
                          precision=precision)

@@ -51,6 +51,7 @@ class TrainSettings:
     learning_rate: float = 1e-3
     weight_decay: float = 0.0    # AdamW, on matrices and embeddings only (not norms or biases)
     patience: int = 5            # stop after this many epochs without a better validation NDCG@10
+    patience_windows: int | None = None  # or once this many training windows passed without one; None: epochs only
     seed: int = 42
     eval_every: int = 1          # validate every this many epochs (and after the last one)
     num_threads: int | None = None  # torch CPU threads during fit (restored afterwards); None: unchanged
@@ -78,6 +79,8 @@ class TrainSettings:
             raise ValueError(f"TrainSettings.loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
         if self.negatives < 1:
             raise ValueError(f"TrainSettings.negatives must be at least 1 (items sampled a step), got {self.negatives}")
+        if self.patience_windows is not None and self.patience_windows < 1:
+            raise ValueError(f"TrainSettings.patience_windows must be at least 1 or None, got {self.patience_windows}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"TrainSettings.num_threads must be at least 1 or None, got {self.num_threads}")
         if self.precision not in PRECISIONS:
@@ -229,6 +232,11 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
     a catalog; it must return ``SELECTION_METRIC`` (``ndcg@10``) among its metrics. ``callbacks``: what
     the caller hears from the loop (:class:`FitCallbacks`).
 
+    Early stopping ends training ``settings.patience`` epochs after the best, or sooner once
+    ``settings.patience_windows`` training windows (of all processes) have passed since it: the epoch
+    is a poor clock across data sizes, short on a small log where a curve climbs for dozens of them,
+    long on a large one whose curve is flat a few epochs past its best.
+
     ``stop_after`` ends training after that many epochs while the learning-rate schedule keeps its
     horizon of ``settings.epochs``: how a refit repeats the first epochs of a run that early stopping
     chose, step for step, on more data.
@@ -315,6 +323,7 @@ def _fit(source, model_config, settings: TrainSettings,
     loss_of = training_loss(settings.loss, settings.negatives, counts, seed=settings.seed + 1000 * rank, device=device)
     curve: list[dict] = []
     best_score, best_epoch, best_metrics, best_state = -1.0, 0, {}, None
+    windows_since_best = 0.0     # training windows (all processes') since the best epoch's validation
 
     for epoch in range(1, last_epoch + 1):
         started = time.perf_counter()
@@ -353,7 +362,9 @@ def _fit(source, model_config, settings: TrainSettings,
                 loop.steps_progress({"epoch": epoch, "epochs": last_epoch, "step": step, "steps": steps_per_epoch,
                                      "windows_per_s": rate,
                                      "epoch_seconds_left": max(0.0, (steps_per_epoch - step) * (now - started) / step)})
-        loss_total, targets_total = all_reduce([float(loss_sum), float(targets_seen)])
+        loss_total, targets_total, windows_total = all_reduce([float(loss_sum), float(targets_seen),
+                                                               float(windows_seen)])
+        windows_since_best += windows_total
         row: dict = {"epoch": epoch, "train_loss": loss_total / max(targets_total, 1.0)}
 
         stop = False
@@ -366,7 +377,9 @@ def _fit(source, model_config, settings: TrainSettings,
             if metrics[SELECTION_METRIC] > best_score:
                 best_score, best_epoch, best_metrics = metrics[SELECTION_METRIC], epoch, metrics
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            stop = epoch - best_epoch >= settings.patience
+                windows_since_best = 0.0
+            stop = epoch - best_epoch >= settings.patience or (
+                settings.patience_windows is not None and windows_since_best >= settings.patience_windows)
         row["seconds"] = time.perf_counter() - started
         curve.append(row)
         if loop.progress is not None:
