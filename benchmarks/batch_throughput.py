@@ -1,7 +1,8 @@
 """Training throughput by batch size: is a larger batch than ``train.batch_size`` (16) a cheaper epoch here?
 
     PYTHONPATH=. python benchmarks/batch_throughput.py [--batches 16,32,64,128] \\
-        [--users 3000] [--items 5000] [--rounds 4] [--json PATH]
+        [--users 3000] [--items 5000] [--rounds 4] \\
+        [--loss full|sampled] [--negatives 8192] [--json PATH]
 
 The training loop of ``recsys train`` (``recsys.model.training.fit``: the default SASRec, full softmax, the
 precision ``auto`` resolves to on this machine, fused AdamW, random window offsets) for one epoch over
@@ -39,10 +40,11 @@ def histories(users: int, items: int, seed: int = 0) -> Sequences:
     return Sequences(offsets=offsets, items=rng.integers(1, items + 1, offsets[-1]).astype(np.int64))
 
 
-def windows_per_second(train: Sequences, items: int, batch_size: int) -> float:
+def windows_per_second(train: Sequences, items: int, batch_size: int, loss: str = "full",
+                       negatives: int = 8192) -> float:
     """One epoch of the default training loop at ``batch_size``: training windows per second."""
     settings = TrainSettings(epochs=1, batch_size=batch_size, learning_rate=1e-3, weight_decay=0.1,
-                             window_offsets="random", precision="auto")
+                             window_offsets="random", precision="auto", loss=loss, negatives=negatives)
     started = time.perf_counter()
     result = fit(train, SASRecConfig(num_items=items), settings)
     seconds = time.perf_counter() - started
@@ -56,18 +58,21 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=3000)
     parser.add_argument("--items", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--loss", choices=("full", "sampled"), default="full", help="train.loss (default full)")
+    parser.add_argument("--negatives", type=int, default=8192, help="train.negatives, with --loss sampled")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     sizes = [int(b) for b in args.batches.split(",")]
     train = histories(args.users, args.items)
-    windows_per_second(train, args.items, sizes[0])          # warm-up: first-call costs land on no size
+    windows_per_second(train, args.items, sizes[0], args.loss, args.negatives)          # warm-up: first-call costs land on no size
     rates: dict[int, list[float]] = {b: [] for b in sizes}
     for _ in range(args.rounds):
         for b in sizes:
-            rates[b].append(windows_per_second(train, args.items, b))
+            rates[b].append(windows_per_second(train, args.items, b, args.loss, args.negatives))
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
-    print(f"{cpu}; {args.users} users, {args.items} items, {args.rounds} rounds (median windows/s)")
+    print(f"{cpu}; {args.users} users, {args.items} items, loss {args.loss}"
+          f"{f' ({args.negatives} negatives)' if args.loss == 'sampled' else ''}, {args.rounds} rounds (median windows/s)")
     print("| batch_size | windows/s | rounds | ratio to the first |\n|---|---|---|---|")
     reference = statistics.median(rates[sizes[0]])
     for b in sizes:
@@ -75,7 +80,8 @@ def main() -> None:
         print(f"| {b} | {rate:.0f} | {', '.join(f'{r:.0f}' for r in rates[b])} | {rate / reference:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu, "users": args.users, "items": args.items, "rates": rates}, f, indent=1)
+            json.dump({"cpu": cpu, "users": args.users, "items": args.items, "loss": args.loss,
+                       "negatives": args.negatives, "rates": rates}, f, indent=1)
 
 
 if __name__ == "__main__":
