@@ -260,6 +260,7 @@ def test_a_warm_night_starts_from_the_holder_grows_its_vocabulary_is_gated_and_a
     full_run = client.get_run(first.run_id).data
     assert full_run.metrics["val_users"] == int(full_run.params["validation_users"]) > unseen   # a full night: all
     assert full_run.metrics["fit_users"] == full_run.metrics["refit_users"] == int(full_run.params["users"])
+    assert full_run.metrics["fit_epochs"] == 3 and run.metrics["fit_epochs"] == 1   # train.epochs, train.warm_epochs
     replayed = _replayed(spark, cfg, SECOND_TRAINING, since=FIRST_TRAINING, share=0.5)
     assert USERS < replayed < USERS + len(LAPSED)       # the active users and some, not all, of the lapsed ones
     assert run.metrics["fit_users"] == run.metrics["refit_users"] == replayed

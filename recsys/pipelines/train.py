@@ -340,14 +340,17 @@ def _fit(run: _Training, model_cfg: Any, settings: Any, plan: TrainingPlan) -> t
         what = f"train model (warm: from version {plan.holder_version}, at most {run.cfg.train.warm_fit_epochs} epochs)"
     with run.timer.stage("fit", what) as c:
         result = fit_with_processes(run.spark, job, run.cfg.train.processes, on_epoch)
-        c.update(kind=plan.kind, best_epoch=result.best_epoch, processes=result.processes, trained_users=result.users,
+        c.update(kind=plan.kind, best_epoch=result.best_epoch, epochs=len(result.curve), processes=result.processes,
+                 trained_users=result.users,
                  **{k: round(v, 4) for k, v in result.best_metrics.items()})
     if result.processes > 1:   # the processes could not reach MLflow: the curve is logged now
         for row in result.curve:
             on_epoch(row)
     metrics = {validation_name(k): v for k, v in result.best_metrics.items()}
     metrics["best_epoch"] = result.best_epoch
-    recorder.log_metrics({**metrics, "fit_users": result.users, **run.timer.as_metrics()})
+    # the epochs that ran: past the best by train.patience epochs or train.patience_windows windows, or the cap
+    recorder.log_metrics({**metrics, "fit_users": result.users, "fit_epochs": len(result.curve),
+                          **run.timer.as_metrics()})
     recorder.log_figure(plots.learning_curve(_curve_with_val_names(result.curve), VALIDATION_METRIC),
                         "plots/learning_curve.png")
     return result, metrics
