@@ -64,7 +64,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(b) for b in args.batches.split(",")]
     train = histories(args.users, args.items)
-    windows_per_second(train, args.items, sizes[0], args.loss, args.negatives)          # warm-up: first-call costs land on no size
+    # warm-up: the first call's one-off costs (kernel selection, allocations) land on no size
+    windows_per_second(train, args.items, sizes[0], args.loss, args.negatives)
     rates: dict[int, list[float]] = {b: [] for b in sizes}
     for _ in range(args.rounds):
         for b in sizes:
