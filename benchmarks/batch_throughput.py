@@ -72,8 +72,8 @@ def main() -> None:
             rates[b].append(windows_per_second(train, args.items, b, args.loss, args.negatives))
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
-    print(f"{cpu}; {args.users} users, {args.items} items, loss {args.loss}"
-          f"{f' ({args.negatives} negatives)' if args.loss == 'sampled' else ''}, {args.rounds} rounds (median windows/s)")
+    loss = f"{args.loss} ({args.negatives} negatives)" if args.loss == "sampled" else args.loss
+    print(f"{cpu}; {args.users} users, {args.items} items, loss {loss}, {args.rounds} rounds (median windows/s)")
     print("| batch_size | windows/s | rounds | ratio to the first |\n|---|---|---|---|")
     reference = statistics.median(rates[sizes[0]])
     for b in sizes:
