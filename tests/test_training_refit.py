@@ -338,3 +338,26 @@ def test_a_warm_night_the_gate_finds_worse_keeps_the_holder_and_the_next_night_t
     reason = MlflowClient(cfg.mlflow.tracking_uri).get_run(after.run_id).data.params["training_reason"]
     assert after.kind == "full" and reason == "the warm training for 2024-03-06 scored worse than the holder at the gate"
     assert after.promoted
+
+
+def test_training_reads_the_events_window_once_for_its_shards_and_the_repeat_blend_s_days(spark, data_root, tmp_path,
+                                                                                        monkeypatch):
+    """The histories' shards and the repeat blend's held-out days come from one read of the window (listed, every
+    footer checked, read by Spark, kept for the stage): on a log of many small daily partitions a second read cost
+    as much as the first."""
+    from recsys.data import readers
+    from recsys.pipelines.train import run_training
+
+    reads = []
+    read_events = readers.read_events
+
+    def counted(spark, root, *args, **kwargs):
+        reads.append(root)
+        return read_events(spark, root, *args, **kwargs)
+
+    monkeypatch.setattr(readers, "read_events", counted)
+    cfg = _config(data_root, tmp_path, "mlflow.model_name=read-once", "train.epochs=1")
+    result = run_training(spark, cfg, SECOND_TRAINING)
+    blend = _registered(cfg, result.version).blend
+    assert blend is not None and blend.figures["validation_rows"] > 0      # the blend was chosen, on its rows
+    assert reads == [cfg.paths.events]

@@ -1,5 +1,8 @@
 """The repeat blend's held-out days, built by Spark from the events, and its fit at the end of training.
 
+The rows need no model, so training writes them in its read stage, from the same read of the events window
+as the histories' shards (:func:`recsys.pipelines.train.run_training`); the fit ranks them once a model exists.
+
 For each of the ``train.repeats.validation_days`` days before the training date: the users active that
 day, their histories before it (built by the nightly job's own history code, counts and latest times
 included), and the distinct items they had that day: at most ``train.repeats.max_rows`` (user, day) rows,
@@ -7,7 +10,7 @@ a seeded sample by user (the fit needs a few thousand, never everyone). When tra
 of the users (``train.held_out_share``), the rows are theirs: the model ranking the new items has trained on
 every other user's newest item, which falls in these very days and would make new items look better.
 
-The rows are written as Parquet under the training's work directory and streamed back a chunk at a time,
+They are written as Parquet under the training's work directory and streamed back a chunk at a time,
 as the held-out users of training are: nothing per user is collected to the driver, and the memory the
 fit takes is a chunk's whatever ``max_rows`` is. Each chunk is ranked by the model and added to the grid's
 sums (:class:`recsys.model.repeats.BlendSums`); the choice is made once, on the totals.
@@ -26,8 +29,7 @@ from pyspark.sql import functions as F
 
 from recsys.config import Config
 from recsys.data import history as hist
-from recsys.data.readers import read_events_window
-from recsys.learning.shards import held_out_bucket, parquet_files
+from recsys.learning.shards import held_out_bucket, parquet_files, training_events
 from recsys.model.repeats import (BlendValidation, RepeatBlend, ValidationDays, blend_grid, blend_sums, choose_blend,
                                   rank_validation_days)
 from recsys.model.stream import HASH_BUCKETS, ShardFiles, read_batches
@@ -43,12 +45,14 @@ ROWS_PER_CHUNK = 2048     # (user, day) rows ranked at once: a [chunk, items] sc
 
 
 def write_validation_days(spark: SparkSession, cfg: Config, date: dt.date, directory: str, *,
-                          held_out_below: int = HASH_BUCKETS) -> ShardFiles:
+                          held_out_below: int = HASH_BUCKETS, events: DataFrame | None = None) -> ShardFiles:
     """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
-    docstring) and return the files written; below ``HASH_BUCKETS``, only the held-out users' rows."""
+    docstring) and return the files written; below ``HASH_BUCKETS``, only the held-out users' rows.
+    ``events``: :func:`recsys.learning.shards.training_events`, when the caller has read them already (training
+    reads the window once for its shards and these rows); None: read here."""
     settings = cfg.train.repeats
-    events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
-                                                   cfg.history.event_types))
+    if events is None:
+        events = training_events(spark, cfg, date)
     first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
     day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
     targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")
@@ -104,12 +108,10 @@ class Ranker(Protocol):
     item_ids: np.ndarray
 
 
-def fit_repeat_blend(spark: SparkSession, cfg: Config, date: dt.date, ranker: Ranker, device, directory: str, *,
-                     held_out_below: int = HASH_BUCKETS) -> RepeatBlend:
-    """The blend chosen on the held-out days, with the model that ranks the new items; the rows are written
-    under ``directory`` (a scratch directory the caller removes)."""
+def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, files: ShardFiles) -> RepeatBlend:
+    """The blend chosen on the held-out days' rows (:func:`write_validation_days`), with the model that ranks
+    the new items."""
     model, item_ids = ranker.model, ranker.item_ids
-    files = write_validation_days(spark, cfg, date, directory, held_out_below=held_out_below)
     candidates = blend_grid()
     sums = blend_sums(BlendValidation.empty(), candidates)
     for days in validation_chunks(files):

@@ -98,14 +98,21 @@ def held_out_bucket(user_id: str, seed: int):
     return F.pmod(F.xxhash64(F.col(user_id), F.lit(seed), F.lit("held_out")), F.lit(HASH_BUCKETS))
 
 
-def training_histories(spark: SparkSession, cfg: Config, date: dt.date) -> DataFrame:
+def training_events(spark: SparkSession, cfg: Config, date: dt.date) -> DataFrame:
+    """The events training reads: the ``history.window_days`` before ``date``, rows without an id dropped."""
+    return hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
+                                                 cfg.history.event_types))
+
+
+def training_histories(spark: SparkSession, cfg: Config, date: dt.date, events: DataFrame | None = None) -> DataFrame:
     """user_id, history (item ids, oldest first, up to ``train.history_items``), newest_first_us, newest_us,
     held_out_bucket: each user's history before ``date``, when they *first* touched their newest item (histories
     collapse repeats to the latest time; the gate must know whether an older model could have seen the pair at
     all), when they last did (the user's newest event: a warm night trains on the users active since the model
-    it starts from, :class:`recsys.model.stream.Replay`) and the user's held-out bucket."""
-    events = hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
-                                                   cfg.history.event_types))
+    it starts from, :class:`recsys.model.stream.Replay`) and the user's held-out bucket. ``events``:
+    :func:`training_events`, when the caller has read them already (None: read here)."""
+    if events is None:
+        events = training_events(spark, cfg, date)
     histories = hist.build_histories(events, max_items=cfg.train.history_items,
                                      tie_break_seed=cfg.history.tie_break_seed)
     first_seen = events.groupBy("user_id", "item_id").agg(F.unix_micros(F.min("ts")).alias(NEWEST_FIRST_US),
@@ -118,10 +125,11 @@ def training_histories(spark: SparkSession, cfg: Config, date: dt.date) -> DataF
 
 
 def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, directory: str, *,
-                          shards: int) -> TrainingShards:
+                          shards: int, events: DataFrame | None = None) -> TrainingShards:
     """Write the training histories of ``date`` as ``shards`` Parquet files under ``directory`` and read
-    back the item counts and totals (aggregates only: nothing per user is collected)."""
-    histories = training_histories(spark, cfg, date)
+    back the item counts and totals (aggregates only: nothing per user is collected). ``events``: as
+    :func:`training_histories`."""
+    histories = training_histories(spark, cfg, date, events)
     sampled_from = None
     if cfg.train.max_users is not None:
         histories, sampled_from = _sample_users(histories, cfg.train.max_users, cfg.train.seed)

@@ -45,10 +45,12 @@ from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
 from recsys.hooks import Hooks
 from recsys.learning.distributed import FitJob, FitOutput, fit_with_processes
 from recsys.learning.settings import model_config, train_settings
-from recsys.learning.shards import TrainingShards, remove_stale_attempts, training_work_dir, write_training_shards
+from recsys.learning.shards import (TrainingShards, remove_stale_attempts, training_events, training_work_dir,
+                                   write_training_shards)
 from recsys.learning.split import SplitData, StreamedHeldOut, mean_gain
 from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.model.repeats import RepeatBlend
+from recsys.model.stream import ShardFiles
 from recsys.pipelines.timing import StageTimer
 from recsys.sequences import Vocabulary
 from recsys.spark.session import job_description
@@ -119,6 +121,14 @@ def training_due(cfg: Config, date: dt.date) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Inputs:
+    """What training's one read of the events wrote: the histories' shards and the repeat blend's days."""
+
+    shards: TrainingShards
+    blend_days: ShardFiles | None     # None without train.repeats.learn
+
+
 @dataclass
 class _Training:
     """One training run under way: its data, settings and MLflow run, handed from step to step."""
@@ -131,6 +141,7 @@ class _Training:
     vocab: Vocabulary                 # the selection fit's: items without each user's held-out newest
     full_vocab: Vocabulary            # the refit's: every item before the date, newest items included
     held_out: StreamedHeldOut         # each user's newest item, streamed from the shards (the gate's users)
+    blend_days: ShardFiles | None = None   # the repeat blend's held-out days, written with the shards
     work_dir: str = ""                # this attempt's shards/ and the training processes' logs/, removed at the end
     hooks: Hooks = NO_HOOKS
     device: Any = None
@@ -200,21 +211,39 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve, plan.kind)
 
 
-def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str) -> TrainingShards:
-    with timer.stage("read", "read events, write the training histories as shards") as c:
-        shards = write_training_shards(spark, cfg, date, rfs.join(work_dir, "shards"), shards=cfg.train.shard_files)
+def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str) -> _Inputs:
+    """The events window read once (listed, footers checked, read and kept by Spark for this stage) and written
+    twice: as the training histories' shards and, with ``train.repeats.learn``, as the repeat blend's held-out
+    days (:mod:`recsys.learning.repeats`; model-free, so written here rather than after the fits). On a log of
+    many small daily partitions the second read used to cost as much as the first."""
+    from pyspark import StorageLevel
+
+    blend_days = None
+    with timer.stage("read", "read events, write the training histories as shards and the repeat blend's days") as c:
+        events = training_events(spark, cfg, date).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            shards = write_training_shards(spark, cfg, date, rfs.join(work_dir, "shards"), shards=cfg.train.shard_files,
+                                           events=events)
+            if cfg.train.repeats.learn and shards.interactions > 0:
+                from recsys.learning.repeats import write_validation_days
+
+                blend_days = write_validation_days(spark, cfg, date, rfs.join(work_dir, "repeats"),
+                                                   held_out_below=shards.held_out_below, events=events)
+        finally:
+            events.unpersist()
         c.update(users=shards.users, interactions=shards.interactions, files=len(shards.files.paths),
                  **({"sampled_from_users": shards.sampled_from} if shards.sampled_from is not None else {}))
     if shards.interactions == 0:
         raise InputDataError(f"no events before {date} within history.window_days={cfg.history.window_days} "
                              f"under {redact_uri(cfg.paths.events)!r}; nothing to train on")
-    return shards
+    return _Inputs(shards, blend_days)
 
 
-def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, shards: TrainingShards,
+def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, inputs: _Inputs,
              hooks: Hooks) -> _Training:
     """The selection vocabulary (each user's newest item held out) and the refit's (everything), from the
     item counts the executors computed."""
+    shards = inputs.shards
     with timer.stage("prepare", "build the vocabularies") as c:
         vocab = shards.items.vocabulary(cfg.train.min_item_count, held_out=True)
         full_vocab = shards.items.vocabulary(cfg.train.min_item_count, held_out=False)
@@ -229,7 +258,8 @@ def _prepare(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer,
                              f"train.processes={cfg.train.processes}: too few users for that many processes; "
                              "train with fewer processes")
     return _Training(cfg, date, timer, spark, shards, vocab, full_vocab,
-                     StreamedHeldOut(shards.files, held_out_below=shards.held_out_below), hooks=hooks)
+                     StreamedHeldOut(shards.files, held_out_below=shards.held_out_below), hooks=hooks,
+                     blend_days=inputs.blend_days)
 
 
 def plan_training(run: _Training, model_cfg: Any, seed: int) -> TrainingPlan:
@@ -404,13 +434,12 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
 
     The new items are ranked by the selection model, which never trained on each user's newest item: the
     refit model trained on the very days the blend is judged on, and would make new items look better."""
-    if not run.cfg.train.repeats.learn:
+    if not run.cfg.train.repeats.learn or run.blend_days is None:
         return None
     from recsys.learning.repeats import describe, fit_repeat_blend
 
     with run.timer.stage("repeats", "choose how known items compete with new ones") as c:
-        blend = fit_repeat_blend(run.spark, run.cfg, run.date, ranker, run.device, rfs.join(run.work_dir, "repeats"),
-                                 held_out_below=run.shards.held_out_below)
+        blend = fit_repeat_blend(run.cfg, run.date, ranker, run.device, run.blend_days)
         c.update(blend=describe(blend), rows=blend.figures.get("validation_rows", 0))
     run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
                              "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight})
