@@ -10,10 +10,12 @@ and each test checks one promise about the result; the cluster is stopped even w
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -35,29 +37,67 @@ DATE = END + dt.timedelta(days=1)       # the date trained on and recommended fo
 SUBMIT_TIMEOUT = 1200       # per submit: about a minute on an idle 2-core machine, far more on a loaded one
 
 
-LOGS: Path | None = None   # each submit's stderr is kept here, for reading after a failure
+STARTED: list[subprocess.Popen] = []     # every submit, so that none outlives a fixture that failed
+LOGS: Path | None = None   # each submit's command, exit code and output are kept here, for reading after a failure
 # --pack's archive (about 350 MiB, 40 s to build; minutes on a busy machine) is kept between sessions and fresh
 # clones: the default cache is outside the checkout and keyed by the environment's content (recsys.spark.packing)
 PACK_CACHE = packing.default_cache_dir()
 
 
-def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT, wait: bool = True):
+def _start(args: list[str], *, env: dict | None = None) -> subprocess.Popen:
+    """Start a submit; its output goes to files under LOGS (a pipe nobody reads while it runs beside
+    another would fill and stall it). :func:`_finish` waits for it."""
     cmd = [str(CHECKOUT / "spark-submit.sh"), *args]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "RECSYS_"))}
     full_env.update(SPARK_LOCAL_IP="127.0.0.1", RECSYS_PACK_CACHE=str(PACK_CACHE), **(env or {}))
     if "SPARK_SUBMIT_OPTS" in os.environ:     # the drivers' JVM options of every test JVM (tests/jvmkit.py)
         full_env["SPARK_SUBMIT_OPTS"] = os.environ["SPARK_SUBMIT_OPTS"]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=CHECKOUT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
-    started = time.monotonic()
-    done = subprocess.run(cmd, cwd=CHECKOUT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    seconds = time.monotonic() - started
-    if LOGS is not None:
-        name = next((Path(a).stem for a in args if a.endswith(".py")), "submit")
-        log = LOGS / f"{len(list(LOGS.iterdir())):02d}-{name}.log"
-        log.write_text(f"{cmd}\nexit {done.returncode} after {seconds:.1f}s\n{done.stdout}\n{done.stderr}")
+    name = next((Path(a).stem for a in args if a.endswith(".py")), "submit")
+    log = LOGS / f"{len(list(LOGS.glob('*.log'))):02d}-{name}.log"
+    log.write_text(f"{cmd}\n")
+    with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:
+        proc = subprocess.Popen(cmd, cwd=CHECKOUT, env=full_env, stdout=out, stderr=err, text=True,
+                                start_new_session=True)
+    proc.log, proc.started = log, time.monotonic()
+    STARTED.append(proc)
+    return proc
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+
+
+def _output(proc: subprocess.Popen) -> tuple[str, str]:
+    return proc.log.with_suffix(".out").read_text(errors="replace"), proc.log.with_suffix(".err").read_text(errors="replace")
+
+
+def _finish(proc: subprocess.Popen, timeout: float = SUBMIT_TIMEOUT) -> tuple[subprocess.CompletedProcess, float]:
+    """Wait for a submit started by :func:`_start`: (its result, seconds from start to exit)."""
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        _kill(proc)
+    seconds = time.monotonic() - proc.started
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, *_output(proc))
+    with proc.log.open("a") as log:
+        log.write(f"exit {done.returncode} after {seconds:.1f}s (output: .out and .err beside)\n")
     return done, seconds
+
+
+def _submit(args: list[str], *, env: dict | None = None, timeout: float = SUBMIT_TIMEOUT):
+    return _finish(_start(args, env=env), timeout)
+
+
+@contextlib.contextmanager
+def _none_left_running():
+    """Kill whatever submit is still running when the block ends (a fixture that failed midway)."""
+    try:
+        yield
+    finally:
+        for proc in STARTED:
+            _kill(proc)
 
 
 def _sets(items: list[str]) -> list[str]:
@@ -119,10 +159,21 @@ def runs(tmp_path_factory):
                   "--conf", f"spark.executor.extraJavaOptions={jvmkit.C1_ONLY}"]     # as every test JVM (tests/jvmkit.py)
     out: dict = {"root": root, "shared": shared, "private": private, "secret": secret, "times": {}}
     hidden = [CHECKOUT, Path(sys.prefix), private]
-    with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only], fake_gpus=True) as cluster:
+    with clusterkit.start(root / "cluster", hidden=hidden, read_only=[read_only], fake_gpus=True) as cluster, \
+            _none_left_running():
         out["cluster"] = cluster
         master = ["--master", cluster.url, *spark_conf]
 
+        # The local-mode runs, what the cluster's are compared with, run beside the cluster's: each in a store of its
+        # own (sqlite admits one writer at a time), so the two never wait on each other's MLflow writes.
+        # Training data-parallel in local mode, under a model name of its own, beside the isolation probe:
+        dp_sets = base + ["train.processes=2", "train.refit=false"]
+        local_dp = _start(
+            ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/train.py", "--date", str(DATE),
+             *_sets(dp_sets + ["mlflow.model_name=recsys-dp-local", f"paths.work={shared / 'work-local'}",
+                               f"paths.driver_scratch={private / 'scratch-local'}",
+                               f"mlflow.tracking_uri=sqlite:///{private / 'mlflow-local.db'}",
+                               f"mlflow.artifact_location={private / 'artifacts-local'}"])])
         probe, out["times"]["probe"] = _submit(
             ["--pack", *master, "tests/cluster_probe.py", str(CHECKOUT / "pyproject.toml"), str(CHECKOUT),
              str(Path(sys.prefix) / "pyvenv.cfg"), str(secret), str(private / "scratch")])
@@ -130,32 +181,31 @@ def runs(tmp_path_factory):
 
         # training data-parallel: two processes started by TorchDistributor on the two executors (a barrier
         # stage), each reading its own shards from the shared work directory; the version it registers is the
-        # one the nightly runs below score with. The same training in local mode, under a model name of its
-        # own, is what its validation NDCG is compared with.
-        dp_sets = base + ["train.processes=2", "train.refit=false"]
+        # one the nightly runs below score with. The local one above is what its validation NDCG is compared with.
         train, out["times"]["train_2_processes"] = _submit(["--pack", *master, "jobs/train.py", "--date", str(DATE),
                                                             *_sets(dp_sets)])
         out["train"] = train
+        out["local_dp_train"], out["times"]["train_2_processes_local"] = _finish(local_dp)
         assert train.returncode == 0, train.stderr[-4000:]     # the nightly runs would only repeat the failure
-        local_dp, out["times"]["train_2_processes_local"] = _submit(
-            ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/train.py", "--date", str(DATE),
-             *_sets(dp_sets + ["mlflow.model_name=recsys-dp-local", f"paths.work={shared / 'work-local'}"])])
-        out["local_dp_train"] = local_dp
 
+        # the night in local mode, beside the cluster's, scoring with the version the cluster training registered:
+        # from a copy of the store as the training left it, with its artifacts where they are
+        shutil.copy(private / "mlflow.db", private / "mlflow-local-night.db")
+        local_night = _start(
+            ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/nightly_recommendations.py",
+             "--date", str(DATE),
+             *_sets(base + [f"paths.output={shared / 'out-local'}", f"paths.work={shared / 'work-local'}",
+                            f"paths.driver_scratch={private / 'scratch-local'}",
+                            f"mlflow.tracking_uri=sqlite:///{private / 'mlflow-local-night.db'}",
+                            "scoring.partitions=4"])])
         # this run asks for Spark's GPU scheduling (each Worker offers one fake GPU; scoring stays on the CPU)
         cluster_run, out["times"]["cluster"] = _submit(
             ["--pack", *master, "--conf", "spark.executor.resource.gpu.amount=1",
              "--conf", "spark.task.resource.gpu.amount=1", "jobs/nightly_recommendations.py", "--date", str(DATE),
              *_sets(base + [f"paths.output={shared / 'out-cluster'}", "scoring.partitions=4"])])
         out["cluster_run"] = cluster_run
+        out["local_run"], out["times"]["local"] = _finish(local_night)
         assert cluster_run.returncode == 0, cluster_run.stderr[-4000:]   # the rest would only repeat the failure
-
-        local_run, out["times"]["local"] = _submit(
-            ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/nightly_recommendations.py",
-             "--date", str(DATE),
-             *_sets(base + [f"paths.output={shared / 'out-local'}", f"paths.work={shared / 'work-local'}",
-                            "scoring.partitions=4"])])
-        out["local_run"] = local_run
 
         # bad input at the cluster edge: each must end quickly, in one line, with its exit code
         edge = {}
@@ -179,20 +229,12 @@ def runs(tmp_path_factory):
         # one Worker is SIGKILLed while it scores: the job holds the first scoring task's first attempt
         # after its first rows went to the writer (RECSYS_PAUSE_AT=writing, recsys.hooks), the test finds the executor
         # that printed the pause line and kills its whole Worker; the task is retried on the other one.
-        started = time.monotonic()
-        proc = _submit(["--pack", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
-                        *_sets(base + [f"paths.output={shared / 'out-killed'}", "scoring.partitions=0"])],
-                       env={"RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300"}, wait=False)
-        try:
-            victim = _wait_for_pause(cluster, proc, deadline=time.monotonic() + SUBMIT_TIMEOUT)
-            cluster.kill_worker(victim)
-            stdout, stderr = proc.communicate(timeout=SUBMIT_TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-        out["killed_run"] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-        out["times"]["killed"] = time.monotonic() - started
+        proc = _start(["--pack", *master, "jobs/nightly_recommendations.py", "--date", str(DATE),
+                       *_sets(base + [f"paths.output={shared / 'out-killed'}", "scoring.partitions=0"])],
+                      env={"RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300"})
+        victim = _wait_for_pause(cluster, proc, deadline=time.monotonic() + SUBMIT_TIMEOUT)
+        cluster.kill_worker(victim)
+        out["killed_run"], out["times"]["killed"] = _finish(proc)
     return out
 
 
@@ -204,7 +246,7 @@ def _wait_for_pause(cluster: clusterkit.Cluster, proc: subprocess.Popen, deadlin
                 return worker
         if proc.poll() is not None:
             raise AssertionError(f"the job ended (exit {proc.returncode}) before pausing in a scoring task: "
-                                 f"{proc.stderr.read()[-4000:]}")
+                                 f"{_output(proc)[1][-4000:]}")
         time.sleep(0.2)
     raise AssertionError("no scoring task paused before the deadline")
 
