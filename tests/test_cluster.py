@@ -70,7 +70,8 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _output(proc: subprocess.Popen) -> tuple[str, str]:
-    return proc.log.with_suffix(".out").read_text(errors="replace"), proc.log.with_suffix(".err").read_text(errors="replace")
+    """(stdout, stderr) of a submit started by :func:`_start`, as far as it has written them."""
+    return tuple(proc.log.with_suffix(suffix).read_text(errors="replace") for suffix in (".out", ".err"))
 
 
 def _finish(proc: subprocess.Popen, timeout: float = SUBMIT_TIMEOUT) -> tuple[subprocess.CompletedProcess, float]:
