@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from recsys.config import Config
 from recsys.data import history as hist
-from recsys.learning.shards import held_out_bucket, parquet_files, training_events
+from recsys.learning.shards import held_out_bucket, parquet_files
 from recsys.model.repeats import (BlendValidation, RepeatBlend, ValidationDays, blend_grid, blend_sums, choose_blend,
                                   rank_validation_days)
 from recsys.model.stream import HASH_BUCKETS, ShardFiles, read_batches
@@ -44,15 +44,12 @@ ROWS_PER_FILE = 100_000   # (user, day) rows per written file
 ROWS_PER_CHUNK = 2048     # (user, day) rows ranked at once: a [chunk, items] score matrix in memory
 
 
-def write_validation_days(spark: SparkSession, cfg: Config, date: dt.date, directory: str, *,
-                          held_out_below: int = HASH_BUCKETS, events: DataFrame | None = None) -> ShardFiles:
+def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directory: str, *,
+                          held_out_below: int = HASH_BUCKETS) -> ShardFiles:
     """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
     docstring) and return the files written; below ``HASH_BUCKETS``, only the held-out users' rows.
-    ``events``: :func:`recsys.learning.shards.training_events`, when the caller has read them already (training
-    reads the window once for its shards and these rows); None: read here."""
+    ``events``: :func:`recsys.learning.shards.training_events`, the read training's shards are written from."""
     settings = cfg.train.repeats
-    if events is None:
-        events = training_events(spark, cfg, date)
     first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
     day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
     targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")

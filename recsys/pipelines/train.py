@@ -227,8 +227,8 @@ def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, w
             if cfg.train.repeats.learn and shards.interactions > 0:
                 from recsys.learning.repeats import write_validation_days
 
-                blend_days = write_validation_days(spark, cfg, date, rfs.join(work_dir, "repeats"),
-                                                   held_out_below=shards.held_out_below, events=events)
+                blend_days = write_validation_days(events, cfg, date, rfs.join(work_dir, "repeats"),
+                                                   held_out_below=shards.held_out_below)
         finally:
             events.unpersist()
         c.update(users=shards.users, interactions=shards.interactions, files=len(shards.files.paths),
@@ -434,7 +434,7 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
 
     The new items are ranked by the selection model, which never trained on each user's newest item: the
     refit model trained on the very days the blend is judged on, and would make new items look better."""
-    if not run.cfg.train.repeats.learn or run.blend_days is None:
+    if run.blend_days is None:        # written in the read stage exactly when train.repeats.learn is on
         return None
     from recsys.learning.repeats import describe, fit_repeat_blend
 
