@@ -112,18 +112,18 @@ class Cluster:
 
     def kill_worker(self, worker: Worker) -> None:
         """SIGKILL the Worker with its executor and Python workers: a host lost mid-task."""
-        _killpg(worker.proc, signal.SIGKILL)
+        killpg(worker.proc, signal.SIGKILL)
         worker.proc.wait(timeout=60)
         worker.killed = True
 
     def stop(self) -> None:
         for proc in [w.proc for w in self.workers] + [self.master]:
-            _killpg(proc, signal.SIGTERM)
+            killpg(proc, signal.SIGTERM)
         for proc in [w.proc for w in self.workers] + [self.master]:
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                _killpg(proc, signal.SIGKILL)
+                killpg(proc, signal.SIGKILL)
                 proc.wait(timeout=30)
 
     def __enter__(self) -> "Cluster":
@@ -133,7 +133,8 @@ class Cluster:
         self.stop()
 
 
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
+def killpg(proc: subprocess.Popen, sig: int) -> None:
+    """Signal the process group ``proc`` leads (started with ``start_new_session``); gone already is fine."""
     try:
         os.killpg(proc.pid, sig)     # each daemon leads its own process group (start_new_session)
     except ProcessLookupError:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ def _start(args: list[str], *, env: dict | None = None) -> subprocess.Popen:
 
 def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        os.killpg(proc.pid, 9)
+        clusterkit.killpg(proc, signal.SIGKILL)
         proc.wait()
 
 
