@@ -352,8 +352,8 @@ def test_the_capability_check_reads_the_cpu_flags():
         flags = open("/proc/cpuinfo").read().split()
     except OSError:
         pytest.skip("no /proc/cpuinfo")
-    assert core_module.cpu_bf16_supported() == (("avx512_bf16" in flags or "amx_bf16" in flags)
-                                                and torch.backends.mkldnn.is_available())
+    assert core_module.cpu_bf16_supported({}) == (("avx512_bf16" in flags or "amx_bf16" in flags)
+                                                  and torch.backends.mkldnn.is_available())
 
 
 @pytest.mark.skipif(not core_module.cpu_bf16_supported(), reason="this CPU has no native bf16")

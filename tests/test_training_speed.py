@@ -41,6 +41,23 @@ def test_auto_picks_bf16_only_where_it_is_native(monkeypatch):
     assert resolve_precision("auto", "cpu") == "fp32"
 
 
+def test_a_onednn_cap_below_its_bf16_kernels_makes_auto_train_in_fp32(monkeypatch):
+    """A CPU with AMX-BF16 whose oneDNN the operator holds to AVX2 would emulate bf16: auto is fp32 there."""
+    monkeypatch.setattr(precision_module, "cpu_capabilities", lambda: {"avx512_bf16": True, "amx_bf16": True})
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN: bf16 is never native")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert resolve_precision("auto", "cpu") == "bf16"
+    for cap in ("avx2", "AVX512_CORE", "AVX512_CORE_VNNI"):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert resolve_precision("auto", "cpu") == "fp32", cap
+    with pytest.raises(ValueError, match=r"train\.precision=bf16 needs native bf16"):
+        resolve_precision("bf16", "cpu")
+    for cap in ("AVX512_CORE_BF16", "AVX512_CORE_AMX", "ALL"):          # caps that keep a bf16 kernel
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+        assert resolve_precision("auto", "cpu") == "bf16", cap
+
+
 def test_bf16_where_it_would_be_emulated_is_refused_naming_the_fix(no_bf16):
     with pytest.raises(ValueError, match=r"train\.precision=bf16 needs native bf16.*AVX-512-BF16.*"
                                          r"use train\.precision=auto .* or fp32"):

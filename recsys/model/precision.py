@@ -15,7 +15,8 @@ refuses int8 there.
 
 Both CPU checks read the processor's flags through one seam, :func:`cpu_capabilities` (torch's own
 cpuinfo, else ``/proc/cpuinfo``), and honour oneDNN's documented ISA cap ``ONEDNN_MAX_CPU_ISA``
-for int8: an operator who holds oneDNN below VNNI gets the refusal, not a silently slow run.
+for int8 and bf16: an operator who holds oneDNN below VNNI gets the int8 refusal, one who holds it below
+its bf16 kernels gets fp32 from ``auto``, never a silently slow run.
 
 Pure torch: the core's modules use it on any machine the models run on.
 """
@@ -36,6 +37,8 @@ INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")
 # ONEDNN_MAX_CPU_ISA values (oneDNN's dev guide, "CPU dispatcher control") that hold oneDNN below
 # every VNNI/AMX kernel; other values (AVX2_VNNI, AVX512_CORE_VNNI and above, ALL, DEFAULT) keep one
 _ONEDNN_ISA_WITHOUT_VNNI = ("SSE41", "AVX", "AVX2", "AVX512_MIC", "AVX512_MIC_4OPS", "AVX512_CORE")
+# ... and below every bf16 dot-product kernel (AVX512_CORE_BF16 and the AMX ones keep them)
+_ONEDNN_ISA_WITHOUT_BF16 = (*_ONEDNN_ISA_WITHOUT_VNNI, "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE_VNNI")
 
 
 def cpu_capabilities() -> Mapping[str, bool]:
@@ -56,14 +59,19 @@ def cpu_capabilities() -> Mapping[str, bool]:
     return {f: True for f in flags}   # the flags used here are spelled alike in both
 
 
-def cpu_bf16_supported() -> bool:
+def cpu_bf16_supported(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this CPU runs bf16 matrix products natively (AVX-512-BF16 or AMX-BF16) through oneDNN.
 
     Without them torch still accepts bf16 on the CPU, but emulates it, slower than fp32: that is
     why the scoring core refuses ``dtype="bfloat16"`` and training ``precision="bf16"`` there
-    instead of silently running slow.
+    instead of silently running slow. The same holds where ``ONEDNN_MAX_CPU_ISA`` (read from
+    ``environ``, default the process environment) holds oneDNN below its bf16 kernels, so an
+    operator's cap makes ``auto`` train in fp32 rather than in emulated bf16.
     """
+    environ = os.environ if environ is None else environ
     if not torch.backends.mkldnn.is_available():
+        return False
+    if environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in _ONEDNN_ISA_WITHOUT_BF16:
         return False
     caps = cpu_capabilities()
     return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
