@@ -4,7 +4,8 @@ Three nights of the small dataset of tests/jobkit.py through the command line, i
 session (``jobkit.cli``): the first trains (due: nothing trained yet) and publishes with the new version; the
 next is not due (``train.every_nights=2``) and publishes with the same version; the third is due, its training
 fails on bad input, and the night still publishes, with the version holding the alias, exit 0, saying why.
-The same semantics as the DAG's two tasks (tests/test_airflow_dag.py), without the second process.
+The same semantics as the DAG's two tasks (tests/test_airflow_dag.py), without the second process, and with
+one read of the events window a night where the DAG's tasks read it twice.
 """
 import dataclasses
 import datetime as dt
@@ -42,15 +43,32 @@ def _night(monkeypatch, spark, root, store, date: dt.date, *extra: str) -> int:
                                            *jobkit.recommend_args(root, store, *TRAINING, *extra)])
 
 
+def _kept_rdds(spark) -> int:
+    """How many RDDs Spark keeps (persisted) in this session."""
+    return spark.sparkContext._jsc.getPersistentRDDs().size()
+
+
 @SLOW
 def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_failed_training(
         spark, tmp_path, monkeypatch, caplog, capsys):
+    from recsys.data import readers
+
     jobkit.write_dataset(tmp_path)
     store = jobkit.make_store(tmp_path / "store")
     caplog.set_level(logging.INFO, logger="recsys")
+    reads, read_events = [], readers.read_events     # every listing and read of the events, counted
 
-    # night 1: nothing trained yet, so training is due; the lists come from the version it registered
+    def counted(spark, root, *args, **kwargs):
+        reads.append(root)
+        return read_events(spark, root, *args, **kwargs)
+
+    monkeypatch.setattr(readers, "read_events", counted)
+    kept_before = _kept_rdds(spark)
+
+    # night 1: nothing trained yet, so training is due; the lists come from the version it registered. Training
+    # and the night's histories share one read of the window, which Spark keeps for the night and no longer
     assert _night(monkeypatch, spark, tmp_path, store, RUN_DATE) == 0
+    assert len(reads) == 1 and _kept_rdds(spark) == kept_before
     out = capsys.readouterr().out
     assert "trained model version 2" in out and f"published {RUN_DATE}" in out
     assert _alias_holder(store) == "2"
@@ -66,6 +84,7 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     final = caplog.records[-1].getMessage()
     assert f"training not due: the last training finished for {RUN_DATE}" in final
     assert _manifest(tmp_path, second_date)["model"]["version"] == "2"
+    assert len(reads) == 2 and _kept_rdds(spark) == kept_before     # the night's own read, nothing kept
 
     # night 3: due again; a training that cannot build its vocabulary fails (exit 2 for `recsys train`) and the
     # night publishes with the alias holder, exit 0, its outcome naming the failure and the setting
@@ -79,6 +98,7 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     assert final.startswith("recsys night finished with exit code 0") and "training failed (exit 2" in final
     assert _manifest(tmp_path, third_date)["model"]["version"] == "2" == _alias_holder(store)
     assert jobkit.errors_logged(caplog) == []       # the night succeeded: no ERROR line for the operator to chase
+    assert len(reads) == 3 and _kept_rdds(spark) == kept_before     # the failed training's read served the night
 
 
 @SLOW

@@ -168,6 +168,58 @@ def read_events_window(
     return events_window(events, date, window_days, event_types)
 
 
+class KeptWindow:
+    """One date's events window, read once and kept by Spark for every stage of one process that reads it.
+
+    ``recsys night`` trains and then builds the night's histories, both from the ``history.window_days``
+    before the date: without this the night lists, checks and reads the window's partitions twice, and on
+    a log of many small daily partitions the second read costs as much as the first (docs/performance.md).
+    The window is read at the first :meth:`events` that asks for it, kept with ``MEMORY_AND_DISK`` (blocks
+    that do not fit the executors' storage memory go to their local disk, not back to the source) and
+    released by :meth:`release` or the end of the ``with`` block. A stage that asks for another window
+    (another date, root, length or event types) gets None and reads its own.
+    """
+
+    def __init__(self, spark: SparkSession, root: str, date: dt.date, window_days: int,
+                 event_types: tuple[str, ...] = ()):
+        self._spark = spark
+        self._key = (root, date, window_days, tuple(event_types))
+        self._events: DataFrame | None = None
+
+    def events(self, root: str, date: dt.date, window_days: int, event_types: tuple[str, ...] = ()) -> DataFrame | None:
+        """The kept window if it is the one asked for (read and kept now if no stage has read it yet), else None."""
+        if (root, date, window_days, tuple(event_types)) != self._key:
+            return None
+        if self._events is None:
+            from pyspark import StorageLevel
+
+            self._events = read_events_window(self._spark, *self._key).persist(StorageLevel.MEMORY_AND_DISK)
+        return self._events
+
+    @property
+    def read(self) -> bool:
+        """Whether a stage has read the window (and Spark keeps it)."""
+        return self._events is not None
+
+    def release(self) -> None:
+        if self._events is not None:
+            self._events.unpersist()
+            self._events = None
+
+    def __enter__(self) -> "KeptWindow":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def events_window_once(spark: SparkSession, root: str, date: dt.date, window_days: int,
+                       event_types: tuple[str, ...] = (), kept: KeptWindow | None = None) -> DataFrame:
+    """:func:`read_events_window`, or the window ``kept`` holds when it is this one."""
+    window = kept.events(root, date, window_days, event_types) if kept is not None else None
+    return window if window is not None else read_events_window(spark, root, date, window_days, event_types)
+
+
 def read_events(spark: SparkSession, root: str, keep: Callable[[dt.date], bool] = lambda d: True) -> DataFrame | None:
     """Events of the partitions whose date ``keep`` accepts, every file's footer checked first; None if
     none of them holds a file. The nightly job reads a window; ``recsys evaluate`` reads everything."""

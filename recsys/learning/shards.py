@@ -31,7 +31,7 @@ from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.contracts import partition_name
-from recsys.data.readers import read_events_window
+from recsys.data.readers import KeptWindow, events_window_once
 from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, NEWEST_US,
                                  USER_ID, ShardFiles, held_out_below)
 from recsys.sequences import Vocabulary
@@ -98,10 +98,11 @@ def held_out_bucket(user_id: str, seed: int):
     return F.pmod(F.xxhash64(F.col(user_id), F.lit(seed), F.lit("held_out")), F.lit(HASH_BUCKETS))
 
 
-def training_events(spark: SparkSession, cfg: Config, date: dt.date) -> DataFrame:
-    """The events training reads: the ``history.window_days`` before ``date``, rows without an id dropped."""
-    return hist.drop_null_ids(read_events_window(spark, cfg.paths.events, date, cfg.history.window_days,
-                                                 cfg.history.event_types))
+def training_events(spark: SparkSession, cfg: Config, date: dt.date, kept: KeptWindow | None = None) -> DataFrame:
+    """The events training reads: the ``history.window_days`` before ``date``, rows without an id dropped;
+    from ``kept`` when the process keeps that window for its night's stages too."""
+    return hist.drop_null_ids(events_window_once(spark, cfg.paths.events, date, cfg.history.window_days,
+                                                 cfg.history.event_types, kept))
 
 
 def training_histories(spark: SparkSession, cfg: Config, date: dt.date, events: DataFrame | None = None) -> DataFrame:

@@ -1,8 +1,10 @@
 """The whole night in one process: training when the schedule says it is due, then the nightly job.
 
 ``recsys night`` (``jobs/night.py`` under spark-submit) runs what the Airflow DAG runs as two tasks, in one
-Spark session: one JVM and one Python start-up instead of two, and the Python workers that training's
-Spark jobs started are the ones that score. The semantics are the DAG's:
+Spark session: one JVM and one Python start-up instead of two, the Python workers that training's
+Spark jobs started are the ones that score, and the events window is read once: training's read is kept
+(:class:`recsys.data.readers.KeptWindow`) until the night has built its histories from it. The semantics are
+the DAG's:
 
 - training runs only when ``train.every_nights`` says it is due (as ``recsys train --if-due``);
 - a training that fails, for any reason, does not stop the night: the lists are scored with the version
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from recsys.config import Config
+from recsys.data.readers import KeptWindow
 from recsys.errors import ExitCode, RecsysError, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines.nightly import NightlyResult, run_dates
@@ -52,6 +55,16 @@ def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = 
     ``force`` is the nightly job's (recompute a date already published the same way); training is never
     forced past its gate here: ``recsys train --force`` does that, on purpose, by hand.
     """
+    # training and the night's histories read the same window: read once, kept until the night has its histories
+    kept = KeptWindow(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
+    try:
+        return _train_then_publish(spark, cfg, date, force, hooks, kept)
+    finally:
+        kept.release()
+
+
+def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: bool, hooks: Hooks,
+                        kept: KeptWindow) -> NightResult:
     training: TrainResult | None = None
     failed = False
     try:   # the cadence reads the tracking store: an unreachable one fails training, not the night
@@ -60,7 +73,7 @@ def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = 
             note = f"training not due: {reason}"
             log.info("recsys night %s: %s", date, note)
         else:
-            training = run_training(spark, cfg, date, hooks=hooks)
+            training = run_training(spark, cfg, date, hooks=hooks, kept=kept)
             note = training.summary()
     except RecsysError as exc:
         failed = True
@@ -72,5 +85,5 @@ def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = 
         note = (f"training failed unexpectedly ({first_line(exc, with_type=True)}, traceback above); "
                 f"the night runs with the version that holds the model alias")
         log.warning("recsys night %s: %s", date, note, exc_info=True)
-    [nightly] = run_dates(spark, cfg, [date], force=force, hooks=hooks)
+    [nightly] = run_dates(spark, cfg, [date], force=force, hooks=hooks, kept=kept if kept.read else None)
     return NightResult(training=training, training_note=note, training_failed=failed, nightly=nightly)

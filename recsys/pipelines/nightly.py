@@ -29,6 +29,7 @@ from recsys import __version__
 from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data.contracts import parse_date
+from recsys.data.readers import KeptWindow
 from recsys.errors import ExitCode, GuardRefused, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines import nightly_compare as compare
@@ -74,7 +75,8 @@ class NightlyResult:
 
 
 def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, force: bool = False,
-              hooks: Hooks = NO_HOOKS, accept_guard: dt.date | None = None) -> list[NightlyResult]:
+              hooks: Hooks = NO_HOOKS, accept_guard: dt.date | None = None,
+              kept: KeptWindow | None = None) -> list[NightlyResult]:
     """Run the job for each date in order, in one Spark session (a backfill, or one date).
 
     One session keeps the Python workers, and so the model cache, warm from date to date. The
@@ -83,11 +85,13 @@ def run_dates(spark: SparkSession, cfg: Config, dates: Sequence[dt.date], *, for
     leaves a hole that is easy to miss, and rerunning the same range is cheap since published
     dates are skipped. A date that is published but not recorded in MLflow (exit 5) does not stop it.
     ``accept_guard``: the one date whose night is published even if the guard refuses it (recorded).
+    ``kept``: an events window the process keeps (``recsys night``: training's), used by the date it is for.
     """
     results: list[NightlyResult] = []
     for i, date in enumerate(dates):
         try:
-            results.append(run_nightly(spark, cfg, date, force=force, hooks=hooks, accept_guard=date == accept_guard))
+            results.append(run_nightly(spark, cfg, date, force=force, hooks=hooks, accept_guard=date == accept_guard,
+                                       kept=kept))
         except BaseException:
             if len(dates) > 1:
                 log.warning("backfill %s..%s stopped at %s: %s; not attempted: %s", dates[0], dates[-1], date,
@@ -116,12 +120,12 @@ def _summary(results: Sequence[NightlyResult]) -> str:
 
 
 def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
-                hooks: Hooks = NO_HOOKS, accept_guard: bool = False) -> NightlyResult:
+                hooks: Hooks = NO_HOOKS, accept_guard: bool = False, kept: KeptWindow | None = None) -> NightlyResult:
     """Publish the date (:func:`publish_nightly`), then, with ``export.after_publish``, export it as the last
     stage (:func:`recsys.pipelines.export.run_export`; a date older than the one served is skipped, not
     refused). A failed export raises its error (the partition stays published): a rerun skips the publish
     and exports again."""
-    result = publish_nightly(spark, cfg, date, force=force, hooks=hooks, accept_guard=accept_guard)
+    result = publish_nightly(spark, cfg, date, force=force, hooks=hooks, accept_guard=accept_guard, kept=kept)
     if cfg.export.after_publish:
         from recsys.pipelines.export import run_export
 
@@ -131,7 +135,8 @@ def run_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force:
 
 
 def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
-                    hooks: Hooks = NO_HOOKS, accept_guard: bool = False) -> NightlyResult:
+                    hooks: Hooks = NO_HOOKS, accept_guard: bool = False,
+                    kept: KeptWindow | None = None) -> NightlyResult:
     """Produce and publish ``recommendations/dt=<date>/`` and its MLflow run, under the date's lock.
 
     A date already published with the same model version and config digest is skipped (no MLflow
@@ -140,7 +145,8 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
     everything staged; the published partition, if any, is untouched. ``hooks``: test and game-day
     pause points and faults (:mod:`recsys.hooks`), off by default. ``accept_guard``: publish the night even
     if the guard refuses it (:mod:`recsys.pipelines.guard`); the run records that it was accepted. A
-    forced run still obeys the guard.
+    forced run still obeys the guard. ``kept``: the events window the process keeps for this night, whose
+    histories then come from it rather than from a read of their own (:class:`recsys.data.readers.KeptWindow`).
     """
     date = parse_date(date)
     check_output_location(cfg.paths)
@@ -184,7 +190,7 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
             _note_mlflow_run(lock, cfg, date, recorder.run_id)
         run = stages.NightlyRun(spark=spark, cfg=cfg, date=date, model=model, model_resolution_error=resolution_error,
                                 config_digest=config_digest, layout=layout, lock=lock, recorder=recorder, timer=timer,
-                                hooks=hooks, table=table, accept_guard=accept_guard)
+                                hooks=hooks, table=table, accept_guard=accept_guard, kept=kept)
         try:
             check_executors_can_write(spark, run.work_dir, configured=cfg.paths.work)
             result = _run(run)

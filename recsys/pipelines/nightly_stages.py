@@ -34,8 +34,8 @@ from recsys.config import Config, PathsConfig, RecommendConfig
 from recsys.data import history as hist
 from recsys.data import rules as data_rules
 from recsys.data.contracts import HISTORY_COLUMN, OUTPUT_SPARK_DDL, partition_name, start_of_day_us
-from recsys.data.readers import (CatalogSnapshot, catalog_figures, read_catalog_snapshot, read_errors_as_input_errors,
-                                 read_events_window, window_start)
+from recsys.data.readers import (CatalogSnapshot, KeptWindow, catalog_figures, events_window_once,
+                                 read_catalog_snapshot, read_errors_as_input_errors, window_start)
 from recsys.errors import ConfigError, InputDataError, RunStatus, ValidationFailed, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.model.io import read_item_ids, read_new_item_ids
@@ -92,6 +92,7 @@ class NightlyRun:
     hooks: Hooks = NO_HOOKS
     table: OutputTable | None = None      # output.table; None: the paths only
     accept_guard: bool = False            # publish even if the guard refuses the night (--accept-guard), recorded
+    kept: KeptWindow | None = None        # the events window this process keeps for the night (recsys night)
 
     @property
     def work_dir(self) -> str:
@@ -195,7 +196,7 @@ def read_histories(run: NightlyRun, touched_since: dt.date | None = None,
     spark, paths, history, rules, date = run.spark, run.cfg.paths, run.cfg.history, run.cfg.recommend, run.date
     out_dir = rfs.join(run.work_dir, "histories")
     obs_events, obs_hist = Observation("events"), Observation("histories")
-    raw = read_events_window(spark, paths.events, date, history.window_days, history.event_types)
+    raw = events_window_once(spark, paths.events, date, history.window_days, history.event_types, run.kept)
     if users is not None:
         raw = raw.filter(F.col("user_id").isin([int(u) for u in users]))
     exclude = data_rules.exclusion_since(rules, date)

@@ -41,6 +41,7 @@ from recsys import __version__
 from recsys.config import Config
 from recsys import fs as rfs
 from recsys.data.contracts import parse_date, start_of_day_us
+from recsys.data.readers import KeptWindow
 from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
 from recsys.hooks import Hooks
 from recsys.learning.distributed import FitJob, FitOutput, fit_with_processes
@@ -149,7 +150,7 @@ class _Training:
 
 
 def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force: bool = False,
-                 hooks: Hooks = NO_HOOKS) -> TrainResult:
+                 hooks: Hooks = NO_HOOKS, kept: KeptWindow | None = None) -> TrainResult:
     """Train ``train.model`` on the histories before ``date``, register it as a new version, and move the
     alias unless the holder scores better on held-out items neither has trained on (``force`` moves it anyway).
 
@@ -159,6 +160,8 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     ``train.processes`` data-parallel ones. Bad input raises InputDataError before any MLflow run
     exists; any failure after marks the run FAILED and registers nothing. The shards are removed at
     the end, and an attempt that died leaves none behind for the next: a rerun starts clean.
+    ``kept``: the events window the process keeps for the night's stages after training (``recsys night``),
+    read from there rather than again; the caller releases it.
     """
     import torch
 
@@ -169,7 +172,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     remove_stale_attempts(cfg.paths.work, date)
     work_dir = training_work_dir(cfg, date)
     try:
-        run = _prepare(spark, cfg, date, timer, _write(spark, cfg, date, timer, work_dir), hooks)
+        run = _prepare(spark, cfg, date, timer, _write(spark, cfg, date, timer, work_dir, kept), hooks)
         run.work_dir = work_dir
         run.device = resolve_device(cfg.train.device)
         model_cfg, settings = model_config(cfg.train.model, len(run.vocab)), train_settings(cfg.train, run.device)
@@ -211,16 +214,21 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
     return TrainResult(date, run.recorder.run_id, version, metrics, promoted, decision, result.curve, plan.kind)
 
 
-def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str) -> _Inputs:
-    """The events window read once (listed, footers checked, read and kept by Spark for this stage) and written
-    twice: as the training histories' shards and, with ``train.repeats.learn``, as the repeat blend's held-out
-    days (:mod:`recsys.learning.repeats`; model-free, so written here rather than after the fits). On a log of
-    many small daily partitions the second read used to cost as much as the first."""
+def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, work_dir: str,
+           kept: KeptWindow | None = None) -> _Inputs:
+    """The events window read once (listed, footers checked, read and kept by Spark for this stage, or for the
+    whole night by ``kept``) and written twice: as the training histories' shards and, with
+    ``train.repeats.learn``, as the repeat blend's held-out days (:mod:`recsys.learning.repeats`; model-free, so
+    written here rather than after the fits). On a log of many small daily partitions the second read used to
+    cost as much as the first."""
     from pyspark import StorageLevel
 
     blend_days = None
     with timer.stage("read", "read events, write the training histories as shards and the repeat blend's days") as c:
-        events = training_events(spark, cfg, date).persist(StorageLevel.MEMORY_AND_DISK)
+        events = training_events(spark, cfg, date, kept)
+        own = kept is None                # kept: the window is already kept, for as long as the night needs it
+        if own:
+            events = events.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             shards = write_training_shards(spark, cfg, date, rfs.join(work_dir, "shards"), shards=cfg.train.shard_files,
                                            events=events)
@@ -230,7 +238,8 @@ def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, w
                 blend_days = write_validation_days(events, cfg, date, rfs.join(work_dir, "repeats"),
                                                    held_out_below=shards.held_out_below)
         finally:
-            events.unpersist()
+            if own:
+                events.unpersist()
         c.update(users=shards.users, interactions=shards.interactions, files=len(shards.files.paths),
                  **({"sampled_from_users": shards.sampled_from} if shards.sampled_from is not None else {}))
     if shards.interactions == 0:
