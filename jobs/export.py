@@ -7,7 +7,7 @@ pointer readers follow (docs/export.md). Exits with the job's documented exit co
 """
 import sys
 
-from recsys.cli.main import main
+from recsys.cli.main import process_main
 
 if __name__ == "__main__":
-    sys.exit(main(["export", *sys.argv[1:]]))
+    process_main(["export", *sys.argv[1:]])

@@ -8,7 +8,7 @@ job's exit code (README: exit codes), which is what a scheduler acts on.
 """
 import sys
 
-from recsys.cli.main import main
+from recsys.cli.main import process_main
 
 if __name__ == "__main__":
-    sys.exit(main(["night", *sys.argv[1:]]))
+    process_main(["night", *sys.argv[1:]])

@@ -9,7 +9,7 @@ Exits with the job's documented exit code (README: exit codes), which is what a 
 """
 import sys
 
-from recsys.cli.main import main
+from recsys.cli.main import process_main
 
 if __name__ == "__main__":
-    sys.exit(main(["recommend", *sys.argv[1:]]))
+    process_main(["recommend", *sys.argv[1:]])

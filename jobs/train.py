@@ -4,7 +4,7 @@
 """
 import sys
 
-from recsys.cli.main import main
+from recsys.cli.main import process_main
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    process_main(["train", *sys.argv[1:]])

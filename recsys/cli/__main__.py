@@ -1,6 +1,4 @@
 """``python -m recsys.cli``: the same as the ``recsys`` command."""
-import sys
+from recsys.cli.main import process_main
 
-from recsys.cli.main import main
-
-sys.exit(main())
+process_main()
