@@ -213,6 +213,7 @@ def test_the_job_runs_over_spark_connect(job, tmp_path):
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "[Stage " not in done.stderr + done.stdout     # the local server's JVM shares the log: no progress bars
     manifest = json.loads((Path(cfg.paths.output) / f"dt={date}" / "_manifest.json").read_text())
     assert manifest["counts"]["rows"] == N_USERS + 2      # user 999's event of 05-08 is in this window
     assert manifest["metrics"]["model_misses"] >= 1 and manifest["metrics"]["tasks"] >= 1

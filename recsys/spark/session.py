@@ -116,7 +116,9 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
             wait_for_connect_server(remote, launch.connect_wait_s)
         builder = builder.remote(remote)
         if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
-            settings = merged_settings(store_settings(output, storage), settings)
+            # (and its JVM writes to this process's stderr: no progress bars in the job's log)
+            settings = merged_settings(store_settings(output, storage),
+                                       {"spark.ui.showConsoleProgress": "false", **settings})
     elif launched_by_submit:
         settings = merged_settings(store_settings(output, storage, launching=False), settings)
     else:
