@@ -45,7 +45,7 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
              launch: LaunchSettings | None = None) -> ExitCode:
     """``spark``: an existing session to use (and leave running); by default the demo builds its own
     (with ``launch``, the environment's session settings)."""
-    from recsys.data.readers import KeptWindow
+    from recsys.learning.shards import training_window
     from recsys.pipelines.nightly import run_nightly
     from recsys.pipelines.train import run_training
     from recsys.spark.session import apply_runtime_settings, build_session
@@ -61,7 +61,7 @@ def run_demo(cfg: Config, *, data: Path | None = None, synthetic: bool = False, 
         apply_runtime_settings(spark, cfg.scoring.arrow_batch_size)
     try:
         # training and the night read one window, once (as recsys night does)
-        with KeptWindow(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types) as kept:
+        with training_window(spark, cfg, date) as kept:
             trained = run_training(spark, cfg, date, kept=kept)
             result = run_nightly(spark, cfg, date, kept=kept)
         table_rows = _table_rows(spark, cfg, date)

@@ -98,6 +98,12 @@ def held_out_bucket(user_id: str, seed: int):
     return F.pmod(F.xxhash64(F.col(user_id), F.lit(seed), F.lit("held_out")), F.lit(HASH_BUCKETS))
 
 
+def training_window(spark: SparkSession, cfg: Config, date: dt.date) -> KeptWindow:
+    """The window :func:`training_events` reads, to be kept for the night's stages of the same process (``recsys
+    night``, the demo: the nightly histories read the same ``history`` settings)."""
+    return KeptWindow(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
+
+
 def training_events(spark: SparkSession, cfg: Config, date: dt.date, kept: KeptWindow | None = None) -> DataFrame:
     """The events training reads: the ``history.window_days`` before ``date``, rows without an id dropped;
     from ``kept`` when the process keeps that window for its night's stages too."""

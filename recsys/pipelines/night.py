@@ -28,6 +28,7 @@ from recsys.data.readers import KeptWindow
 from recsys.errors import ExitCode, RecsysError, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines.nightly import NightlyResult, run_dates
+from recsys.learning.shards import training_window
 from recsys.pipelines.train import TrainResult, run_training, training_due
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = 
     forced past its gate here: ``recsys train --force`` does that, on purpose, by hand.
     """
     # training and the night's histories read the same window: read once, kept until the night has its histories
-    kept = KeptWindow(spark, cfg.paths.events, date, cfg.history.window_days, cfg.history.event_types)
+    kept = training_window(spark, cfg, date)
     try:
         return _train_then_publish(spark, cfg, date, force, hooks, kept)
     finally:

@@ -42,6 +42,10 @@ def runtime_settings(arrow_batch_size: int | None = None) -> dict[str, str]:
     return settings
 
 
+# no progress bars: a job's log is read by schedulers and people, not watched on a terminal
+QUIET_CONSOLE = {"spark.ui.showConsoleProgress": "false"}
+
+
 def session_settings(spark_cfg: SparkConfig, arrow_batch_size: int | None = None,
                      launch: LaunchSettings | None = None) -> dict[str, str]:
     """Every setting of a Spark application recsys starts itself: a local session (:func:`build_session`),
@@ -54,7 +58,7 @@ def session_settings(spark_cfg: SparkConfig, arrow_batch_size: int | None = None
     launch = launch or LaunchSettings()
     return {
         "spark.pyspark.python": os.environ["PYSPARK_PYTHON"] if "PYSPARK_PYTHON" in os.environ else sys.executable,
-        "spark.ui.showConsoleProgress": "false",
+        **QUIET_CONSOLE,
         "spark.sql.shuffle.partitions": str(launch.shuffle_partitions),
         **LISTING_SETTINGS,
         **runtime_settings(arrow_batch_size),
@@ -118,7 +122,7 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
         if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
             # (and its JVM writes to this process's stderr: no progress bars in the job's log)
             settings = merged_settings(store_settings(output, storage),
-                                       {"spark.ui.showConsoleProgress": "false", **settings})
+                                       {**QUIET_CONSOLE, **settings})
     elif launched_by_submit:
         settings = merged_settings(store_settings(output, storage, launching=False), settings)
     else:
