@@ -82,15 +82,25 @@ def replayed(spark, world, tmp_path_factory):
     tiny = [x for s in TINY_TRAINING for x in ("--set", s)]
     argv = ["backtest", "--from", NIGHTS[0], "--to", NIGHTS[1], "--work", str(work), "--json", str(root / "bt.json"),
             "--train-every", "2", *_args(world, user, *tiny)]
+    from recsys.data import readers
+
+    reads, read_window = [], readers.read_events_window     # every read of a night's events window
+
+    def counted(spark, root, *args, **kwargs):
+        reads.append(root)
+        return read_window(spark, root, *args, **kwargs)
+
     mp = _pytest.monkeypatch.MonkeyPatch()
     try:
+        mp.setattr(readers, "read_events_window", counted)
         code = jobkit.cli(mp, spark, argv)
+        window_reads = len(reads)
         doc = json.loads((root / "bt.json").read_text())
         again = jobkit.cli(mp, spark, argv)
     finally:
         mp.undo()
     return dict(root=root, user=user, work=work, code=code, again=again, store_before=store_before, argv=argv,
-                doc=doc, resumed=json.loads((root / "bt.json").read_text()))
+                doc=doc, resumed=json.loads((root / "bt.json").read_text()), window_reads=window_reads)
 
 
 def test_the_backtest_writes_nothing_where_the_configured_job_writes(replayed, world):
@@ -108,6 +118,9 @@ def test_the_schedule_trains_when_due_and_the_nights_use_the_alias_holder(replay
     assert "trained_version" not in second and second["training"].startswith("not due")
     assert second["model_version"] == "1"
     assert replayed["doc"]["settings"]["train_every"] == 2
+    # the night that trained read its window once for training and its lists, as `recsys night` does; the
+    # second night (not due) read its own
+    assert replayed["window_reads"] == 2
     assert "trained every 2 night(s)" in " ".join(replayed["doc"]["notes"])
 
 

@@ -8,7 +8,8 @@ For every night ``D`` from ``--from`` to ``--to``, in order, in one Spark sessio
    whether the alias moves, exactly as it does at night. ``--model-uri`` skips training: one model (a
    registered version of the configured tracking store, or a model directory) scores every night.
 2. **recommend**: :func:`recsys.pipelines.nightly.run_nightly` publishes the lists for ``D`` (the guard's
-   refusals are accepted and noted: a backtest measures the lists, it does not withhold them);
+   refusals are accepted and noted: a backtest measures the lists, it does not withhold them); on a night
+   that trained, from the window training read and Spark kept, as ``recsys night`` does (one read a night);
 3. **measure** (:mod:`recsys.evaluation.backtest`): what the returning users of ``D`` did that day, against
    the published lists and the baselines' lists for the same users.
 
@@ -291,6 +292,7 @@ def check_request(cfg: Config, request: BacktestRequest) -> list[dt.date]:
 
 def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult:
     """Replay the nights ``request.start``..``request.end`` into ``request.work`` and measure them."""
+    from recsys.learning.shards import training_window
     from recsys.pipelines.nightly import run_nightly
     from recsys.pipelines.train import run_training, training_due
     from recsys.tracking import store as tracking
@@ -315,19 +317,21 @@ def run_backtest(spark, cfg: Config, request: BacktestRequest) -> BacktestResult
     for i, night in enumerate(nights):
         t0 = time.perf_counter()
         row: dict[str, Any] = {"date": str(night)}
-        if model_note is None:
-            reason = training_due(scratch, night)
-            if reason is None:
-                log.info("[backtest] %s (%d/%d): training on the events before it (train.every_nights=%d)", night,
-                         i + 1, len(nights), scratch.train.every_nights)
-                trained = run_training(spark, scratch, night)
-                row.update(trained_version=trained.version, training_kind=trained.kind, gate=trained.decision,
-                           promoted=trained.promoted)
-            else:
-                row["training"] = f"not due: {reason}"
-        row["train_s"] = round(time.perf_counter() - t0, 1)
-        t1 = time.perf_counter()
-        result = run_nightly(spark, scratch, night, accept_guard=True)
+        # a night that trains reads its window once for training and the lists, as `recsys night` does
+        with training_window(spark, scratch, night) as kept:
+            if model_note is None:
+                reason = training_due(scratch, night)
+                if reason is None:
+                    log.info("[backtest] %s (%d/%d): training on the events before it (train.every_nights=%d)",
+                             night, i + 1, len(nights), scratch.train.every_nights)
+                    trained = run_training(spark, scratch, night, kept=kept)
+                    row.update(trained_version=trained.version, training_kind=trained.kind, gate=trained.decision,
+                               promoted=trained.promoted)
+                else:
+                    row["training"] = f"not due: {reason}"
+            row["train_s"] = round(time.perf_counter() - t0, 1)
+            t1 = time.perf_counter()
+            result = run_nightly(spark, scratch, night, accept_guard=True, kept=kept if kept.read else None)
         manifest = result.manifest
         version = manifest.model.version or "?"
         guard = manifest.quality.guard.get("verdict") if manifest.quality is not None else None
