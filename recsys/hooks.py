@@ -11,6 +11,8 @@ carries on; a point reached on the driver's main thread also carries on at once 
 test can act while the job is held, e.g. stop a server, and then let it go on). A test reads the job's stderr until the line appears and sends SIGKILL: the kill lands
 at a known point without sleeping and hoping. Points, in the order a run reaches them:
 
+- ``fitting``: training (``recsys train``, and ``recsys night``'s), its shards written and its MLflow run open,
+  before the first fit: a training process that dies, as one the kernel kills for its memory would;
 - ``writing``: inside a scoring task on the workers, after its first rows went to the Parquet
   writer of the staging directory (other tasks keep writing): a kill in the middle of the write;
 - ``staged``: the staged output is written, not yet validated;
@@ -51,8 +53,8 @@ from recsys.errors import ConfigError
 PAUSE_ENV = "RECSYS_PAUSE_AT"
 PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
-POINTS = ("writing", "staged", "before_swap", "after_table", "after_pointer", "between_renames", "after_swap",
-          "retention", "export_writing", "before_switch")
+POINTS = ("fitting", "writing", "staged", "before_swap", "after_table", "after_pointer", "between_renames",
+          "after_swap", "retention", "export_writing", "before_switch")
 FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_training_process")
 
 

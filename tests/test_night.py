@@ -4,8 +4,9 @@ Three nights of the small dataset of tests/jobkit.py through the command line, i
 session (``jobkit.cli``): the first trains (due: nothing trained yet) and publishes with the new version; the
 next is not due (``train.every_nights=2``) and publishes with the same version; the third is due, its training
 fails on bad input, and the night still publishes, with the version holding the alias, exit 0, saying why.
-The same semantics as the DAG's two tasks (tests/test_airflow_dag.py), without the second process, and with
-one read of the events window a night where the DAG's tasks read it twice.
+One read of the events window a night where ``recsys train`` and ``recsys recommend`` read it twice. And a
+night whose training process dies (SIGKILL at the ``fitting`` pause point): its retry publishes with the alias
+holder instead of training again. tests/test_airflow_dag.py runs the same command as the DAG's ``night`` task.
 """
 import dataclasses
 import datetime as dt
@@ -99,6 +100,46 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     assert _manifest(tmp_path, third_date)["model"]["version"] == "2" == _alias_holder(store)
     assert jobkit.errors_logged(caplog) == []       # the night succeeded: no ERROR line for the operator to chase
     assert len(reads) == 3 and _kept_rdds(spark) == kept_before     # the failed training's read served the night
+
+
+@SLOW
+def test_a_night_whose_training_process_dies_publishes_with_the_alias_holder_on_its_retry(
+        spark, tmp_path, monkeypatch, caplog):
+    """A training that takes its process down (here SIGKILL once its MLflow run is open, as the kernel's
+    out-of-memory killer would) cannot report itself: the scheduler retries the night, and the retry must publish
+    with the alias holder rather than die in the same training again, night after night."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import storekit
+    from mlflow import MlflowClient
+
+    jobkit.write_dataset(tmp_path)
+    store = jobkit.make_store(tmp_path / "store")
+    args = jobkit.recommend_args(tmp_path, store, *TRAINING)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYSPARK_PYTHON": sys.executable, "RECSYS_SHUFFLE_PARTITIONS": "4"}
+    for key in ("RECSYS_FAULT_INJECTION", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE"):
+        env.pop(key, None)
+    storekit.kill_at([sys.executable, "-m", "recsys.cli", "night", "--date", str(RUN_DATE), *args], "fitting", env,
+                     timeout_s=300)
+    marks = list((tmp_path / "work" / "night-training").rglob(f"{RUN_DATE}.json"))
+    assert len(marks) == 1                                         # what the dead attempt left behind
+    client = MlflowClient(store.tracking_uri)
+    experiment_ids = [e.experiment_id for e in client.search_experiments()]
+    dead = [r for r in client.search_runs(experiment_ids) if r.info.status == "RUNNING"]
+    assert len(dead) == 1                                          # its training run, cut off
+
+    # the retry: still due (nothing finished), but not tried again; the lists come from the holder, exit 0
+    caplog.set_level(logging.INFO, logger="recsys")
+    assert _night(monkeypatch, spark, tmp_path, store, RUN_DATE) == 0
+    final = caplog.records[-1].getMessage()
+    assert final.startswith("recsys night finished with exit code 0")
+    assert "training not tried again: an earlier attempt of this night (process" in final
+    assert "died before its training ended" in final
+    assert _manifest(tmp_path, RUN_DATE)["model"]["version"] == store.version == _alias_holder(store)
+    assert not marks[0].exists()                  # one retry without training: a later rerun of the date trains
 
 
 @SLOW

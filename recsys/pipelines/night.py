@@ -1,28 +1,37 @@
 """The whole night in one process: training when the schedule says it is due, then the nightly job.
 
-``recsys night`` (``jobs/night.py`` under spark-submit) runs what the Airflow DAG runs as two tasks, in one
-Spark session: one JVM and one Python start-up instead of two, the Python workers that training's
-Spark jobs started are the ones that score, and the events window is read once: training's read is kept
-(:class:`recsys.data.readers.KeptWindow`) until the night has built its histories from it. The semantics are
-the DAG's:
+``recsys night`` (``jobs/night.py`` under spark-submit; the Airflow DAG's ``night`` task) runs ``recsys train
+--if-due`` and ``recsys recommend`` in one Spark session: one JVM and one Python start-up instead of two, the
+Python workers that training's Spark jobs started are the ones that score, and the events window is read once:
+training's read is kept (:class:`recsys.data.readers.KeptWindow`) until the night has built its histories from
+it. The semantics:
 
 - training runs only when ``train.every_nights`` says it is due (as ``recsys train --if-due``);
 - a training that fails, for any reason, does not stop the night: the lists are scored with the version
   that holds the model alias, and the night's outcome says why training failed;
 - the night's exit code is the nightly job's (0 published or skipped, 3 refused by the guard, 4 date
   locked, ...), so a scheduler retries exactly what it would retry for ``recsys recommend``; a retry
-  after a training that finished does not train again (the training is no longer due).
+  after a training that finished does not train again (the training is no longer due);
+- a training that takes the whole process down (killed, out of memory) cannot report itself: it leaves its
+  mark (:class:`TrainingAttempt`), and the next attempt of the same night publishes with the alias holder
+  instead of training again, so that a training that dies every time still never costs the night its lists.
 
-Use it from cron or as one scheduler task when the two tasks' separate retries are not needed.
+The Airflow DAG and the crontab example run it; ``recsys train --if-due`` and ``recsys recommend`` as two
+scheduler tasks are the alternative where a failed training must be a failed task of its own.
 """
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+import os
+import socket
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from pyspark.sql import SparkSession
 
+from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data.readers import KeptWindow
 from recsys.errors import ExitCode, RecsysError, first_line
@@ -30,6 +39,8 @@ from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines.nightly import NightlyResult, run_dates
 from recsys.learning.shards import training_window
 from recsys.pipelines.train import TrainResult, run_training, training_due
+from recsys.processes import process_alive, process_start_time
+from recsys.redaction import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,52 @@ class NightResult:
     def exit_code(self) -> ExitCode:
         """The nightly job's: a failed training is reported, not an exit code (the night ran without it)."""
         return self.nightly.exit_code
+
+
+@dataclass(frozen=True)
+class TrainingAttempt:
+    """The mark a night's training leaves while it runs, under ``paths.work`` (shared by every machine of a
+    cluster, like the shards): ``night-training/<model name>/<date>.json``, with the process that started it.
+
+    Removed when training returns or raises; still there at the next attempt of the night only if the process
+    died in training (SIGKILL, the kernel's out-of-memory killer, a lost machine), or if another process is
+    training that date now. Either way that attempt does not train: a scheduler's retries would otherwise
+    repeat a training that dies every time and never publish the night.
+    """
+
+    fs: object
+    path: str
+
+    @classmethod
+    def of(cls, cfg: Config, date: dt.date) -> "TrainingAttempt":
+        fs, base = rfs.resolve(cfg.paths.work)
+        return cls(fs, rfs.join(base, "night-training", quote(cfg.mlflow.model_name, safe=""), f"{date}.json"))
+
+    def left_by_another(self) -> tuple[str, bool] | None:
+        """(why an earlier attempt's training did not end, in one clause; whether its process still runs), from
+        its mark; None without a mark."""
+        if not rfs.exists(self.fs, self.path):
+            return None
+        try:
+            mark = json.loads(rfs.read_text(self.fs, self.path))
+            who = f"process {mark['pid']} on {mark['host']}, started {mark['started_at']}"
+            alive = mark["host"] == socket.gethostname() and process_alive(int(mark["pid"]), mark.get("pid_started"))
+        except (OSError, ValueError, KeyError, TypeError):
+            who, alive = "an unreadable mark", False
+        state = "is still running (training this date now?)" if alive else "died before its training ended"
+        return f"an earlier attempt of this night ({who}) {state}", alive
+
+    def start(self) -> None:
+        mark = {"pid": os.getpid(), "pid_started": process_start_time(), "host": socket.gethostname(),
+                "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        rfs.write_text_atomic(self.fs, self.path, json.dumps(mark))
+
+    def end(self) -> None:
+        try:
+            if rfs.exists(self.fs, self.path):
+                self.fs.delete_file(self.path)
+        except OSError as exc:   # the training's outcome stands; only the next attempt of this night is affected
+            log.warning("could not remove %s (%s): a rerun of this night will not train", redact_uri(self.path), exc)
 
 
 def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = False,
@@ -70,11 +127,25 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
     failed = False
     try:   # the cadence reads the tracking store: an unreachable one fails training, not the night
         reason = training_due(cfg, date)
+        attempt = TrainingAttempt.of(cfg, date)
+        died = attempt.left_by_another() if reason is None else None
         if reason is not None:
             note = f"training not due: {reason}"
             log.info("recsys night %s: %s", date, note)
+        elif died is not None:
+            failed = True
+            why, running = died
+            if not running:   # one attempt without training is enough: a later rerun of the date trains again
+                attempt.end()
+            note = (f"training not tried again: {why}; the night runs with the version that holds the model "
+                    f"alias (`recsys train --date {date}` trains by hand, and its log says why it stops)")
+            log.warning("recsys night %s: %s", date, note)
         else:
-            training = run_training(spark, cfg, date, hooks=hooks, kept=kept)
+            attempt.start()
+            try:
+                training = run_training(spark, cfg, date, hooks=hooks, kept=kept)
+            finally:
+                attempt.end()
             note = training.summary()
     except RecsysError as exc:
         failed = True

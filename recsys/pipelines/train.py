@@ -179,6 +179,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
         plan = plan_training(run, model_cfg, settings.seed)
         log.info("[train %s] %s training: %s", date, plan.kind, plan.reason)
         run.recorder = _open_run(run, model_cfg, settings, plan)
+        hooks.pause("fitting")
         try:
             result, metrics = _fit(run, model_cfg, settings, plan)
             selection_model = result.model(model_cfg)
