@@ -5,14 +5,12 @@
 
 For each ``--users`` scale the sample generator writes ``--days`` of events ending the day before the
 first night (the log then grows by a day a night: night D reads the events before D, as in production).
-Each night runs what the DAG in ``conf/schedulers/`` runs, as child processes of this script:
-
-1. ``recsys train --date D --if-due`` (trains when ``train.every_nights``, default 1, says so; ``--train-every``
-   overrides it), then
-2. ``recsys recommend --date D`` (the published top-N for D);
-
-or, with ``--modes one`` (or ``two,one`` for both, each on its own copy of the store, the same ALS nights
-beside them), ``recsys night --date D``: the same two steps in one process and one Spark session;
+Each night runs what the DAG in ``conf/schedulers/`` runs, as a child process of this script:
+``recsys night --date D`` (``--modes one``, the default): training on the events before D when
+``train.every_nights`` (default 1; ``--train-every`` overrides it) says it is due, then the published top-N
+for D, in one process and one Spark session; or, with ``--modes two`` (``two,one`` for both, each on its own
+copy of the store, the same ALS nights beside them), the same two steps as two processes, ``recsys train
+--date D --if-due`` then ``recsys recommend --date D`` (the DAG's two tasks before it ran ``recsys night``);
 
 and then Spark ALS's night on the same window of events: a fresh ``local[2]`` process that reads the
 window with the job's reader, fits implicit ALS (rank 64, 10 iterations, as ``recsys backtest``'s
@@ -144,7 +142,7 @@ def _als_child(events: str, date: str, window_days: str, top_n: str, out_dir: st
 
 
 def run_scale(work: Path, users: int, items: int, days: int, nights: int, extra: list[str], window_days: int,
-              top_n: int, modes: tuple[str, ...] = ("two",)) -> dict:
+              top_n: int, modes: tuple[str, ...] = ("one",)) -> dict:
     """Each mode's nights (``two``: train then recommend, two processes; ``one``: ``recsys night``) on its own
     copy of the generated data and store, beside Spark ALS's night on the same events."""
     from recsys.data.sample import SampleSpec, generate_sample
@@ -203,9 +201,9 @@ def main() -> int:
     parser.add_argument("--top-n", type=int, default=100)
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a configuration override for the job's runs (repeatable)")
-    parser.add_argument("--modes", default="two",
-                        help="comma-separated: two (recsys train, then recsys recommend: two processes, as the "
-                             "DAG runs them), one (recsys night: one process); several run side by side (default: two)")
+    parser.add_argument("--modes", default="one",
+                        help="comma-separated: one (recsys night: one process, as the DAG runs it), two (recsys "
+                             "train, then recsys recommend: two processes); several run side by side (default: one)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())

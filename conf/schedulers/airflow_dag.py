@@ -1,4 +1,4 @@
-"""Airflow 3 DAG: each logical date, train (when due), the nightly job, then the export, acting on the exit codes.
+"""Airflow 3 DAG: each logical date, the night (training when due, then the lists) as one job, then the export.
 
 Install Airflow in its own virtualenv (never in the job's .venv) and point its dags folder here,
 or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environment variables):
@@ -7,24 +7,24 @@ or copy this file; then set, as Airflow Variables (or AIRFLOW_VAR_<NAME> environ
 - ``recsys_conf``: the job's YAML config, relative to recsys_home or absolute (default conf/production.yaml);
 - ``recsys_spark_master``: the Spark master (default local[*,4]).
 
-Three tasks per date, ``train >> recommend >> export``:
+Two tasks per date, ``night >> export``:
 
-- ``train`` runs ``jobs/train.py --date <ds> --if-due``: it trains on the events before the date and
-  moves the model alias if the new version is not worse, when ``train.every_nights`` (the job's
-  config, the one place the cadence is set) says training is due, and otherwise exits 0 saying when
-  it is next due. It is never retried and never blocks the night: a training that fails (any exit
-  code) fails this task with the reason in its log, and one the gate refuses succeeds with the
-  decision in its log; either way ``recommend`` runs with the version holding the alias.
-- ``recommend`` runs whatever ``train`` did (``trigger_rule="all_done"``).
-- ``export`` runs ``jobs/export.py --date <ds> --if-configured`` once ``recommend`` succeeded: the date's
+- ``night`` runs ``jobs/night.py --date <ds>`` (``recsys night``): one Spark job that trains on the events
+  before the date when ``train.every_nights`` (the job's config, the one place the cadence is set) says
+  training is due, moves the model alias if the new version is not worse, and then publishes the date's
+  lists, reading the events window once for both. A training that fails never costs the night its lists:
+  they come from the version holding the alias, and the log's last line says why training failed (so does
+  the training's MLflow run). A retry never repeats a training that finished (it is no longer due), nor
+  one whose process died (killed, out of memory): the retry publishes with the alias holder instead.
+- ``export`` runs ``jobs/export.py --date <ds> --if-configured`` once ``night`` succeeded: the date's
   published lists into Redis as a new version, then one switch of the pointer readers follow (docs/export.md).
-  Without ``export.redis_url`` in the config it exits 0 saying so. The same exit-code rules as ``recommend``:
+  Without ``export.redis_url`` in the config it exits 0 saying so. The same exit-code rules as ``night``:
   1 (Redis unreachable, nothing switched) and 4 (another export holds the lock) are retried; 2 (not
   published, failed validation, or a date older than the one Redis serves: readers would move back a night,
   which only ``recsys export --allow-older`` by hand does) fails at once; 5 (served, figures not recorded in
   MLflow) succeeds with a warning.
 
-What ``recommend`` does with the job's exit code (docs/operations.md, "Exit codes"):
+What ``night`` does with the job's exit code, the nightly job's (docs/operations.md, "Exit codes"):
 
 - 0: success (published, or already published the same way and skipped);
 - 5: success, with a warning in the task log: the partition is published, only the MLflow run
@@ -56,8 +56,6 @@ except ImportError:
     EXIT_CODES = {"OK": 0, "UNEXPECTED_ERROR": 1, "BAD_INPUT": 2, "VALIDATION_FAILED": 3, "LOCK_HELD": 4,
                   "TRACKING_FAILED": 5, "INTERRUPTED": 130}
 
-TRAIN_IS_NOT_BLOCKING = ("tonight's recommend runs with the version that holds the model alias; "
-                         "the next due night trains again")
 NOT_RETRIED = {
     EXIT_CODES["BAD_INPUT"]: "bad input data or configuration: fix the input or the config, then clear the task",
     EXIT_CODES["VALIDATION_FAILED"]: "the output failed validation, nothing was published: investigate, then clear "
@@ -109,16 +107,6 @@ class ExportJobOperator(NightlyJobOperator):
         return super().on_failure(code)
 
 
-class TrainJobOperator(RecsysJobOperator):
-    """For ``recsys train --if-due``: a failure is reported in one line and not retried
-    (AirflowFailException; the task also has ``retries=0``): retrying would delay the night's
-    recommendations, and ``recommend`` runs after it either way."""
-
-    def on_failure(self, code):
-        raise AirflowFailException(f"recsys train exited with code {code} (its reason is in the lines above): "
-                                   f"{TRAIN_IS_NOT_BLOCKING}") from None
-
-
 with DAG(
     dag_id="recsys_nightly",
     schedule="15 2 * * *",
@@ -128,31 +116,19 @@ with DAG(
     default_args={"retries": 2, "retry_delay": pendulum.duration(minutes=10)},
     tags=["recsys"],
 ) as dag:
-    train = TrainJobOperator(
-        task_id="train",
+    night = NightlyJobOperator(
+        task_id="night",            # training when due, then the lists: one job, one read of the events window
         cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
         bash_command=(
             "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
-            "jobs/train.py --date {{ ds }} --if-due "
+            "jobs/night.py --date {{ ds }} "
             "--conf '{{ var.value.get('recsys_conf', 'conf/production.yaml') }}'"
         ),
-        retries=0,
-        execution_timeout=pendulum.duration(hours=4),
-    )
-    recommend = NightlyJobOperator(
-        task_id="recommend",
-        trigger_rule="all_done",    # after train, whatever it did: a failed training never blocks the night
-        cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
-        bash_command=(
-            "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
-            "jobs/nightly_recommendations.py --date {{ ds }} "
-            "--conf '{{ var.value.get('recsys_conf', 'conf/production.yaml') }}'"
-        ),
-        execution_timeout=pendulum.duration(hours=4),
+        execution_timeout=pendulum.duration(hours=8),
         max_active_tis_per_dag=1,
     )
     export = ExportJobOperator(
-        task_id="export",           # after recommend succeeded (exit 0, or 5: published, not recorded)
+        task_id="export",           # after the night succeeded (exit 0, or 5: published, not recorded)
         cwd="{{ var.value.get('recsys_home', '/opt/recsys') }}",
         bash_command=(
             "./spark-submit.sh --master '{{ var.value.get('recsys_spark_master', 'local[*,4]') }}' "
@@ -162,4 +138,4 @@ with DAG(
         execution_timeout=pendulum.duration(hours=2),
         max_active_tis_per_dag=1,
     )
-    train >> recommend >> export
+    night >> export
