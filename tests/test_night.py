@@ -44,6 +44,19 @@ def _night(monkeypatch, spark, root, store, date: dt.date, *extra: str) -> int:
                                            *jobkit.recommend_args(root, store, *TRAINING, *extra)])
 
 
+def _runs(root, store) -> list[dict]:
+    """What `recsys runs` lists for the test's store, newest first."""
+    from recsys.cli.runs import list_runs
+
+    return list_runs(jobkit.config(root, store, *TRAINING))
+
+
+def _runs_table(rows: list[dict]) -> str:
+    from recsys.cli.runs import format_table
+
+    return format_table(rows)
+
+
 def _kept_rdds(spark) -> int:
     """How many RDDs Spark keeps (persisted) in this session."""
     return spark.sparkContext._jsc.getPersistentRDDs().size()
@@ -100,6 +113,13 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     assert _manifest(tmp_path, third_date)["model"]["version"] == "2" == _alias_holder(store)
     assert jobkit.errors_logged(caplog) == []       # the night succeeded: no ERROR line for the operator to chase
     assert len(reads) == 3 and _kept_rdds(spark) == kept_before     # the failed training's read served the night
+    # and beside the night in MLflow and `recsys runs` (its training failed before opening a run of its own)
+    rows = _runs(tmp_path, store)
+    assert [r["date"] for r in rows] == [str(third_date), str(second_date), str(RUN_DATE)]
+    why = rows[0]["training_failed"]
+    assert "training failed (exit 2" in why and "train.min_item_count" in why
+    assert rows[1]["training_failed"] is None and rows[2]["training_failed"] is None
+    assert "training failed (exit 2" in _runs_table(rows).splitlines()[1]
 
 
 @SLOW
@@ -140,6 +160,7 @@ def test_a_night_whose_training_process_dies_publishes_with_the_alias_holder_on_
     assert "died before its training ended" in final
     assert _manifest(tmp_path, RUN_DATE)["model"]["version"] == store.version == _alias_holder(store)
     assert not marks[0].exists()                  # one retry without training: a later rerun of the date trains
+    assert "died before its training ended" in _runs(tmp_path, store)[0]["training_failed"]
 
 
 @SLOW

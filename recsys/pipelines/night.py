@@ -34,13 +34,15 @@ from pyspark.sql import SparkSession
 from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data.readers import KeptWindow
-from recsys.errors import ExitCode, RecsysError, first_line
+from recsys.errors import ExitCode, RecsysError, RunStatus, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines.nightly import NightlyResult, run_dates
 from recsys.learning.shards import training_window
 from recsys.pipelines.train import TrainResult, run_training, training_due
 from recsys.processes import process_alive, process_start_time
 from recsys.redaction import redact_uri
+from recsys.tracking import store as tracking
+from recsys.tracking import tags
 
 log = logging.getLogger(__name__)
 
@@ -158,4 +160,16 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
                 f"the night runs with the version that holds the model alias")
         log.warning("recsys night %s: %s", date, note, exc_info=True)
     [nightly] = run_dates(spark, cfg, [date], force=force, hooks=hooks, kept=kept if kept.read else None)
+    if failed and nightly.status == RunStatus.PUBLISHED and nightly.run_id is not None:
+        _note_failed_training(cfg, date, nightly.run_id, note)
     return NightResult(training=training, training_note=note, training_failed=failed, nightly=nightly)
+
+
+def _note_failed_training(cfg: Config, date: dt.date, run_id: str, note: str) -> None:
+    """Tag the night's MLflow run with why its training failed: with training and the lists in one scheduler
+    task, a failed training is no failed task; this puts it beside the night in MLflow and in ``recsys runs``.
+    A training that fails on bad input leaves no training run of its own (it fails before opening one)."""
+    error = tracking.note_on_run(cfg.mlflow, run_id, {}, {tags.TRAINING_FAILED: note})
+    if error is not None:
+        log.warning("recsys night %s: the MLflow run %s could not be tagged with the training's failure: %s",
+                    date, run_id, error)

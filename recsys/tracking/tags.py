@@ -32,6 +32,8 @@ GUARD_CROSSED = "recsys.guard_crossed"  # nightly: each threshold crossed, with 
 GUARD_ACCEPTED = "recsys.guard_accepted"  # nightly: "true" when a refused night was published on purpose
 LOCK = "recsys.lock"                    # nightly: what the date's lock promised on its store: exclusive |
                                         # compare-and-set | best effort (runs of the date must not overlap)
+TRAINING_FAILED = "recsys.training_failed"  # nightly, by recsys night: why the night's training failed (its
+                                            # lists came from the alias holder); absent when it did not
 
 NOTE = "mlflow.note.content"            # MLflow's run description
 DATASET_CONTEXT = "mlflow.data.context"
