@@ -187,3 +187,34 @@ def test_night_result_exit_code_is_the_nightly_jobs():
     night = NightResult(training=None, training_note="training failed", training_failed=True,
                         nightly=nightly)
     assert night.exit_code == ExitCode.TRACKING_FAILED
+
+
+def test_a_training_mark_says_whether_its_process_runs_here_died_here_or_ran_elsewhere(tmp_path):
+    """What the retry reads from an earlier attempt's mark: this host's live process (training now: the mark stays),
+    this host's dead one, another host's (a retry in a new driver pod: most likely dead), an unreadable mark."""
+    import os
+    import socket
+
+    import pyarrow.fs as pafs
+
+    from recsys.pipelines.night import TrainingAttempt
+    from recsys.processes import process_start_time
+
+    attempt = TrainingAttempt(pafs.LocalFileSystem(), str(tmp_path / "night-training" / "m" / "2024-05-08.json"))
+    assert attempt.left_by_another() is None
+    attempt.start()                                          # this process: alive
+    why, running = attempt.left_by_another()
+    assert running and f"process {os.getpid()} on {socket.gethostname()}" in why and "is still running" in why
+
+    mark = json.loads((tmp_path / "night-training" / "m" / "2024-05-08.json").read_text())
+    assert mark["pid_started"] == process_start_time()
+    for changes, says in (({"pid_started": mark["pid_started"] - 3600}, "died before its training ended"),
+                          ({"host": "another-host"}, "on another host")):
+        (tmp_path / "night-training" / "m" / "2024-05-08.json").write_text(json.dumps({**mark, **changes}))
+        why, running = attempt.left_by_another()
+        assert not running and says in why
+    (tmp_path / "night-training" / "m" / "2024-05-08.json").write_text("{not json")
+    assert attempt.left_by_another() == ("an earlier attempt of this night (an unreadable mark) did not end its "
+                                         "training", False)
+    attempt.end()
+    assert attempt.left_by_another() is None and not (tmp_path / "night-training" / "m" / "2024-05-08.json").exists()

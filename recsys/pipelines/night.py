@@ -89,10 +89,18 @@ class TrainingAttempt:
         try:
             mark = json.loads(rfs.read_text(self.fs, self.path))
             who = f"process {mark['pid']} on {mark['host']}, started {mark['started_at']}"
-            alive = mark["host"] == socket.gethostname() and process_alive(int(mark["pid"]), mark.get("pid_started"))
+            here = mark["host"] == socket.gethostname()
+            alive = here and process_alive(int(mark["pid"]), mark.get("pid_started"))
         except (OSError, ValueError, KeyError, TypeError):
-            who, alive = "an unreadable mark", False
-        state = "is still running (training this date now?)" if alive else "died before its training ended"
+            who, here, alive = "an unreadable mark", None, False
+        if alive:
+            state = "is still running (training this date now?)"
+        elif here:
+            state = "died before its training ended"
+        elif here is None:
+            state = "did not end its training"
+        else:   # a retry on another machine (a new driver pod, say): most likely the first one died
+            state = "did not end its training (on another host: if it still runs there, it is training this date)"
         return f"an earlier attempt of this night ({who}) {state}", alive
 
     def start(self) -> None:
