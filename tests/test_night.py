@@ -161,6 +161,10 @@ def test_a_night_whose_training_process_dies_publishes_with_the_alias_holder_on_
     assert _manifest(tmp_path, RUN_DATE)["model"]["version"] == store.version == _alias_holder(store)
     assert not marks[0].exists()                  # one retry without training: a later rerun of the date trains
     assert "died before its training ended" in _runs(tmp_path, store)[0]["training_failed"]
+    killed = client.get_run(dead[0].info.run_id)   # the dead training's run no longer claims to be running
+    assert killed.info.status == "KILLED" and killed.data.tags["recsys.status"] == "killed"
+    assert "died before its training ended" in killed.data.tags["recsys.error"]
+    assert f"ended the dead training's MLflow run {killed.info.run_id} as KILLED" in caplog.text
 
 
 @SLOW

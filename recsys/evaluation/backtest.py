@@ -65,7 +65,7 @@ PART_TITLES = {"": "all next-day items", ".repeat": "repeat items, which the use
 def describe(system: str, settings: BacktestConfig) -> str:
     """What each row of the table is, in words (the table's legend and the JSON's ``systems``)."""
     return {
-        JOB: "the job's published lists (recsys train on the schedule, then recsys recommend)",
+        JOB: "the job's published lists (recsys night: training on the schedule, then the lists)",
         PERSONAL: f"personal frequency: the user's own items by event count, each event weighing "
                   f"2^(-age in days / {settings.half_life_days:g})",
         PADDED: f"personal frequency, its free places filled with the last {settings.popularity_days} days' "

@@ -87,7 +87,7 @@ class TrainingAttempt:
         if not rfs.exists(self.fs, self.path):
             return None
         try:
-            mark = json.loads(rfs.read_text(self.fs, self.path))
+            mark = self._read()
             who = f"process {mark['pid']} on {mark['host']}, started {mark['started_at']}"
             here = mark["host"] == socket.gethostname()
             alive = here and process_alive(int(mark["pid"]), mark.get("pid_started"))
@@ -102,6 +102,16 @@ class TrainingAttempt:
         else:   # a retry on another machine (a new driver pod, say): most likely the first one died
             state = "did not end its training (on another host: if it still runs there, it is training this date)"
         return f"an earlier attempt of this night ({who}) {state}", alive
+
+    def _read(self) -> dict:
+        return json.loads(rfs.read_text(self.fs, self.path))
+
+    def started_at(self) -> dt.datetime | None:
+        """When the attempt that left the mark started its training; None without a readable mark."""
+        try:
+            return dt.datetime.fromisoformat(self._read()["started_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def start(self) -> None:
         mark = {"pid": os.getpid(), "pid_started": process_start_time(), "host": socket.gethostname(),
@@ -146,6 +156,7 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
             failed = True
             why, running = died
             if not running:   # one attempt without training is enough: a later rerun of the date trains again
+                _end_dead_trainings(cfg, date, attempt, why)
                 attempt.end()
             note = (f"training not tried again: {why}; the night runs with the version that holds the model "
                     f"alias (`recsys train --date {date}` trains by hand, and its log says why it stops)")
@@ -171,6 +182,21 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
     if failed and nightly.status == RunStatus.PUBLISHED and nightly.run_id is not None:
         _note_failed_training(cfg, date, nightly.run_id, note)
     return NightResult(training=training, training_note=note, training_failed=failed, nightly=nightly)
+
+
+def _end_dead_trainings(cfg: Config, date: dt.date, attempt: TrainingAttempt, why: str) -> None:
+    """End as KILLED the MLflow training runs the dead attempt left RUNNING (from its mark's start on)."""
+    started = attempt.started_at()
+    if started is None:
+        return
+    try:
+        ended = tracking.end_dead_trainings(cfg.mlflow, date, started, why)
+    except Exception as exc:   # the store is the night's to judge later; this only tidies the dead run
+        log.warning("recsys night %s: the dead training's MLflow run could not be ended: %s", date,
+                    first_line(exc, with_type=True))
+        return
+    for run_id in ended:
+        log.info("recsys night %s: ended the dead training's MLflow run %s as KILLED", date, run_id)
 
 
 def _note_failed_training(cfg: Config, date: dt.date, run_id: str, note: str) -> None:

@@ -328,6 +328,39 @@ def end_killed_run(cfg: MlflowConfig, *, mlflow_run_id: str | None, job_run: str
     return run.info.run_id
 
 
+def end_dead_trainings(cfg: MlflowConfig, date: dt.date, started_after: dt.datetime, why: str) -> list[str]:
+    """End as KILLED the training runs of ``cfg.model_name`` for ``date`` still RUNNING that started after
+    ``started_after``: those of a training whose process died (``recsys night`` finds it by the mark that
+    training left; :class:`recsys.pipelines.night.TrainingAttempt`). A killed process cannot end its own run,
+    which would otherwise stay RUNNING in the MLflow UI forever. Returns the ids ended; MLflow errors propagate.
+    """
+    from mlflow import MlflowClient
+    from mlflow.entities import RunTag
+
+    point_at(cfg)
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(training_experiment(cfg))
+    if experiment is None:
+        return []
+    running = f"{tags.search_filter(tags.TRAIN_JOB, date)} and attributes.status = 'RUNNING'"
+    runs = client.search_runs([experiment.experiment_id], filter_string=running, max_results=20)
+    since_ms = int(started_after.timestamp() * 1000) - 1000     # the mark's time has whole seconds
+    ended = []
+    for run in runs:
+        mine = run.data.tags.get(tags.MODEL_NAME, cfg.model_name) == cfg.model_name
+        if not mine or (run.info.start_time or 0) < since_ms:
+            continue
+        at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        client.log_batch(run.info.run_id, tags=[RunTag(k, redact_text(v)) for k, v in {
+            tags.STATUS: RunStatus.KILLED.value, tags.FOUND_DEAD_AT: at, tags.ERROR: f"killed: {why}; found at {at}",
+            tags.NOTE: f"Killed while training for {date}: {why}. Found at {at} by the next attempt of the night, "
+                       f"which ended this MLflow run as KILLED.",
+        }.items()])
+        client.set_terminated(run.info.run_id, status="KILLED")
+        ended.append(run.info.run_id)
+    return ended
+
+
 def note_on_run(cfg: MlflowConfig, run_id: str, metrics: Mapping[str, float], run_tags: Mapping[str, str]) -> str | None:
     """Add metrics and tags to an existing (usually finished) run, e.g. the export of the partition it
     published; returns the error in one line if the store failed (the caller decides what that costs)."""
