@@ -297,7 +297,6 @@ def end_killed_run(cfg: MlflowConfig, *, mlflow_run_id: str | None, job_run: str
     such run is RUNNING (it ended, or never started). MLflow errors propagate: the caller decides.
     """
     from mlflow import MlflowClient
-    from mlflow.entities import RunTag
 
     point_at(cfg)
     client = MlflowClient()
@@ -316,16 +315,25 @@ def end_killed_run(cfg: MlflowConfig, *, mlflow_run_id: str | None, job_run: str
     found_at = dt.datetime.now(dt.timezone.utc)
     at = found_at.isoformat(timespec="seconds")
     date = run.data.tags.get(tags.DATE, "its date")
-    client.log_batch(run.info.run_id, tags=[RunTag(k, redact_text(v)) for k, v in {
-        tags.STATUS: RunStatus.KILLED.value, tags.FOUND_DEAD_BY: found_by, tags.FOUND_DEAD_AT: at,
+    _end_as_killed(client, run, last_alive or found_at, {
+        tags.FOUND_DEAD_BY: found_by, tags.FOUND_DEAD_AT: at,
         tags.ERROR: f"killed: {why}; found dead by run {found_by} at {at}",
         tags.NOTE: (f"Killed while running for {date}: the process died before the run could end ({why}). Found "
                     f"dead at {at} by run {found_by}, which took over the date's lock and ended this MLflow run as "
                     f"KILLED."),
-    }.items()])
-    end_ms = int((last_alive or found_at).timestamp() * 1000)
-    client.set_terminated(run.info.run_id, status="KILLED", end_time=max(end_ms, run.info.start_time or 0))
+    })
     return run.info.run_id
+
+
+def _end_as_killed(client: Any, run: Any, ended_at: dt.datetime, run_tags: Mapping[str, str]) -> None:
+    """Tag ``run`` ``recsys.status=killed`` with ``run_tags`` (redacted) and end it as KILLED at ``ended_at``
+    (never before its start): the one way a run whose process died is ended, by whoever found it dead."""
+    from mlflow.entities import RunTag
+
+    found = {tags.STATUS: RunStatus.KILLED.value, **run_tags}
+    client.log_batch(run.info.run_id, tags=[RunTag(k, redact_text(v)) for k, v in found.items()])
+    end_ms = int(ended_at.timestamp() * 1000)
+    client.set_terminated(run.info.run_id, status="KILLED", end_time=max(end_ms, run.info.start_time or 0))
 
 
 def end_dead_trainings(cfg: MlflowConfig, date: dt.date, started_after: dt.datetime, why: str) -> list[str]:
@@ -335,7 +343,6 @@ def end_dead_trainings(cfg: MlflowConfig, date: dt.date, started_after: dt.datet
     which would otherwise stay RUNNING in the MLflow UI forever. Returns the ids ended; MLflow errors propagate.
     """
     from mlflow import MlflowClient
-    from mlflow.entities import RunTag
 
     point_at(cfg)
     client = MlflowClient()
@@ -350,13 +357,13 @@ def end_dead_trainings(cfg: MlflowConfig, date: dt.date, started_after: dt.datet
         mine = run.data.tags.get(tags.MODEL_NAME, cfg.model_name) == cfg.model_name
         if not mine or (run.info.start_time or 0) < since_ms:
             continue
-        at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-        client.log_batch(run.info.run_id, tags=[RunTag(k, redact_text(v)) for k, v in {
-            tags.STATUS: RunStatus.KILLED.value, tags.FOUND_DEAD_AT: at, tags.ERROR: f"killed: {why}; found at {at}",
+        found_at = dt.datetime.now(dt.timezone.utc)
+        at = found_at.isoformat(timespec="seconds")
+        _end_as_killed(client, run, found_at, {
+            tags.FOUND_DEAD_AT: at, tags.ERROR: f"killed: {why}; found at {at}",
             tags.NOTE: f"Killed while training for {date}: {why}. Found at {at} by the next attempt of the night, "
                        f"which ended this MLflow run as KILLED.",
-        }.items()])
-        client.set_terminated(run.info.run_id, status="KILLED")
+        })
         ended.append(run.info.run_id)
     return ended
 
