@@ -201,24 +201,26 @@ def test_a_training_mark_says_whether_its_process_runs_here_died_here_or_ran_els
 
     import pyarrow.fs as pafs
 
-    from recsys.pipelines.night import TrainingAttempt
+    from recsys.pipelines.night import EarlierAttempt, TrainingAttempt
     from recsys.processes import process_start_time
 
     attempt = TrainingAttempt(pafs.LocalFileSystem(), str(tmp_path / "night-training" / "m" / "2024-05-08.json"))
     assert attempt.left_by_another() is None
     attempt.start()                                          # this process: alive
-    why, running = attempt.left_by_another()
+    earlier = attempt.left_by_another()
+    why, running = earlier.why, earlier.running
     assert running and f"process {os.getpid()} on {socket.gethostname()}" in why and "is still running" in why
 
     mark = json.loads((tmp_path / "night-training" / "m" / "2024-05-08.json").read_text())
+    assert earlier.started_at == dt.datetime.fromisoformat(mark["started_at"])   # when the dead run's search starts
     assert mark["pid_started"] == process_start_time()
     for changes, says in (({"pid_started": mark["pid_started"] - 3600}, "died before its training ended"),
                           ({"host": "another-host"}, "on another host")):
         (tmp_path / "night-training" / "m" / "2024-05-08.json").write_text(json.dumps({**mark, **changes}))
-        why, running = attempt.left_by_another()
-        assert not running and says in why
+        earlier = attempt.left_by_another()
+        assert not earlier.running and says in earlier.why
     (tmp_path / "night-training" / "m" / "2024-05-08.json").write_text("{not json")
-    assert attempt.left_by_another() == ("an earlier attempt of this night (an unreadable mark) did not end its "
-                                         "training", False)
+    assert attempt.left_by_another() == EarlierAttempt("an earlier attempt of this night (an unreadable mark) did "
+                                                       "not end its training", False, None)
     attempt.end()
     assert attempt.left_by_another() is None and not (tmp_path / "night-training" / "m" / "2024-05-08.json").exists()

@@ -186,17 +186,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             r["model_version"] or "", "" if r["users"] is None else f"{r['users']:,}",
             "" if r["users_per_s"] is None else f"{r['users_per_s']:,.0f}",
             "" if r["wall_s"] is None else f"{r['wall_s']:.1f}", r["run_id"][:8], stages,
-            "; ".join(x for x in (r["error"] or problems, _lock_warning(r), _training_failed(r)) if x),
+            "; ".join(x for x in (r["error"] or problems, _lock_warning(r), (r.get("training_failed") or "")[:200])
+                      if x),
         ])
     widths = [max(len(row[i]) for row in lines) for i in range(len(header) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
                      for row in lines).rstrip()
-
-
-def _training_failed(r: dict[str, Any]) -> str:
-    """A night whose training failed (``recsys night``): the first clause of why, so the table stays one line."""
-    why = r.get("training_failed") or ""
-    return why.split("; the night runs with", 1)[0][:200]
 
 
 def _lock_warning(r: dict[str, Any]) -> str:

@@ -62,6 +62,19 @@ class NightResult:
         return self.nightly.exit_code
 
 
+RUNS_WITH_HOLDER = "the night runs with the version that holds the model alias"
+
+
+@dataclass(frozen=True)
+class EarlierAttempt:
+    """What an earlier attempt's mark says: why its training did not end (one clause), whether its process still
+    runs (on this host), and when it started its training (None: the mark could not be read)."""
+
+    why: str
+    running: bool
+    started_at: dt.datetime | None
+
+
 @dataclass(frozen=True)
 class TrainingAttempt:
     """The mark a night's training leaves while it runs, under ``paths.work`` (shared by every machine of a
@@ -81,18 +94,18 @@ class TrainingAttempt:
         fs, base = rfs.resolve(cfg.paths.work)
         return cls(fs, rfs.join(base, "night-training", quote(cfg.mlflow.model_name, safe=""), f"{date}.json"))
 
-    def left_by_another(self) -> tuple[str, bool] | None:
-        """(why an earlier attempt's training did not end, in one clause; whether its process still runs), from
-        its mark; None without a mark."""
+    def left_by_another(self) -> EarlierAttempt | None:
+        """What the mark an earlier attempt left says (read once); None without a mark."""
         if not rfs.exists(self.fs, self.path):
             return None
         try:
-            mark = self._read()
+            mark = json.loads(rfs.read_text(self.fs, self.path))
             who = f"process {mark['pid']} on {mark['host']}, started {mark['started_at']}"
+            started_at = dt.datetime.fromisoformat(mark["started_at"])
             here = mark["host"] == socket.gethostname()
             alive = here and process_alive(int(mark["pid"]), mark.get("pid_started"))
         except (OSError, ValueError, KeyError, TypeError):
-            who, here, alive = "an unreadable mark", None, False
+            who, started_at, here, alive = "an unreadable mark", None, None, False
         if alive:
             state = "is still running (training this date now?)"
         elif here:
@@ -101,17 +114,7 @@ class TrainingAttempt:
             state = "did not end its training"
         else:   # a retry on another machine (a new driver pod, say): most likely the first one died
             state = "did not end its training (on another host: if it still runs there, it is training this date)"
-        return f"an earlier attempt of this night ({who}) {state}", alive
-
-    def _read(self) -> dict:
-        return json.loads(rfs.read_text(self.fs, self.path))
-
-    def started_at(self) -> dt.datetime | None:
-        """When the attempt that left the mark started its training; None without a readable mark."""
-        try:
-            return dt.datetime.fromisoformat(self._read()["started_at"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return EarlierAttempt(f"an earlier attempt of this night ({who}) {state}", alive, started_at)
 
     def start(self) -> None:
         mark = {"pid": os.getpid(), "pid_started": process_start_time(), "host": socket.gethostname(),
@@ -144,22 +147,21 @@ def run_night(spark: SparkSession, cfg: Config, date: dt.date, *, force: bool = 
 def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: bool, hooks: Hooks,
                         kept: KeptWindow) -> NightResult:
     training: TrainResult | None = None
-    failed = False
+    failure: str | None = None        # why training failed, in one clause (the night's MLflow run is tagged with it)
     try:   # the cadence reads the tracking store: an unreachable one fails training, not the night
         reason = training_due(cfg, date)
         attempt = TrainingAttempt.of(cfg, date)
-        died = attempt.left_by_another() if reason is None else None
+        earlier = attempt.left_by_another() if reason is None else None
         if reason is not None:
             note = f"training not due: {reason}"
             log.info("recsys night %s: %s", date, note)
-        elif died is not None:
-            failed = True
-            why, running = died
-            if not running:   # one attempt without training is enough: a later rerun of the date trains again
-                _end_dead_trainings(cfg, date, attempt, why)
+        elif earlier is not None:
+            failure = f"training not tried again: {earlier.why}"
+            if not earlier.running:   # one attempt without training is enough: a later rerun of the date trains again
+                _end_dead_trainings(cfg, date, earlier)
                 attempt.end()
-            note = (f"training not tried again: {why}; the night runs with the version that holds the model "
-                    f"alias (`recsys train --date {date}` trains by hand, and its log says why it stops)")
+            note = (f"{failure}; {RUNS_WITH_HOLDER} (`recsys train --date {date}` trains by hand, and its log says "
+                    f"why it stops)")
             log.warning("recsys night %s: %s", date, note)
         else:
             attempt.start()
@@ -169,28 +171,25 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
                 attempt.end()
             note = training.summary()
     except RecsysError as exc:
-        failed = True
-        note = (f"training failed (exit {int(exc.exit_code)}: {exc.exit_code.meaning}): {first_line(exc)}; "
-                f"the night runs with the version that holds the model alias")
+        failure = f"training failed (exit {int(exc.exit_code)}: {exc.exit_code.meaning}): {first_line(exc)}"
+        note = f"{failure}; {RUNS_WITH_HOLDER}"
         log.warning("recsys night %s: %s", date, note)
     except Exception as exc:  # a bug or an infrastructure failure in training must not cost the night its lists
-        failed = True
-        note = (f"training failed unexpectedly ({first_line(exc, with_type=True)}, traceback above); "
-                f"the night runs with the version that holds the model alias")
+        failure = f"training failed unexpectedly ({first_line(exc, with_type=True)}, traceback above)"
+        note = f"{failure}; {RUNS_WITH_HOLDER}"
         log.warning("recsys night %s: %s", date, note, exc_info=True)
     [nightly] = run_dates(spark, cfg, [date], force=force, hooks=hooks, kept=kept if kept.read else None)
-    if failed and nightly.status == RunStatus.PUBLISHED and nightly.run_id is not None:
-        _note_failed_training(cfg, date, nightly.run_id, note)
-    return NightResult(training=training, training_note=note, training_failed=failed, nightly=nightly)
+    if failure is not None and nightly.status == RunStatus.PUBLISHED and nightly.run_id is not None:
+        _note_failed_training(cfg, date, nightly.run_id, failure)
+    return NightResult(training=training, training_note=note, training_failed=failure is not None, nightly=nightly)
 
 
-def _end_dead_trainings(cfg: Config, date: dt.date, attempt: TrainingAttempt, why: str) -> None:
+def _end_dead_trainings(cfg: Config, date: dt.date, earlier: EarlierAttempt) -> None:
     """End as KILLED the MLflow training runs the dead attempt left RUNNING (from its mark's start on)."""
-    started = attempt.started_at()
-    if started is None:
+    if earlier.started_at is None:
         return
     try:
-        ended = tracking.end_dead_trainings(cfg.mlflow, date, started, why)
+        ended = tracking.end_dead_trainings(cfg.mlflow, date, earlier.started_at, earlier.why)
     except Exception as exc:   # the store is the night's to judge later; this only tidies the dead run
         log.warning("recsys night %s: the dead training's MLflow run could not be ended: %s", date,
                     first_line(exc, with_type=True))
@@ -199,11 +198,11 @@ def _end_dead_trainings(cfg: Config, date: dt.date, attempt: TrainingAttempt, wh
         log.info("recsys night %s: ended the dead training's MLflow run %s as KILLED", date, run_id)
 
 
-def _note_failed_training(cfg: Config, date: dt.date, run_id: str, note: str) -> None:
+def _note_failed_training(cfg: Config, date: dt.date, run_id: str, failure: str) -> None:
     """Tag the night's MLflow run with why its training failed: with training and the lists in one scheduler
     task, a failed training is no failed task; this puts it beside the night in MLflow and in ``recsys runs``.
     A training that fails on bad input leaves no training run of its own (it fails before opening one)."""
-    error = tracking.note_on_run(cfg.mlflow, run_id, {}, {tags.TRAINING_FAILED: note})
+    error = tracking.note_on_run(cfg.mlflow, run_id, {}, {tags.TRAINING_FAILED: failure})
     if error is not None:
         log.warning("recsys night %s: the MLflow run %s could not be tagged with the training's failure: %s",
                     date, run_id, error)
