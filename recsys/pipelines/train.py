@@ -46,8 +46,8 @@ from recsys.errors import GateError, InputDataError, TrackingFailed, first_line
 from recsys.hooks import Hooks
 from recsys.learning.distributed import FitJob, FitOutput, fit_with_processes
 from recsys.learning.settings import model_config, train_settings
-from recsys.learning.shards import (TrainingShards, remove_stale_attempts, training_events, training_work_dir,
-                                   write_training_shards)
+from recsys.learning.shards import (TrainingShards, remove_stale_attempts, training_events, training_window,
+                                   training_work_dir, write_training_shards)
 from recsys.learning.split import SplitData, StreamedHeldOut, mean_gain
 from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.model.repeats import RepeatBlend
@@ -221,16 +221,15 @@ def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, w
     whole night by ``kept``) and written twice: as the training histories' shards and, with
     ``train.repeats.learn``, as the repeat blend's held-out days (:mod:`recsys.learning.repeats`; model-free, so
     written here rather than after the fits). On a log of many small daily partitions the second read used to
-    cost as much as the first."""
-    from pyspark import StorageLevel
-
+    cost as much as the first. Kept by :class:`~recsys.data.readers.KeptWindow` either way: the night's, or one
+    of this stage's own."""
     blend_days = None
     with timer.stage("read", "read events, write the training histories as shards and the repeat blend's days") as c:
-        events = training_events(spark, cfg, date, kept)
         own = kept is None                # kept: the window is already kept, for as long as the night needs it
         if own:
-            events = events.persist(StorageLevel.MEMORY_AND_DISK)
+            kept = training_window(spark, cfg, date)
         try:
+            events = training_events(spark, cfg, date, kept)
             shards = write_training_shards(spark, cfg, date, rfs.join(work_dir, "shards"), shards=cfg.train.shard_files,
                                            events=events)
             if cfg.train.repeats.learn and shards.interactions > 0:
@@ -240,7 +239,7 @@ def _write(spark: SparkSession, cfg: Config, date: dt.date, timer: StageTimer, w
                                                    held_out_below=shards.held_out_below)
         finally:
             if own:
-                events.unpersist()
+                kept.release()
         c.update(users=shards.users, interactions=shards.interactions, files=len(shards.files.paths),
                  **({"sampled_from_users": shards.sampled_from} if shards.sampled_from is not None else {}))
     if shards.interactions == 0:
