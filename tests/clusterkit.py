@@ -81,6 +81,21 @@ class Worker:
     def executor_logs(self) -> list[Path]:
         return sorted(self.work_dir.glob("app-*/*/stderr"))
 
+    def can_read(self, path: Path) -> bool:
+        """Whether ``path`` can be read in this Worker's mount namespace, which its executors and their
+        Python workers inherit: looked up through ``/proc/PID/root``, the namespace's view of the
+        filesystem, so no Spark application has to run to find out. A directory counts as readable when
+        it lists anything (the hidden ones are empty tmpfs mounts)."""
+        seen = Path(f"/proc/{self.proc.pid}/root") / Path(path).relative_to("/")
+        try:
+            if seen.is_dir():
+                return bool(os.listdir(seen))
+            with open(seen, "rb") as f:
+                f.read(1)
+            return True
+        except OSError:
+            return False
+
 
 @dataclass
 class Cluster:

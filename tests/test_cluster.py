@@ -166,9 +166,15 @@ def runs(tmp_path_factory):
         out["cluster"] = cluster
         master = ["--master", cluster.url, *spark_conf]
 
+        # what the Workers' mount namespace (so every executor and Python worker) can read of the driver's files
+        out["readable"] = [{str(p): worker.can_read(p) for p in (CHECKOUT / "pyproject.toml", CHECKOUT,
+                                                                  Path(sys.prefix) / "pyvenv.cfg", secret,
+                                                                  private / "scratch", data / "events")}
+                           for worker in cluster.workers]
+
         # The local-mode runs, what the cluster's are compared with, run beside the cluster's: each in a store of its
         # own (sqlite admits one writer at a time), so the two never wait on each other's MLflow writes.
-        # Training data-parallel in local mode, under a model name of its own, beside the isolation probe:
+        # Training data-parallel in local mode, under a model name of its own, beside the cluster's:
         dp_sets = base + ["train.processes=2", "train.refit=false"]
         local_dp = _start(
             ["--master", "local[2]", "--conf", "spark.driver.memory=1g", "jobs/train.py", "--date", str(DATE),
@@ -176,10 +182,6 @@ def runs(tmp_path_factory):
                                f"paths.driver_scratch={private / 'scratch-local'}",
                                f"mlflow.tracking_uri=sqlite:///{private / 'mlflow-local.db'}",
                                f"mlflow.artifact_location={private / 'artifacts-local'}"])])
-        probe, out["times"]["probe"] = _submit(
-            ["--pack", *master, "tests/cluster_probe.py", str(CHECKOUT / "pyproject.toml"), str(CHECKOUT),
-             str(Path(sys.prefix) / "pyvenv.cfg"), str(secret), str(private / "scratch")])
-        out["probe"] = probe
 
         # training data-parallel: two processes started by TorchDistributor on the two executors (a barrier
         # stage), each reading its own shards from the shared work directory; the version it registers is the
@@ -257,17 +259,21 @@ def _manifest(output: Path) -> dict:
     return json.loads((output / f"dt={DATE}" / "_manifest.json").read_text())
 
 
-def test_an_executor_cannot_read_the_driver_checkout_venv_or_scratch_and_runs_the_shipped_python(runs):
-    probe = runs["probe"]
-    assert probe.returncode == 0, probe.stderr[-4000:]
-    rows = [json.loads(line.split(" ", 1)[1]) for line in probe.stdout.splitlines() if line.startswith("PROBE ")]
-    assert len(rows) == 2 and len({r["pid"] for r in rows}) == 2   # both executors' Python workers answered
-    for row in rows:
-        assert not any(row["readable"].values()), row["readable"]
-        assert "/environment/" in row["python"] and Path(row["python"]).name == "python"
-        assert not row["python"].startswith(str(CHECKOUT)) and not row["prefix"].startswith(sys.prefix)
-        assert "recsys.zip" in row["recsys"]                           # the sources came with --py-files
-    assert runs["secret"].read_text()                                 # while the driver reads them fine
+def test_no_executor_can_read_the_driver_checkout_venv_or_scratch_and_each_gets_the_code_through_spark(runs):
+    """The Workers' mount namespace, which every executor and Python worker inherits, hides the driver's files
+    and still reads the shared data; so the code and its Python can only have come through Spark: each executor
+    of a ``--pack`` application holds the shipped environment and the sources (``--py-files``) in its own
+    directory. That the executors' Python workers ran that environment's interpreter is the manifest's to say
+    (the test below)."""
+    for readable in runs["readable"]:
+        shared = {p: seen for p, seen in readable.items() if p.startswith(str(runs["shared"]))}
+        assert shared and all(shared.values()), readable                  # the control: a readable path reads
+        assert not any(seen for p, seen in readable.items() if p not in shared), readable
+    assert runs["secret"].read_text()                                     # while the driver reads them fine
+    for worker in runs["cluster"].workers:
+        shipped = [d for d in worker.work_dir.glob("app-*/*") if (d / "environment" / "bin" / "python").exists()]
+        assert len(shipped) >= 2, worker.work_dir       # training and the nights, each application on every Worker
+        assert all((d / "recsys.zip").is_file() for d in shipped), shipped
 
 
 def test_train_and_recommend_exit_0_on_the_cluster(runs):
