@@ -2,16 +2,19 @@
 
 One DAG run's night trains a model and publishes a date, and its export puts it into the session's Redis, end
 to end through ``spark-submit.sh`` (the tasks' real command lines, so a DAG whose arguments stop matching
-spark-submit.sh's or the job's fails here);
-the next night's training is not due (``train.every_nights=2``) and is skipped; a night whose
-training fails still publishes, with the version holding the alias, and so does a night whose
-training the gate refuses; a run for a date whose input is bad (exit code 2) ends failed after one
-try, with no retry. Airflow runs with its own temporary
-AIRFLOW_HOME and sqlite database; ``airflow dags test`` runs the DAG in-process.
+spark-submit.sh's or the job's fails here); a run for a date whose input is bad (exit code 2) ends failed
+after one try, with no retry; a run whose date another run holds (exit code 4) goes up for retry, and its
+night, one after the training, skips training as not due (``train.every_nights=2``). Airflow runs with its
+own temporary AIRFLOW_HOME and sqlite database; ``airflow dags test`` runs the DAG in-process.
+
+The DAG sees only the night's exit code, so what a night does inside one task is not run again here: a night
+whose training fails or is refused by the gate still publishes with the alias holder and exits 0
+(tests/test_night.py, tests/test_gate.py); a night whose training takes its process down publishes on its
+retry (tests/test_night.py); each exit code's handling by the DAG's operators is tests/test_airflow_dag_codes.py's;
+the export with no Redis configured is tests/test_export.py's.
 
 Cost: a cold cache installs Airflow first (about 2-3 minutes, once per machine, see airflowkit);
-warm, the module takes a few minutes (about eight spark-submit runs of a small dataset). A night whose
-training takes its process down is tests/test_night.py's (the retry publishes without training).
+warm, the module takes a couple of minutes (four spark-submit runs of a small dataset).
 """
 import datetime as dt
 import json
@@ -29,8 +32,6 @@ pytestmark = [pytest.mark.slow]
 BAD_DATE = "2024-06-20"     # after the DAG's start date; no events in its 30-day window: exit code 2
 DAG_ID, TASK_ID, EXPORT_TASK = "recsys_nightly", "night", "export"
 EXPORT_PREFIX = "airflow"
-FAILED_TRAINING_DATE = "2024-05-10"   # two nights after RUN_DATE's training: due, and made to fail
-REFUSED_TRAINING_DATE = "2024-05-12"  # due; the data ends on 05-07, so no held-out item is new to the holder
 # 24 users: the gate judges on 10 or more (the default 100 would keep the store's first version, which
 # records no training date, and so is judged on all 24); any judged version moves the alias (tolerance 1)
 TRAINING = ["train.epochs=2", "train.device=cpu", "train.every_nights=2", "train.model.sasrec.dim=8",
@@ -196,28 +197,6 @@ def test_one_dag_run_trains_publishes_and_exports_the_date_through_spark_submit(
     assert _task_instances(airflow, str(RUN_DATE), EXPORT_TASK) == [("success", 1)]
 
 
-def test_a_night_whose_training_fails_still_publishes_with_the_alias_holder(airflow, tmp_path):
-    _, _, root, data = airflow
-    holder = _alias_holder(airflow)
-    # a training that cannot build its vocabulary (exit 2), with a config the nightly job reads the same way
-    conf = tmp_path / "no-training.yaml"
-    tree = yaml.safe_load((root / "recsys.yaml").read_text())
-    tree["train"]["min_item_count"] = 1_000_000
-    del tree["export"]["redis_url"]           # and no Redis: the export task has nothing to do, and says so
-    conf.write_text(yaml.safe_dump(tree))
-    code, log = _dags_test(airflow, FAILED_TRAINING_DATE, recsys_conf=str(conf))
-    assert code == 0, log[-6000:]                           # the night (the DAG run) succeeded
-    # why, in the night's last line: its training failed on bad input (exit 2), the lists came from the holder
-    last = next(line for line in log.splitlines()[::-1] if "recsys night finished with exit code" in line)
-    assert "exit code 0" in last and "training failed (exit 2" in last and "train.min_item_count" in last
-    assert "runs with the version that holds the model alias" in last
-    assert _task_instances(airflow, FAILED_TRAINING_DATE) == [("success", 1)]                  # not retried
-    assert "recsys export: nothing to do, export.redis_url is not set" in log
-    assert _task_instances(airflow, FAILED_TRAINING_DATE, EXPORT_TASK) == [("success", 1)]
-    manifest = json.loads((data / "recommendations" / f"dt={FAILED_TRAINING_DATE}" / "_manifest.json").read_text())
-    assert manifest["model"]["version"] == holder == _alias_holder(airflow)
-
-
 def test_a_run_on_bad_input_fails_at_once_without_a_retry(airflow):
     code, log = _dags_test(airflow, BAD_DATE)
     assert code is not None, "exit code 2 was retried:\n" + log[-4000:]
@@ -239,19 +218,3 @@ def test_a_run_whose_date_is_locked_by_another_run_is_retried(airflow):
     # one night after RUN_DATE's training, with train.every_nights=2: not due, skipped in one line
     assert "training not due: the last training finished for 2024-05-08" in log
     assert _task_instances(airflow, "2024-05-09") == [("up_for_retry", 1)]
-
-
-def test_a_night_whose_training_the_gate_refuses_still_publishes_with_the_alias_holder(airflow):
-    """Runs last: its training is the newest finished one, which the cadence of the tests above counts from.
-
-    The holder trained on everything before RUN_DATE and the events end before it, so no user's held-out
-    newest item is one the holder has not seen: the gate cannot judge and keeps the holder (exit 0)."""
-    _, _, _, data = airflow
-    holder = _alias_holder(airflow)
-    code, log = _dags_test(airflow, REFUSED_TRAINING_DATE)
-    assert code == 0, log[-6000:]
-    assert "recsys night finished with exit code 0" in log
-    assert f"kept @champion on version {holder}: only 0 held-out user(s)" in log and "gate_min_users" in log
-    assert _task_instances(airflow, REFUSED_TRAINING_DATE) == [("success", 1)]
-    manifest = json.loads((data / "recommendations" / f"dt={REFUSED_TRAINING_DATE}" / "_manifest.json").read_text())
-    assert manifest["model"]["version"] == holder == _alias_holder(airflow)

@@ -8,6 +8,7 @@ killed mid-export) run ``recsys export`` in a subprocess held at a pause point (
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -306,6 +307,21 @@ def test_a_date_that_is_not_published_or_failed_validation_is_refused_with_exit_
     assert _export(monkeypatch, spark, tmp_path, published, redis_server.url, prefix) == ExitCode.BAD_INPUT
     assert "failed validation checks {'unavailable_items': 3}" in jobkit.errors_logged(caplog)[-1]
     assert client.exists(keys.pointer, keys.versions, keys.seq) == 0               # nothing was written
+
+
+def test_with_no_redis_configured_the_scheduler_s_export_has_nothing_to_do_and_a_plain_one_exits_2(
+        spark, published, tmp_path, monkeypatch, caplog):
+    """The scheduler's export task runs ``--if-configured`` after every night (conf/schedulers): a deployment
+    without Redis gets a successful task that says so, while an operator's own ``recsys export`` is told what
+    to set."""
+    caplog.set_level(logging.INFO, logger="recsys")
+    args = ["export", "--date", str(RUN_DATE), *jobkit.recommend_args(tmp_path, published.store,
+                                                                       inputs=published.data)]
+    assert jobkit.cli(monkeypatch, spark, [*args, "--if-configured"]) == ExitCode.OK
+    assert "recsys export: nothing to do, export.redis_url is not set" in caplog.messages
+    assert jobkit.errors_logged(caplog) == []
+    assert jobkit.cli(monkeypatch, spark, args) == ExitCode.BAD_INPUT
+    assert "export.redis_url is not set: name the Redis to export to" in jobkit.errors_logged(caplog)[-1]
 
 
 def test_redis_down_at_the_start_exits_1_and_leaves_the_pointer_unchanged(
