@@ -20,14 +20,18 @@ and the subprocesses they start inherit them. The archive (``-XX:SharedArchiveFi
 AppCDS) is built once per machine, JDK, pyspark and Derby client: a JVM runs :mod:`jvm_warmup`, a small
 workload over the tests' Hive metastore, and writes the classes it loaded when it exits. It is kept under
 ``$RECSYS_TEST_CACHE`` (default ``~/.cache/recsys/test-jvm``), outside the checkout, named by a digest of
-what it depends on. A JVM whose class path differs from the archive's (a job with ``output.table=null``
-has no Derby client on it) ignores it without a word (``-Xlog:cds=off``) and runs with C1 only.
+what it depends on, the jars' modification times among it: a JVM ignores an archive whose jars' times differ,
+so one built in another checkout's virtualenv did not apply in a fresh clone's. The three used last are
+kept. A JVM whose class path differs from the archive's (a job with ``output.table=null`` has no Derby
+client on it) ignores it without a word (``-Xlog:cds=off``) and runs with C1 only; tests/test_jvmkit.py
+checks that the shared session's options do load Spark's classes from it.
 
 Nothing a test checks depends on how the JVM compiles: these change speed only. ``RECSYS_TEST_JVM=default``
 turns them off (for comparing, or when a JVM misbehaves).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -40,6 +44,7 @@ C1_ONLY = "-XX:TieredStopAtLevel=1"
 QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"     # a class path that does not match: silently no archive
 ARCHIVE_VERSION = "1"                                  # bump when jvm_warmup's workload changes
 WARMUP = Path(__file__).with_name("jvm_warmup.py")
+KEEP_ARCHIVES = 3                                      # the archives kept, one per checkout used lately
 
 
 def cache_dir() -> Path:
@@ -67,12 +72,20 @@ def archive_path() -> Path | None:
     h = hashlib.sha256()
     parts = [ARCHIVE_VERSION, os.path.realpath(java), str(os.stat(os.path.realpath(java)).st_mtime_ns),
              pyspark.__version__, C1_ONLY]
-    parts += sorted(f"{p.name}:{p.stat().st_size}" for p in jars.glob("*.jar"))
+    # the JVM checks each jar of the class path against the archive by name, size and modification time, and
+    # ignores the archive without a word if one differs: a virtualenv installed at another time (a fresh clone's,
+    # another checkout's) has the same jars with other times, so it gets an archive of its own
+    parts += sorted(_jar_key(p) for p in jars.glob("*.jar"))
     if Path(DERBY_CLIENT_JAR).is_file():
-        parts.append(f"{DERBY_CLIENT_JAR}:{Path(DERBY_CLIENT_JAR).stat().st_size}")
+        parts.append(_jar_key(Path(DERBY_CLIENT_JAR)))
     for part in parts:
         h.update(part.encode() + b"\n")
     return cache_dir() / f"spark-{pyspark.__version__}-{h.hexdigest()[:16]}.jsa"
+
+
+def _jar_key(jar: Path) -> str:
+    found = jar.stat()
+    return f"{jar.name}:{found.st_size}:{found.st_mtime_ns}"
 
 
 def build(archive: Path, timeout_s: float = 900) -> bool:
@@ -97,11 +110,23 @@ def build(archive: Path, timeout_s: float = 900) -> bool:
     finally:
         tmp.unlink(missing_ok=True)
     print(f"jvmkit: built {archive} ({archive.stat().st_size / 2**20:.0f} MiB) in {time.monotonic() - started:.0f} s; "
-          f"later test sessions on this machine reuse it", file=sys.stderr)
-    for old in archive.parent.glob("spark-*.jsa"):   # archives of another JDK or pyspark
-        if old != archive:
-            old.unlink(missing_ok=True)
+          f"later test sessions with this virtualenv reuse it", file=sys.stderr)
+    forget_unused(archive.parent, keep=archive)
     return True
+
+
+def forget_unused(directory: Path, keep: Path, most: int = KEEP_ARCHIVES) -> list[Path]:
+    """Remove all but the ``most`` archives used last (``keep`` among them); what was removed.
+
+    Each checkout's virtualenv has an archive of its own (about 200 MiB): a developer's checkout beside a
+    fresh clone or two keeps its own, while the archives of clones deleted since, or of another JDK or
+    pyspark, go. "Used" is the file's modification time, which :func:`configure` renews at every session."""
+    others = sorted((p for p in directory.glob("spark-*.jsa") if p != keep),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = others[max(0, most - 1):]
+    for old in removed:
+        old.unlink(missing_ok=True)
+    return removed
 
 
 def options(archive: Path | None) -> str:
@@ -123,6 +148,9 @@ def configure(build_missing: bool) -> None:
         return
     if archive is not None and build_missing and not archive.is_file():
         build(archive)
+    elif archive is not None and build_missing:
+        with contextlib.suppress(OSError):        # used now: the last one forget_unused would remove
+            os.utime(archive)
     os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [options(archive), os.environ.get("SPARK_SUBMIT_OPTS")]))
     os.environ["SPARK_LAUNCHER_OPTS"] = " ".join(filter(None, [C1_ONLY, os.environ.get("SPARK_LAUNCHER_OPTS")]))
     os.environ["RECSYS_TEST_JVM_SET"] = "1"   # xdist workers inherit the result: never added twice
