@@ -3,7 +3,7 @@
 ``make test`` runs two workers on the 2-core CI machine. torch's default (and ``num_threads=2`` in a
 test) then puts four OpenMP threads on two cores, and each parallel region waits for a thread that is
 not running: the same training took about twice the CPU and five times as long in a worker (measured
-in docs/testing.md). So every test process runs torch on its share (conftest sets it at start-up; tests
+on the 2-core machine when this module was written). So every test process runs torch on its share (conftest sets it at start-up; tests
 that choose a thread count pass ``SHARE``), and the processes it starts inherit ``OMP_NUM_THREADS``.
 A single process (``-p no:xdist``, ``TEST_WORKERS=1``) keeps every core.
 """
