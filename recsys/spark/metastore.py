@@ -98,6 +98,10 @@ def metastore_settings(store: Metastore) -> dict[str, str]:
         return settings
     url = store.url or f"jdbc:derby:;databaseName={store.dir / 'metastore_db'};create=true"
     settings["spark.hadoop.javax.jdo.option.ConnectionURL"] = url
+    if store.embedded:
+        # Hive retries opening its database 10 times, 2 s apart: embedded Derby that another process holds
+        # stays held for longer than that, so the job would only wait 20 s to fail the same way
+        settings["spark.hadoop.hive.hmshandler.retry.attempts"] = "1"
     driver = next((d for prefix, d in JDBC_DRIVERS.items() if url.startswith(prefix)), None)
     if driver:
         settings["spark.hadoop.javax.jdo.option.ConnectionDriverName"] = driver
