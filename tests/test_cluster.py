@@ -272,7 +272,7 @@ def test_no_executor_can_read_the_driver_checkout_venv_or_scratch_and_each_gets_
     assert runs["secret"].read_text()                                     # while the driver reads them fine
     for worker in runs["cluster"].workers:
         shipped = [d for d in worker.work_dir.glob("app-*/*") if (d / "environment" / "bin" / "python").exists()]
-        assert len(shipped) >= 2, worker.work_dir       # training and the nights, each application on every Worker
+        assert len(shipped) == 3, worker.work_dir       # training, the night and the killed night, each on every Worker
         assert all((d / "recsys.zip").is_file() for d in shipped), shipped
 
 
