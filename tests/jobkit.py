@@ -154,6 +154,19 @@ def cli(monkeypatch, spark, argv: list[str]) -> int:
     return recsys_cli.main(argv)
 
 
+def record_calls(monkeypatch, owner, name: str) -> list[tuple[tuple, dict]]:
+    """Wrap ``owner.name`` (a module's function) so that every call is recorded, arguments and all, in the list
+    returned, and still made: how a test counts the reads a run makes without changing what it reads."""
+    calls, original = [], getattr(owner, name)
+
+    def recorded(*args, **kwargs):
+        calls.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return calls
+
+
 def recommend_args(root: Path, store: Store, *extra: str, inputs: Path | None = None) -> list[str]:
     args = []
     for item in overrides(root, store, *extra, inputs=inputs):

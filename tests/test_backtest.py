@@ -84,15 +84,9 @@ def replayed(spark, world, tmp_path_factory):
             "--train-every", "2", *_args(world, user, *tiny)]
     from recsys.data import readers
 
-    reads, read_window = [], readers.read_events_window     # every read of a night's events window
-
-    def counted(spark, root, *args, **kwargs):
-        reads.append(root)
-        return read_window(spark, root, *args, **kwargs)
-
     mp = _pytest.monkeypatch.MonkeyPatch()
     try:
-        mp.setattr(readers, "read_events_window", counted)
+        reads = jobkit.record_calls(mp, readers, "read_events_window")     # every read of a night's events window
         code = jobkit.cli(mp, spark, argv)
         window_reads = len(reads)
         doc = json.loads((root / "bt.json").read_text())

@@ -70,13 +70,7 @@ def test_a_night_trains_when_due_publishes_with_what_it_trained_and_survives_a_f
     jobkit.write_dataset(tmp_path)
     store = jobkit.make_store(tmp_path / "store")
     caplog.set_level(logging.INFO, logger="recsys")
-    reads, read_events = [], readers.read_events     # every listing and read of the events, counted
-
-    def counted(spark, root, *args, **kwargs):
-        reads.append(root)
-        return read_events(spark, root, *args, **kwargs)
-
-    monkeypatch.setattr(readers, "read_events", counted)
+    reads = jobkit.record_calls(monkeypatch, readers, "read_events")     # every listing and read of the events
     kept_before = _kept_rdds(spark)
 
     # night 1: nothing trained yet, so training is due; the lists come from the version it registered. Training
