@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import jobkit
 from recsys.config import load_config
 from recsys.data.contracts import CATALOG_SCHEMA, EVENTS_SCHEMA, write_partition
 
@@ -348,16 +349,9 @@ def test_training_reads_the_events_window_once_for_its_shards_and_the_repeat_ble
     from recsys.data import readers
     from recsys.pipelines.train import run_training
 
-    reads = []
-    read_events = readers.read_events
-
-    def counted(spark, root, *args, **kwargs):
-        reads.append(root)
-        return read_events(spark, root, *args, **kwargs)
-
-    monkeypatch.setattr(readers, "read_events", counted)
+    reads = jobkit.record_calls(monkeypatch, readers, "read_events")    # every listing and read of the events
     cfg = _config(data_root, tmp_path, "mlflow.model_name=read-once", "train.epochs=1")
     result = run_training(spark, cfg, SECOND_TRAINING)
     blend = _registered(cfg, result.version).blend
     assert blend is not None and blend.figures["validation_rows"] > 0      # the blend was chosen, on its rows
-    assert reads == [cfg.paths.events]
+    assert [args[1] for args, _ in reads] == [cfg.paths.events]        # (spark, root, ...): one read, of the events
