@@ -99,6 +99,24 @@ def test_max_users_trains_on_a_seeded_sample(spark, data_root, tmp_path):
     assert (first.users, first.interactions) == (again.users, again.interactions)   # the same users, seeded
 
 
+def test_a_sample_of_users_trains_with_the_whole_populations_vocabulary(spark, data_root, tmp_path):
+    """An item only users outside the sample touched stays in the vocabularies: a user's own items stay
+    recommendable to them (a repeat), whoever the model trained on."""
+    from recsys.learning.shards import write_training_shards
+
+    sample = write_training_shards(spark, _config(data_root, tmp_path, "train.max_users=8"), DATE,
+                                   str(tmp_path / "sample"), shards=2)
+    everyone = write_training_shards(spark, _config(data_root, tmp_path), DATE, str(tmp_path / "all"), shards=2)
+    trained_on = {i for (i,) in spark.read.parquet(str(tmp_path / "sample")).selectExpr("explode(history)").collect()}
+    assert sample.users < 20 and len(trained_on) < len(everyone.items.item_ids), "the sample touches every item"
+    assert sample.items.item_ids.tolist() == everyone.items.item_ids.tolist()
+    assert sample.items.all_events.tolist() == everyone.items.all_events.tolist()
+    assert (sample.items.vocabulary(1, held_out=False).item_ids.tolist()
+            == everyone.items.vocabulary(1, held_out=False).item_ids.tolist())
+    # only the sample's users hold their newest item out
+    assert 0 < sample.held_out_users <= sample.users < everyone.held_out_users
+
+
 def test_two_processes_train_to_the_validation_ndcg_of_one(spark, data_root, tmp_path):
     """Data-parallel (2 processes, gloo, TorchDistributor local mode) against one process: same data, seed and
     global batch; the model is registered and gated as today."""

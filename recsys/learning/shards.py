@@ -136,7 +136,7 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
     """Write the training histories of ``date`` as ``shards`` Parquet files under ``directory`` and read
     back the item counts and totals (aggregates only: nothing per user is collected). ``events``: as
     :func:`training_histories`."""
-    histories = training_histories(spark, cfg, date, events)
+    histories = population = training_histories(spark, cfg, date, events)
     sampled_from = None
     if cfg.train.max_users is not None:
         histories, sampled_from = _sample_users(histories, cfg.train.max_users, cfg.train.seed)
@@ -145,6 +145,8 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
     written = spark.read.parquet(directory)
     files = parquet_files(directory)
     totals, below, items = _statistics(written, cfg.train.held_out_share, cfg.train.held_out_min_users)
+    if histories is not population:
+        items = _population_items(items, population)
     return TrainingShards(directory, files, items, users=int(totals["users"] or 0),
                           interactions=int(totals["interactions"] or 0),
                           held_out_users=int((items.all_events - items.selection).sum()), sampled_from=sampled_from,
@@ -160,6 +162,22 @@ def _sample_users(histories: DataFrame, max_users: int, seed: int) -> tuple[Data
     bucket = F.pmod(F.xxhash64(F.col(USER_ID), F.lit(seed), F.lit("max_users")), F.lit(HASH_BUCKETS))
     log.info("train.max_users=%d: training on a seeded sample of about %d of %d users", max_users, max_users, users)
     return histories.filter(bucket < share), users
+
+
+def _population_items(sample: ItemCounts, population: DataFrame) -> ItemCounts:
+    """The sample's counts widened to every item of every user's history (one small collect, one row per item).
+
+    The vocabularies come from the whole population, not from the users trained on: an item only users outside
+    the sample touched must stay recommendable, above all to those users, whose lists offer it back as one of
+    their own (a repeat). Training still reaches its embedding: the full softmax pushes every item down as a
+    negative in every step. The held-out newest items are the sample's (only trained users are held out)."""
+    table = (population.select(F.explode(HISTORY).alias("item_id")).groupBy("item_id")
+             .agg(F.count(F.lit(1)).alias("all_events")).orderBy("item_id").toArrow())
+    item_ids = table.column("item_id").to_numpy().astype(np.int64)
+    all_events = table.column("all_events").to_numpy().astype(np.int64)
+    held_out = np.zeros_like(all_events)
+    held_out[np.searchsorted(item_ids, sample.item_ids)] = sample.all_events - sample.selection
+    return ItemCounts(item_ids, all_events, all_events - held_out)
 
 
 def _statistics(written: DataFrame, share: float, min_users: int) -> tuple[dict, int, ItemCounts]:
