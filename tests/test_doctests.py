@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream",
-                "recsys.model.warm")
+                "recsys.model.warm", "recsys.model.base")
 OTHER_MODULES = ("recsys.data.contracts", "recsys.learning.split", "recsys.pipelines.nightly_stages",
                  "recsys.pipelines.train")
 

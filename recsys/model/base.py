@@ -32,3 +32,22 @@ class SequenceRecommender(Protocol):
     def item_embeddings(self) -> torch.Tensor:
         """[num_items + 1, D]: row i scores item index i; row 0 (padding) is never recommended."""
         ...
+
+
+def drop_padding_columns(seq: torch.Tensor, *aligned: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``seq`` [B, L] (and each ``aligned`` [B, L]) without the leading columns that are padding in every row.
+
+    Histories are left-padded to ``max_len``, but most users hold far fewer items, so a block of
+    users is often mostly padding. Both models give the same outputs at the real positions without
+    those columns (SASRec counts positions back from the newest item and never attends to padding;
+    GRU4Rec's state stays exactly zero through padding), so ``encode``'s cost follows the block's
+    longest row instead of ``max_len``. Reads one value back from the device.
+
+    >>> drop_padding_columns(torch.tensor([[0, 0, 3, 4], [0, 0, 0, 5]]))[0].tolist()
+    [[3, 4], [0, 5]]
+    """
+    real = (seq != 0).any(dim=0)                                               # [L]
+    first = int(torch.argmax(real.to(torch.uint8)))       # 0 when no column has an item: nothing dropped
+    if first == 0:
+        return (seq, *aligned)
+    return (seq[:, first:], *(a[:, first:] for a in aligned))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from recsys.model.base import drop_padding_columns
 from recsys.model.configs import GRU4RecConfig
 
 __all__ = ["GRU4Rec", "GRU4RecConfig"]
@@ -68,8 +69,5 @@ class GRU4Rec(nn.Module):
         Leading columns that are padding in every row are dropped first (exact, see the module
         docstring); that reads one value back from the device per call.
         """
-        real_cols = (seq != 0).any(dim=0)                                           # [L]
-        first = int(torch.argmax(real_cols.to(torch.uint8)))  # 0 when no column has an item
-        if first > 0:
-            seq = seq[:, first:]                                                    # [B, L']
+        (seq,) = drop_padding_columns(seq)                                          # [B, L']
         return self.forward(seq)[:, -1]                                             # [B, D]

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from recsys.model.base import drop_padding_columns
 from recsys.model.configs import SASRecConfig
 
 __all__ = ["SASRec", "SASRecConfig"]
@@ -223,11 +224,7 @@ class SASRec(nn.Module):
         return self._encode(seq)
 
     def _encode(self, seq: torch.Tensor) -> torch.Tensor:
-        real = seq != 0                                                             # [B, L]
-        real_cols = real.any(dim=0)                                                 # [L]
-        first = int(torch.argmax(real_cols.to(torch.uint8)))  # 0 when no column has an item
-        if first > 0:
-            seq, real = seq[:, first:], real[:, first:]                             # [B, L']
+        seq, real = drop_padding_columns(seq, seq != 0)                             # [B, L']
         if seq.device.type == "cpu" and bool(real.all()):
             # no padding anywhere in the block: plain causal attention, no mask tensor to build or read
             x = self._embed_only(seq)
