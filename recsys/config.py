@@ -272,6 +272,7 @@ class TrainConfig(_Section):
     warmup_epochs: float = Field(ge=0)
     lr_decay: Literal["constant", "cosine"]
     window_offsets: Literal["fixed", "random"]
+    batching: Literal["random", "by_length"]
     loss: Literal["full", "sampled"]
     negatives: int = Field(ge=1)
     precision: Literal["auto", "fp32", "bf16"]

@@ -239,3 +239,20 @@ def test_random_window_offsets_with_a_cosine_schedule_still_learn_the_pattern():
     assert result.best_metrics["ndcg@10"] > 0.8
     again = fit(train, CONFIG, settings, valid=valid)               # seeded: the shifts repeat too
     assert [r["train_loss"] for r in again.curve] == [r["train_loss"] for r in result.curve]
+
+
+def test_batches_by_length_encode_short_windows_narrow_and_still_learn_the_pattern():
+    """``batching="by_length"``: a batch of short windows is encoded at its own width (the all-padding columns
+    dropped: exact, tests/test_model.py's padding tests), and the model learns as with random batches."""
+    train, valid = successor_task(users=200)
+    widths: dict[str, list[int]] = {}
+    for batching in ("random", "by_length"):
+        seen: list[int] = widths.setdefault(batching, [])
+        model = SASRec(CONFIG)
+        model.register_forward_pre_hook(lambda _, args, seen=seen: seen.append(args[0].shape[1]) if model.training
+                                        else None)
+        result = fit(train, model, TrainSettings(epochs=12, batch_size=32, learning_rate=5e-3, patience=3, seed=3,
+                                                 num_threads=SHARE, batching=batching), valid=valid)
+        assert result.best_metrics["ndcg@10"] > 0.5, (batching, result.best_metrics)
+    assert set(widths["random"]) == {CONFIG.max_len}         # runs of 4..14 items: some window is always full
+    assert min(widths["by_length"]) < CONFIG.max_len // 2 and sum(widths["by_length"]) < sum(widths["random"])

@@ -218,3 +218,45 @@ def test_with_a_share_held_out_only_those_users_give_up_their_newest_item_and_ev
     assert labels == expected
     everything = vocab.map_sequences(seqs)[0]
     assert sum(labels.values()) == sum(max(0, len(r) - 1) for r in everything.to_lists()) - len(expected_users)
+
+
+def test_batches_by_length_hold_the_same_windows_each_batch_of_similar_length(tmp_path):
+    """``train.batching: by_length``: the epoch's windows are those of random batches, each exactly once, but a
+    batch's windows hold about as many items as each other, so its width is its own, not max_len's."""
+    user_ids, seqs, first_us = _histories(users=200)
+    files = _write(tmp_path, user_ids, seqs, first_us)
+    vocab = Vocabulary(np.unique(seqs.items))
+
+    def stream(by_length: bool) -> StreamedWindows:
+        return StreamedWindows(files, vocab, StreamSettings(
+            max_len=MAX_LEN, batch_size=8, seed=3, hold_out_newest=False, random_offsets=True, users_per_chunk=11,
+            shuffle_windows=64, by_length=by_length))
+
+    def spread(batches) -> list[int]:        # per batch: its longest window's items less its shortest's
+        return [int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in batches]
+
+    by_length, shuffled = list(stream(True).batches(2)), list(stream(False).batches(2))
+    assert _window_multiset(by_length) == _window_multiset(shuffled)
+    assert len(by_length) == len(shuffled)                               # the same steps an epoch
+    assert sum(spread(by_length)) < sum(spread(shuffled)) / 4      # sorted within each shuffle buffer
+    widths = [int((x != 0).sum(1).max()) for x, _ in by_length]
+    assert widths != sorted(widths), "the batches must still come in a shuffled order"
+    # the loss's scale: targets per window of the fixed tiling, counted in the pass that counts the windows
+    fixed = list(StreamedWindows(files, vocab, StreamSettings(
+        max_len=MAX_LEN, batch_size=8, seed=3, hold_out_newest=False, random_offsets=False)).batches(1))
+    assert stream(True).targets_per_window == pytest.approx(
+        sum(int((y != 0).sum()) for _, y in fixed) / sum(len(x) for x, _ in fixed))
+
+
+def test_in_memory_batches_by_length_match_the_streamed_kind(tmp_path):
+    _, seqs, _ = _histories(users=120)
+    vocab = Vocabulary(np.unique(seqs.items))
+    mapped, _ = vocab.map_sequences(seqs)
+    memory = InMemoryWindows(mapped, max_len=MAX_LEN, batch_size=8, seed=3, random_offsets=False, by_length=True)
+    shuffled = InMemoryWindows(mapped, max_len=MAX_LEN, batch_size=8, seed=3, random_offsets=False)
+    batches = list(memory.batches(1))
+    assert _window_multiset(batches) == _window_multiset(shuffled.batches(1))
+    spreads = [int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in batches]
+    assert sum(spreads) < sum(int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in shuffled.batches(1)) / 4
+    targets = sum(int((y != 0).sum()) for _, y in batches)
+    assert memory.targets_per_window == pytest.approx(targets / memory.windows_per_epoch)

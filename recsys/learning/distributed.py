@@ -174,7 +174,8 @@ def _run_fit(job: FitJob, on_epoch, world: int, rank: int, local_rank: int, jour
             held_out_below=job.held_out_below, rank=rank,
             users_per_chunk=job.users_per_chunk, shuffle_windows=max(job.shuffle_windows, batch_size),
             replay=None if job.replay_since_us is None else Replay(job.replay_since_us, job.replay_share,
-                                                                    job.replay_salt)))
+                                                                    job.replay_salt),
+            by_length=job.settings.batching == "by_length"))
 
         def validate(model) -> dict[str, float]:
             part = ranking_sums(model, vocab, held_out_chunks(files, held_out_below=job.held_out_below,

@@ -41,4 +41,4 @@ def train_settings(train: TrainConfig, device: Any = None):
                          patience_windows=train.patience_windows, seed=train.seed,
                          warmup_epochs=train.warmup_epochs, lr_decay=train.lr_decay,
                          window_offsets=train.window_offsets, loss=train.loss, negatives=train.negatives,
-                         precision=precision)
+                         precision=precision, batching=train.batching)

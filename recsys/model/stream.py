@@ -25,7 +25,7 @@ Pure pyarrow/numpy/torch: runs wherever a training process runs (an executor, a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -85,6 +85,33 @@ def window_count(seqs: Sequences, max_len: int) -> int:
     """Windows of the fixed tiling (what an epoch holds, give or take one per long user with random offsets)."""
     n = seqs.lengths
     return int(np.where(n >= 2, -(-(n - 1) // max_len), 0).sum())
+
+
+def target_count(seqs: Sequences) -> int:
+    """Training targets: every item but each user's first (each is a target exactly once, whatever the tiling)."""
+    return int(np.maximum(seqs.lengths - 1, 0).sum())
+
+
+def batch_rows(inputs: torch.Tensor, order: torch.Tensor, batch_size: int, by_length: bool,
+               permute: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
+    """Each batch's rows of ``inputs`` [W, L], in training order; ``order`` is the shuffled rows.
+
+    By length (``train.batching: by_length``): the shuffled rows ordered by how many real items they hold
+    (stable, so rows of one length stay shuffled), cut into batches, and the batches shuffled with
+    ``permute``. A batch of short windows is then encoded at its own width instead of ``max_len``: most
+    users hold far fewer items than ``max_len``, but a random batch of 16 usually holds one long window.
+
+    >>> rows = batch_rows(torch.tensor([[0, 0, 1], [2, 3, 4], [0, 5, 6], [0, 0, 7]]), torch.tensor([3, 1, 0, 2]), 2,
+    ...                   True, lambda n: torch.arange(n))
+    >>> [r.tolist() for r in rows]
+    [[3, 0], [2, 1]]
+    """
+    if by_length:
+        lengths = (inputs[order] != 0).sum(dim=1)
+        order = order[torch.argsort(lengths, stable=True)]
+        groups = order.split(batch_size)
+        return [groups[int(g)] for g in permute(len(groups))]
+    return list(order.split(batch_size))
 
 
 def held_out_below(share: float, min_users: int, users: int) -> int:
@@ -189,6 +216,7 @@ class StreamSettings:
     users_per_chunk: int = USERS_PER_CHUNK
     shuffle_windows: int = SHUFFLE_WINDOWS
     replay: Replay | None = None
+    by_length: bool = False
 
 
 class StreamedWindows:
@@ -206,8 +234,9 @@ class StreamedWindows:
         self.hold_out_newest, self.random_offsets = s.hold_out_newest, s.random_offsets
         self.held_out_below = s.held_out_below
         self.users_per_chunk, self.shuffle_windows = s.users_per_chunk, s.shuffle_windows
-        self.replay = s.replay
+        self.replay, self.by_length = s.replay, s.by_length
         self._windows: int | None = None
+        self._targets: int | None = None
         self._users: int | None = None
         self._item_counts: np.ndarray | None = None
 
@@ -225,12 +254,13 @@ class StreamedWindows:
             yield self.vocab.map_sequences(seqs)[0]
 
     def _count(self) -> None:
-        windows, users, counts = 0, 0, np.zeros(len(self.vocab) + 1, dtype=np.int64)
+        windows, targets, users, counts = 0, 0, 0, np.zeros(len(self.vocab) + 1, dtype=np.int64)
         for seqs in self.sequences():
             windows += window_count(seqs, self.max_len)
+            targets += target_count(seqs)
             users += len(seqs)
             counts += np.bincount(seqs.items, minlength=len(counts))
-        self._windows, self._users, self._item_counts = windows, users, counts
+        self._windows, self._targets, self._users, self._item_counts = windows, targets, users, counts
 
     @property
     def users_per_epoch(self) -> int:
@@ -247,6 +277,13 @@ class StreamedWindows:
         return self._windows
 
     @property
+    def targets_per_window(self) -> float:
+        """Mean training targets a window of the fixed tiling holds (the loss's scale with batches by length)."""
+        if self._windows is None:
+            self._count()
+        return self._targets / max(self._windows, 1)
+
+    @property
     def item_counts(self) -> np.ndarray:
         """[num_items + 1] occurrences of each index in these files' sequences (0: padding, always 0)."""
         if self._item_counts is None:
@@ -260,6 +297,11 @@ class StreamedWindows:
         processes of a data-parallel training see different orders of their different files.
         """
         rng = np.random.default_rng([self.seed, epoch, self.rank])
+        batch_order = np.random.default_rng([self.seed, epoch, self.rank, 1])   # its own: the windows stay the same
+
+        def permute(n: int) -> torch.Tensor:
+            return torch.from_numpy(batch_order.permutation(n))
+
         paths = [self.files.paths[i] for i in rng.permutation(len(self.files.paths))]
         inputs: list[torch.Tensor] = []
         labels: list[torch.Tensor] = []
@@ -275,13 +317,14 @@ class StreamedWindows:
                 x, y = torch.cat(inputs), torch.cat(labels)
                 order = torch.from_numpy(rng.permutation(len(x)))
                 full = len(x) // self.batch_size * self.batch_size
-                for rows in order[:full].split(self.batch_size):
+                for rows in batch_rows(x, order[:full], self.batch_size, self.by_length, permute):
                     yield x[rows], y[rows]
                 rest = order[full:]
                 inputs, labels, held = [x[rest]], [y[rest]], len(rest)
         if held:
             x, y = torch.cat(inputs), torch.cat(labels)
-            for rows in torch.from_numpy(rng.permutation(len(x))).split(self.batch_size):
+            for rows in batch_rows(x, torch.from_numpy(rng.permutation(len(x))), self.batch_size, self.by_length,
+                                   permute):
                 yield x[rows], y[rows]
 
 

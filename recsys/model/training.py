@@ -31,16 +31,18 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from recsys.model.base import drop_padding_columns
 from recsys.model.losses import LOSSES, training_loss, vocabulary_counts
 from recsys.model.metrics import SELECTION_K, SELECTION_METRIC, evaluate_ranking
 from recsys.model.precision import PRECISIONS, resolve_precision
 from recsys.model.registry import build_model
-from recsys.model.stream import StreamedWindows, window_examples
+from recsys.model.stream import StreamedWindows, batch_rows, target_count, window_examples
 from recsys.sequences import Sequences, pad_left
 
 
 LR_DECAYS = ("constant", "cosine")
 WINDOW_OFFSETS = ("fixed", "random")
+BATCHINGS = ("random", "by_length")
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")   # where torch (>= 2.4) has a fused AdamW kernel
 
 
@@ -61,6 +63,7 @@ class TrainSettings:
     loss: str = "full"           # full | sampled: softmax over this many negatives, log-q corrected (model/losses.py)
     negatives: int = 8192        # with loss "sampled"; at or above the item count, the full softmax is used
     precision: str = "fp32"      # fp32 | bf16 | auto: bf16 autocast for the model and logits (see _autocast)
+    batching: str = "random"     # random | by_length: batches of windows of similar length (see _fit)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "patience", "eval_every"):
@@ -83,6 +86,8 @@ class TrainSettings:
             raise ValueError(f"TrainSettings.patience_windows must be at least 1 or None, got {self.patience_windows}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"TrainSettings.num_threads must be at least 1 or None, got {self.num_threads}")
+        if self.batching not in BATCHINGS:
+            raise ValueError(f"TrainSettings.batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"TrainSettings.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
@@ -156,9 +161,10 @@ class InMemoryWindows:
     shard files (:class:`recsys.model.stream.StreamedWindows`), which share this interface.
     """
 
-    def __init__(self, train: Sequences, *, max_len: int, batch_size: int, seed: int, random_offsets: bool):
+    def __init__(self, train: Sequences, *, max_len: int, batch_size: int, seed: int, random_offsets: bool,
+                 by_length: bool = False):
         self.train, self.max_len, self.batch_size, self.seed = train, max_len, batch_size, seed
-        self.random_offsets = random_offsets
+        self.random_offsets, self.by_length = random_offsets, by_length
         self._order_rng: torch.Generator | None = None
         self._epoch1 = self._windows(1)
         self.windows_per_epoch = len(self._epoch1[0])
@@ -175,11 +181,17 @@ class InMemoryWindows:
     def item_counts(self) -> np.ndarray:
         return np.bincount(self.train.items)
 
+    @property
+    def targets_per_window(self) -> float:
+        return target_count(self.train) / max(self.windows_per_epoch, 1)
+
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._order_rng is None:   # created when training starts, after the caller seeds torch
             self._order_rng = torch.Generator().manual_seed(self.seed)
         inputs, labels = self._epoch1 if epoch == 1 or not self.random_offsets else self._windows(epoch)
-        for rows in torch.randperm(len(inputs), generator=self._order_rng).split(self.batch_size):
+        order = torch.randperm(len(inputs), generator=self._order_rng)
+        for rows in batch_rows(inputs, order, self.batch_size, self.by_length,
+                               lambda n: torch.randperm(n, generator=self._order_rng)):
             yield inputs[rows], labels[rows]
 
 
@@ -252,7 +264,8 @@ def fit(train: Sequences | StreamedWindows, model_config, settings: TrainSetting
         if not (train.lengths >= 2).any():
             raise ValueError("no training sequence has two or more items: there is nothing to learn from")
         source = InMemoryWindows(train, max_len=model_config.max_len, batch_size=settings.batch_size,
-                                 seed=settings.seed, random_offsets=settings.window_offsets == "random")
+                                 seed=settings.seed, random_offsets=settings.window_offsets == "random",
+                                 by_length=settings.batching == "by_length")
     else:
         source = train
         if len(source.vocab) != model_config.num_items:
@@ -321,6 +334,10 @@ def _fit(source, model_config, settings: TrainSettings,
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(settings, steps_per_epoch))
     counts = vocabulary_counts(source.item_counts, model_config.num_items)           # this process's data
     loss_of = training_loss(settings.loss, settings.negatives, counts, seed=settings.seed + 1000 * rank, device=device)
+    # Batches by length hold few targets when short and many when long; weighing each step's mean by its share of
+    # a typical batch's targets gives every target the weight it has in random batches (the same expected gradient)
+    by_length = settings.batching == "by_length"
+    typical_targets = source.batch_size * source.targets_per_window if by_length else 0.0
     curve: list[dict] = []
     best_score, best_epoch, best_metrics, best_state = -1.0, 0, {}, None
     windows_since_best = 0.0     # training windows (all processes') since the best epoch's validation
@@ -340,13 +357,16 @@ def _fit(source, model_config, settings: TrainSettings,
                 break
             x = batch[0].to(device, non_blocking=True)                           # [b, L]
             y = batch[1].to(device, non_blocking=True)                           # [b, L]
+            if by_length:
+                x, y = drop_padding_columns(x, y)          # [b, L'] the batch's longest window: the same outputs
             keep = y != 0                                                        # [b, L]
             with autocast:                                                       # bf16 products where chosen
                 hidden = net(x)[keep]                                            # [T, D] fp32 (final LayerNorm)
                 loss = loss_of(hidden, model.item_embeddings()[1:], y[keep] - 1) # padding row left out; autocast
                 # runs the loss's cross-entropy in fp32 (logits cast up), whatever the precision
+            step_loss = loss * (len(hidden) / typical_targets) if by_length else loss
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            step_loss.backward()
             optimizer.step()
             schedule.step()
             loss_sum += loss.detach() * len(hidden)
