@@ -56,6 +56,11 @@ def _window_multiset(batches) -> Counter:
     return Counter((tuple(x.tolist()), tuple(y.tolist())) for bx, by in batches for x, y in zip(bx, by))
 
 
+def _spreads(batches) -> list[int]:
+    """Per batch: how many more items its longest window holds than its shortest."""
+    return [int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in batches]
+
+
 @pytest.mark.parametrize("random_offsets", [False, True])
 def test_an_epoch_streamed_holds_exactly_the_windows_of_the_in_memory_epoch(tmp_path, random_offsets):
     user_ids, seqs, first_us = _histories()
@@ -232,13 +237,10 @@ def test_batches_by_length_hold_the_same_windows_each_batch_of_similar_length(tm
             max_len=MAX_LEN, batch_size=8, seed=3, hold_out_newest=False, random_offsets=True, users_per_chunk=11,
             shuffle_windows=64, by_length=by_length))
 
-    def spread(batches) -> list[int]:        # per batch: its longest window's items less its shortest's
-        return [int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in batches]
-
     by_length, shuffled = list(stream(True).batches(2)), list(stream(False).batches(2))
     assert _window_multiset(by_length) == _window_multiset(shuffled)
     assert len(by_length) == len(shuffled)                               # the same steps an epoch
-    assert sum(spread(by_length)) < sum(spread(shuffled)) / 4      # sorted within each shuffle buffer
+    assert sum(_spreads(by_length)) < sum(_spreads(shuffled)) / 4      # sorted within each shuffle buffer
     widths = [int((x != 0).sum(1).max()) for x, _ in by_length]
     assert widths != sorted(widths), "the batches must still come in a shuffled order"
     # the loss's scale: targets per window of the fixed tiling, counted in the pass that counts the windows
@@ -256,7 +258,6 @@ def test_in_memory_batches_by_length_match_the_streamed_kind(tmp_path):
     shuffled = InMemoryWindows(mapped, max_len=MAX_LEN, batch_size=8, seed=3, random_offsets=False)
     batches = list(memory.batches(1))
     assert _window_multiset(batches) == _window_multiset(shuffled.batches(1))
-    spreads = [int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in batches]
-    assert sum(spreads) < sum(int((x != 0).sum(1).max() - (x != 0).sum(1).min()) for x, _ in shuffled.batches(1)) / 4
+    assert sum(_spreads(batches)) < sum(_spreads(shuffled.batches(1))) / 4
     targets = sum(int((y != 0).sum()) for _, y in batches)
     assert memory.targets_per_window == pytest.approx(targets / memory.windows_per_epoch)

@@ -359,7 +359,7 @@ def _fit(source, model_config, settings: TrainSettings,
             y = batch[1].to(device, non_blocking=True)                           # [b, L]
             if by_length:
                 x, y = drop_padding_columns(x, y)          # [b, L'] the batch's longest window: the same outputs
-            keep = y != 0                                                        # [b, L]
+            keep = y != 0                                                        # [b, L] (L' by length)
             with autocast:                                                       # bf16 products where chosen
                 hidden = net(x)[keep]                                            # [T, D] fp32 (final LayerNorm)
                 loss = loss_of(hidden, model.item_embeddings()[1:], y[keep] - 1) # padding row left out; autocast
