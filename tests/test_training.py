@@ -8,7 +8,7 @@ import torch
 from cores import SHARE
 from recsys.model.metrics import evaluate_ranking
 from recsys.model.sasrec import SASRec, SASRecConfig
-from recsys.model.training import FitCallbacks, TrainSettings, ValidationSet, fit, training_windows
+from recsys.model.training import WIDTH_MULTIPLE, FitCallbacks, TrainSettings, ValidationSet, fit, training_windows
 from recsys.sequences import Sequences
 
 NUM_ITEMS = 40
@@ -243,7 +243,8 @@ def test_random_window_offsets_with_a_cosine_schedule_still_learn_the_pattern():
 
 def test_batches_by_length_encode_short_windows_narrow_and_still_learn_the_pattern():
     """``batching="by_length"``: a batch of short windows is encoded at its own width (the all-padding columns
-    dropped: exact, tests/test_model.py's padding tests), and the model learns as with random batches."""
+    dropped, up to a width of a multiple of WIDTH_MULTIPLE: exact, tests/test_model.py's padding tests), and the
+    model learns as with random batches."""
     train, valid = successor_task(users=200)
     widths: dict[str, list[int]] = {}
     for batching in ("random", "by_length"):
@@ -255,4 +256,6 @@ def test_batches_by_length_encode_short_windows_narrow_and_still_learn_the_patte
                                                  num_threads=SHARE, batching=batching), valid=valid)
         assert result.best_metrics["ndcg@10"] > 0.5, (batching, result.best_metrics)
     assert set(widths["random"]) == {CONFIG.max_len}         # runs of 4..14 items: some window is always full
-    assert min(widths["by_length"]) < CONFIG.max_len // 2 and sum(widths["by_length"]) < sum(widths["random"])
+    assert min(widths["by_length"]) == WIDTH_MULTIPLE < CONFIG.max_len          # batches of short runs
+    assert all(w % WIDTH_MULTIPLE == 0 or w == CONFIG.max_len for w in widths["by_length"])
+    assert sum(widths["by_length"]) < sum(widths["random"])

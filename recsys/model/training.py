@@ -43,6 +43,10 @@ from recsys.sequences import Sequences, pad_left
 LR_DECAYS = ("constant", "cosine")
 WINDOW_OFFSETS = ("fixed", "random")
 BATCHINGS = ("random", "by_length")
+# Batches by length are encoded at their longest window's width rounded up to this: the CPU's matrix kernels run
+# slower on widths they cannot tile evenly, enough to lose what the narrow batches save (docs/quality.md, "Batches
+# by length")
+WIDTH_MULTIPLE = 8
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")   # where torch (>= 2.4) has a fused AdamW kernel
 
 
@@ -358,7 +362,8 @@ def _fit(source, model_config, settings: TrainSettings,
             x = batch[0].to(device, non_blocking=True)                           # [b, L]
             y = batch[1].to(device, non_blocking=True)                           # [b, L]
             if by_length:
-                x, y = drop_padding_columns(x, y)          # [b, L'] the batch's longest window: the same outputs
+                # [b, L'] the batch's longest window, rounded up to WIDTH_MULTIPLE: the same outputs
+                x, y = drop_padding_columns(x, y, multiple=WIDTH_MULTIPLE)
             keep = y != 0                                                        # [b, L] (L' by length)
             with autocast:                                                       # bf16 products where chosen
                 hidden = net(x)[keep]                                            # [T, D] fp32 (final LayerNorm)
