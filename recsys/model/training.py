@@ -67,7 +67,7 @@ class TrainSettings:
     loss: str = "full"           # full | sampled: softmax over this many negatives, log-q corrected (model/losses.py)
     negatives: int = 8192        # with loss "sampled"; at or above the item count, the full softmax is used
     precision: str = "fp32"      # fp32 | bf16 | auto: bf16 autocast for the model and logits (see _autocast)
-    batching: str = "random"     # random | by_length: batches of windows of similar length (see _fit)
+    batching: str = "by_length"  # by_length | random: batches of windows of similar length (see _fit)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "patience", "eval_every"):
