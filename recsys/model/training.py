@@ -43,9 +43,9 @@ from recsys.sequences import Sequences, pad_left
 LR_DECAYS = ("constant", "cosine")
 WINDOW_OFFSETS = ("fixed", "random")
 BATCHINGS = ("random", "by_length")
-# Batches by length are encoded at their longest window's width rounded up to this: the CPU's matrix kernels run
-# slower on widths they cannot tile evenly, enough to lose what the narrow batches save (docs/quality.md, "Batches
-# by length")
+# Batches by length are encoded at their longest window's width rounded up to this: a handful of widths the CPU's
+# matrix kernels tile evenly instead of every width from 1 to max_len, which measured at least as fast as random
+# batches on MovieLens, where exact widths did not always (docs/quality.md, "Batches by length")
 WIDTH_MULTIPLE = 8
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")   # where torch (>= 2.4) has a fused AdamW kernel
 
