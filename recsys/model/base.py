@@ -43,9 +43,9 @@ def drop_padding_columns(seq: torch.Tensor, *aligned: torch.Tensor, multiple: in
     GRU4Rec's state stays exactly zero through padding), so ``encode``'s cost follows the block's
     longest row instead of ``max_len``. Reads one value back from the device.
 
-    ``multiple``: keep a width that is a multiple of it (or all ``L`` columns), a few padding columns more.
-    Training's steps run faster on widths the CPU's matrix kernels tile evenly, and meet only a handful of
-    shapes (docs/performance.md, "Batches by length").
+    ``multiple``: keep a width that is a multiple of it (or all ``L`` columns), a few padding columns more:
+    training's batches then come in a handful of shapes that the CPU's matrix kernels tile evenly instead of
+    every width up to ``L`` (docs/quality.md, "Batches by length").
 
     >>> drop_padding_columns(torch.tensor([[0, 0, 3, 4], [0, 0, 0, 5]]))[0].tolist()
     [[3, 4], [0, 5]]
