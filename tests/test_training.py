@@ -258,4 +258,5 @@ def test_batches_by_length_encode_short_windows_narrow_and_still_learn_the_patte
     assert set(widths["random"]) == {CONFIG.max_len}         # runs of 4..14 items: some window is always full
     assert min(widths["by_length"]) == WIDTH_MULTIPLE < CONFIG.max_len          # batches of short runs
     assert all(w % WIDTH_MULTIPLE == 0 or w == CONFIG.max_len for w in widths["by_length"])
-    assert sum(widths["by_length"]) < sum(widths["random"])
+    # narrower on average (not in sum: the two runs may early-stop after different epoch counts)
+    assert sum(widths["by_length"]) / len(widths["by_length"]) < sum(widths["random"]) / len(widths["random"])
