@@ -44,8 +44,8 @@ LR_DECAYS = ("constant", "cosine")
 WINDOW_OFFSETS = ("fixed", "random")
 BATCHINGS = ("random", "by_length")
 # Batches by length are encoded at their longest window's width rounded up to this: a handful of widths the CPU's
-# matrix kernels tile evenly instead of every width from 1 to max_len, which measured at least as fast as random
-# batches on MovieLens, where exact widths did not always (docs/quality.md, "Batches by length")
+# matrix kernels tile evenly instead of every width from 1 to max_len (about as fast as random batches on
+# MovieLens's long histories, where exact widths were at times slower: docs/quality.md, "Batches by length")
 WIDTH_MULTIPLE = 8
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")   # where torch (>= 2.4) has a fused AdamW kernel
 
