@@ -15,40 +15,25 @@ Result: docs/quality.md, "Batches by length".
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
 import time
 from dataclasses import replace
+from unittest import mock
+
+from loo_validation import load
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # no spinning OpenMP threads between steps and trainings
 
 BATCHINGS = "random,by_length,by_length-exact"
 
 
-@contextlib.contextmanager
-def width_multiple(multiple: int):
-    """Training's by-length width multiple set to ``multiple`` for the duration."""
-    from recsys.model import training
-
-    kept = training.WIDTH_MULTIPLE
-    training.WIDTH_MULTIPLE = multiple
-    try:
-        yield
-    finally:
-        training.WIDTH_MULTIPLE = kept
-
-
 def main() -> None:
     import torch
 
-    from recsys.config import load_config
-    from recsys.evaluation import protocols
     from recsys.learning.settings import model_config, train_settings
-    from recsys.learning.split import build_vocabulary
     from recsys.model import training
-    from recsys.spark.session import build_session
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="dataset root in the input layout (recsys import-movielens --out)")
@@ -64,14 +49,8 @@ def main() -> None:
                                                                        and not point.startswith("by_length")):
             raise SystemExit(f"--batchings: unknown point {point!r}; choose from {BATCHINGS}")
 
-    cfg = load_config(overrides=["spark.master=local[2]"])
-    spark = build_session(cfg.spark, app_name="batching-speed")
-    try:
-        split = protocols.load_loo(spark, a.data, tie_break_seed=7, event_types=cfg.history.event_types)
-    finally:
-        spark.stop()
-    vocab = build_vocabulary(split.valid.history, cfg.train.min_item_count)
-    train, _ = vocab.map_sequences(split.valid.history)
+    data = load(a.data, app_name="batching-speed")
+    cfg, split, vocab, train = data.cfg, data.split, data.vocab, data.train
     config = model_config(cfg.train.model, len(vocab), "sasrec")
     base = replace(train_settings(cfg.train, torch.device("cpu")), num_threads=a.threads, epochs=max(a.epochs, 2))
     torch.set_num_threads(a.threads)
@@ -82,7 +61,8 @@ def main() -> None:
     for rnd in range(1, a.rounds + 1):
         for point in points:
             settings = replace(base, batching=point.removesuffix("-exact"))
-            with width_multiple(1 if point.endswith("-exact") else training.WIDTH_MULTIPLE):
+            multiple = 1 if point.endswith("-exact") else training.WIDTH_MULTIPLE
+            with mock.patch.object(training, "WIDTH_MULTIPLE", multiple):
                 started = time.perf_counter()
                 training.fit(train, config, settings, stop_after=a.epochs)
             seconds[point].append((time.perf_counter() - started) / a.epochs)

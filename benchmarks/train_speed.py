@@ -26,13 +26,15 @@ the times only as ratios within one run. Result: docs/performance.md, "Training 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import statistics
 import time
 from dataclasses import replace
+from unittest import mock
+
+from loo_validation import load
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # no spinning OpenMP threads between steps and trainings
 
@@ -70,30 +72,20 @@ def point_settings(point: str, new_settings, threads: int):
     return replace(new_settings, **{**OLD, **POINTS[point][0]}, num_threads=threads)
 
 
-@contextlib.contextmanager
-def adamw(fused: bool):
-    """Training's AdamW fused (the code now) or torch's CPU default (the code before issue 21)."""
+def adamw(fused: bool) -> mock._patch:
+    """Training's AdamW fused (the code now) or torch's CPU default (the code before issue 21), for a ``with``."""
     from recsys.model import training
 
-    kept = training.FUSED_ADAMW_DEVICES
-    training.FUSED_ADAMW_DEVICES = kept if fused else ()
-    try:
-        yield
-    finally:
-        training.FUSED_ADAMW_DEVICES = kept
+    return mock.patch.object(training, "FUSED_ADAMW_DEVICES", training.FUSED_ADAMW_DEVICES if fused else ())
 
 
 def main() -> None:
     import torch
 
-    from recsys.config import load_config
-    from recsys.evaluation import protocols
     from recsys.evaluation.ranking import SequenceModelScorer, rank_phase
     from recsys.learning.settings import model_config, train_settings
-    from recsys.learning.split import build_vocabulary
     from recsys.model.precision import cpu_bf16_supported
     from recsys.model.training import fit
-    from recsys.spark.session import build_session
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="dataset root in the input layout (recsys import-movielens --out)")
@@ -114,15 +106,9 @@ def main() -> None:
         if chosen and (chosen[0] != "old" or any(x not in POINTS for x in chosen)):
             raise SystemExit(f"{name} must start with old and name only {', '.join(POINTS)}; got {','.join(chosen)!r}")
 
-    cfg = load_config(overrides=["spark.master=local[2]"])
-    spark = build_session(cfg.spark, app_name="train-speed")
-    try:
-        split = protocols.load_loo(spark, a.data, tie_break_seed=7, event_types=cfg.history.event_types)
-    finally:
-        spark.stop()
+    data = load(a.data, app_name="train-speed")
+    cfg, split, vocab, train = data.cfg, data.split, data.vocab, data.train
     valid = split.valid
-    vocab = build_vocabulary(valid.history, cfg.train.min_item_count)
-    train, _ = vocab.map_sequences(valid.history)
     config = model_config(cfg.train.model, len(vocab), "sasrec")
     new = train_settings(cfg.train, torch.device("cpu"))   # train.precision resolved for this CPU
     settings = {point: point_settings(point, new, a.threads) for point in POINTS}

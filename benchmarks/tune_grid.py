@@ -27,6 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from multiprocessing import get_context
 
+from loo_validation import load
+
 # What the grid varied from: recsys/default.yaml as it was when the grid ran (2026-12-01), whose windows
 # were fixed; the grid chose random offsets, now the default, so "base" pins the old value.
 BASE = {"window_offsets": "fixed"}
@@ -68,11 +70,7 @@ def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_d
 
 
 def main() -> None:
-    from recsys.config import load_config
-    from recsys.evaluation import protocols
     from recsys.learning.settings import train_settings
-    from recsys.learning.split import build_vocabulary
-    from recsys.spark.session import build_session
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="dataset root in the input layout (recsys import-movielens --out)")
@@ -86,15 +84,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown grid point(s) {unknown}; the grid: {', '.join(GRID)}")
 
-    cfg = load_config(overrides=["spark.master=local[2]"])
-    spark = build_session(cfg.spark, app_name="tune-grid")
-    try:
-        split = protocols.load_loo(spark, a.data, tie_break_seed=7, event_types=cfg.history.event_types)
-    finally:
-        spark.stop()
+    data = load(a.data, app_name="tune-grid")
+    cfg, split, vocab, train = data.cfg, data.split, data.vocab, data.train
     valid = split.valid
-    vocab = build_vocabulary(valid.history, cfg.train.min_item_count)
-    train, _ = vocab.map_sequences(valid.history)
     settings = train_settings(cfg.train)
     cfg_dict = {"model": cfg.train.model.sasrec.model_dump(), "settings": settings.__dict__}
     print(f"{split.info}; {valid.users} validation users; base: {cfg_dict}", flush=True)
