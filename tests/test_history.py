@@ -159,18 +159,44 @@ def _listing_tasks(spark, group: str, read) -> tuple[object, list[int]]:
     return result, [tracker.getStageInfo(s).numTasks for s in stages]
 
 
+def _daily_partitions(events, days: int, first: dt.date = dt.date(2024, 1, 1)):
+    """``days`` daily partitions under ``events`` from ``first``, one event (one small file) each."""
+    for n in range(days):
+        day = first + dt.timedelta(days=n)
+        write_partition(pa.Table.from_pylist([dict(user_id=1, item_id=n + 1, event_type="view",
+                                                   ts=dt.datetime.combine(day, dt.time(12), tzinfo=UTC))],
+                                             schema=EVENTS_SCHEMA), events, day)
+    return events, first
+
+
+def test_a_window_of_many_small_files_is_read_in_as_few_tasks_as_its_bytes_need(spark, tmp_path):
+    """Spark counts every file as at least ``spark.sql.files.openCostInBytes`` (4 MiB): 200 one-row files are
+    hundreds of MiB to it, split in several tasks, and a night that keeps the window scans every one of them at
+    every stage. The reader coalesces to ``spark.sql.shuffle.partitions`` (4 in the tests' session), or to one
+    task per ``spark.sql.files.maxPartitionBytes`` of the files when that is more."""
+    events, first = _daily_partitions(tmp_path / "events", 200)
+    date = first + dt.timedelta(days=200)
+    scanned = spark.read.parquet(*sorted(str(p) for p in events.iterdir())).rdd.getNumPartitions()
+    assert scanned > 4                                            # the control: Spark alone splits it further
+    window = read_events_window(spark, str(events), date, window_days=200)
+    assert window.rdd.getNumPartitions() == int(spark.conf.get("spark.sql.shuffle.partitions")) == 4
+    assert window.count() == 200
+    size = sum(f.stat().st_size for f in events.rglob("*.parquet"))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(size // 10))   # the bytes need 10 or 11 tasks
+    try:
+        window = read_events_window(spark, str(events), date, window_days=200)
+        assert window.rdd.getNumPartitions() in (10, 11)
+        assert window.count() == 200
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+
+
 def test_a_window_of_many_daily_partitions_is_listed_by_a_few_dozen_tasks_not_one_per_partition(spark, tmp_path):
     """Spark lists a read of more than 32 paths with a job of one task per path; the session default
     (LISTING_SETTINGS, set by every session the job builds) caps that job, so 200 days list in at most 64."""
     from recsys.spark.session import LISTING_SETTINGS, apply_runtime_settings
 
-    events = tmp_path / "events"
-    first = dt.date(2024, 1, 1)
-    for n in range(200):
-        day = first + dt.timedelta(days=n)
-        write_partition(pa.Table.from_pylist([dict(user_id=1, item_id=n + 1, event_type="view",
-                                                   ts=dt.datetime.combine(day, dt.time(12), tzinfo=UTC))],
-                                             schema=EVENTS_SCHEMA), events, day)
+    events, first = _daily_partitions(tmp_path / "events", 200)
     key, cap = next(iter(LISTING_SETTINGS.items()))
     assert spark.conf.get(key) == cap           # the tests' session is built as the job builds its own
     window, tasks = _listing_tasks(spark, "listing-capped", lambda: read_events_window(

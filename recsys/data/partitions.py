@@ -24,6 +24,7 @@ class Partition:
     date: dt.date
     path: str          # the partition directory, spelled like the configured root (what Spark reads)
     files: list[str]   # its data files, as paths of the filesystem that listed them
+    bytes: int = 0     # their total size, as listed (0 until :func:`with_files` lists them)
 
 
 def list_partitions(root: str, name: str) -> tuple[pafs.FileSystem, list[Partition]]:
@@ -47,11 +48,12 @@ def list_partitions(root: str, name: str) -> tuple[pafs.FileSystem, list[Partiti
 
 
 def with_files(fs: pafs.FileSystem, part: Partition) -> Partition:
-    """The partition with its data files (names starting with ``_`` or ``.`` are markers, not data)."""
+    """The partition with its data files and their total size (names starting with ``_`` or ``.`` are markers,
+    not data)."""
     _, base = rfs.resolve(part.path)
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    files = sorted(i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, base))
-    return Partition(part.date, part.path, files)
+    infos = [i for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+             if i.type == pafs.FileType.File and not _hidden(i.path, base)]
+    return Partition(part.date, part.path, sorted(i.path for i in infos), sum(i.size or 0 for i in infos))
 
 
 def _hidden(path: str, base: str) -> bool:

@@ -229,7 +229,39 @@ def read_events(spark: SparkSession, root: str, keep: Callable[[dt.date], bool] 
         return None
     check_files(fs, [f for p in chosen for f in p.files], EVENTS_FILE_COLUMNS, "events")
     events = spark.read.option("basePath", root).parquet(*[p.path for p in chosen])
-    return check_columns(events, EVENTS_COLUMNS, "events", root)
+    events = check_columns(events, EVENTS_COLUMNS, "events", root)
+    return events.coalesce(read_tasks(spark, sum(p.bytes for p in chosen)))
+
+
+def read_tasks(spark: SparkSession, data_bytes: int) -> int:
+    """The most tasks a read of ``data_bytes`` of files needs: one per ``spark.sql.files.maxPartitionBytes``, and
+    no fewer than ``spark.sql.shuffle.partitions`` (the parallelism the job's other stages run with).
+
+    Spark splits a read by bytes but counts every file as at least ``spark.sql.files.openCostInBytes`` (4 MiB), so
+    a log of many small daily files is read in far more tasks than its bytes need. A window that a night keeps
+    (:class:`KeptWindow`) keeps that partitioning, and every stage that scans it pays for every task again.
+    Coalescing to this number never splits a partition, and leaves a read that Spark split by its bytes about as it
+    was (figures: docs/performance.md, "Reading many small partitions")."""
+    per_task = byte_string(spark.conf.get("spark.sql.files.maxPartitionBytes", "128m"), default=128 << 20)
+    floor = int(spark.conf.get("spark.sql.shuffle.partitions", "200"))
+    return max(1, floor, -(-data_bytes // max(1, per_task)))
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
+
+
+def byte_string(value: str, default: int) -> int:
+    """A size as Spark's configuration spells it (``134217728b``, ``128m``, ``1g``; binary units), or ``default``
+    when it is spelled otherwise (Spark itself refuses such a value where it reads it).
+
+    >>> byte_string("134217728b", 0), byte_string("128MB", 0), byte_string("1k", 0), byte_string("a lot", 7)
+    (134217728, 134217728, 1024, 7)
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([a-z]*)\s*", value.lower())
+    if match is None or match.group(2) not in _BYTE_UNITS:
+        return default
+    return int(match.group(1)) * _BYTE_UNITS[match.group(2)]
 
 
 def events_window(events: DataFrame, date: dt.date, window_days: int, event_types: tuple[str, ...] = ()) -> DataFrame:

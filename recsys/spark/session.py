@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 # Defaults for reading many small partitions, applied unless the user's ``spark.conf`` (or ``--conf``) sets
 # them. A read of more than 32 paths is listed by a Spark job with one task per path (up to 10,000): a
 # window of a thousand daily partitions costs a thousand tiny tasks before a byte is read. Capped, each
-# listing task takes a slice of the paths, still spread over the executors on a cluster, and Spark already
-# packs the small files themselves into few read tasks (``spark.sql.files.openCostInBytes``).
+# listing task takes a slice of the paths, still spread over the executors on a cluster; the reader then
+# coalesces the small files' read tasks to what their bytes need (``recsys.data.readers.read_tasks``).
 # Figures: docs/performance.md, "Reading many small partitions".
 LISTING_SETTINGS: dict[str, str] = {"spark.sql.sources.parallelPartitionDiscovery.parallelism": "64"}
 
