@@ -26,6 +26,7 @@ the times only as ratios within one run. Result: docs/performance.md, "Training 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -72,7 +73,7 @@ def point_settings(point: str, new_settings, threads: int):
     return replace(new_settings, **{**OLD, **POINTS[point][0]}, num_threads=threads)
 
 
-def adamw(fused: bool) -> mock._patch:
+def adamw(fused: bool) -> contextlib.AbstractContextManager:
     """Training's AdamW fused (the code now) or torch's CPU default (the code before issue 21), for a ``with``."""
     from recsys.model import training
 
