@@ -369,7 +369,13 @@ class RankingSums:
     total: int           # every held-out user (unknown targets count as misses)
 
     def add(self, other: "RankingSums") -> "RankingSums":
-        keys = set(self.sums) | set(other.sums)
+        """Both added up, the metrics in the order they first appear (not a set's: the epoch lines and the logged
+        metrics then read the same from one run to the next).
+
+        >>> RankingSums({"ndcg@10": 1.0, "mrr": 0.5}, 1, 2).add(RankingSums({"mrr": 0.5, "hr@10": 1.0}, 1, 1)).sums
+        {'ndcg@10': 1.0, 'mrr': 1.0, 'hr@10': 1.0}
+        """
+        keys = dict.fromkeys([*self.sums, *other.sums])
         return RankingSums({k: self.sums.get(k, 0.0) + other.sums.get(k, 0.0) for k in keys},
                            self.known + other.known, self.total + other.total)
 
