@@ -99,6 +99,34 @@ def test_max_users_trains_on_a_seeded_sample(spark, data_root, tmp_path):
     assert (first.users, first.interactions) == (again.users, again.interactions)   # the same users, seeded
 
 
+def test_the_shards_rows_do_not_depend_on_how_spark_partitioned_the_work(spark, data_root, tmp_path):
+    """Training reads the shards' rows in order (each user's window offsets and the shuffle buffer follow it),
+    so the same data must give the same files whatever Spark's partitioning upstream of the write: here the
+    shuffle partitions (4 in the tests' session, 7), as on a cluster the order its executors' shuffle blocks
+    arrive in. Without the sort within each file the two writes hold the same users in another order."""
+    import pyarrow.parquet as pq
+
+    from recsys.learning.shards import write_training_shards
+
+    cfg = _config(data_root, tmp_path)
+    keys = ("spark.sql.shuffle.partitions", "spark.sql.adaptive.coalescePartitions.enabled")
+    before = {key: spark.conf.get(key) for key in keys}
+    first = write_training_shards(spark, cfg, DATE, str(tmp_path / "a"), shards=3)
+    spark.conf.set(keys[0], "7")
+    spark.conf.set(keys[1], "false")     # as a larger input would: adaptive execution keeps the 7
+    try:
+        second = write_training_shards(spark, cfg, DATE, str(tmp_path / "b"), shards=3)
+    finally:
+        for key, value in before.items():
+            spark.conf.set(key, value)
+    assert before[keys[0]] != "7" and len(first.files.paths) == len(second.files.paths) == 3
+    for a, b in zip(first.files.paths, second.files.paths):
+        left, right = pq.read_table(a), pq.read_table(b)
+        assert left.num_rows > 50
+        assert left.column("user_id").to_pylist() == right.column("user_id").to_pylist()
+        assert left.equals(right)
+
+
 def test_a_sample_of_users_trains_with_the_whole_populations_vocabulary(spark, data_root, tmp_path):
     """An item only users outside the sample touched stays in the vocabularies: a user's own items stay
     recommendable to them (a repeat), whoever the model trained on."""

@@ -140,7 +140,12 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
     sampled_from = None
     if cfg.train.max_users is not None:
         histories, sampled_from = _sample_users(histories, cfg.train.max_users, cfg.train.seed)
-    (histories.repartition(shards, F.xxhash64(USER_ID, F.lit(cfg.train.seed)))
+    # Training reads each file's rows in order (the users' window offsets and the shuffle buffer follow it), and
+    # the order a shuffle delivers rows in is Spark's: it changes with the partitioning upstream and, on a
+    # cluster, with the order the executors' blocks arrive. A seeded hash of the user orders each file instead,
+    # so the same data trains the same model (users mixed: not by id, and not by held_out_bucket's hash)
+    order = F.xxhash64(USER_ID, F.lit(cfg.train.seed), F.lit("shard_order"))
+    (histories.repartition(shards, F.xxhash64(USER_ID, F.lit(cfg.train.seed))).sortWithinPartitions(order, USER_ID)
      .write.mode("overwrite").parquet(directory))
     written = spark.read.parquet(directory)
     files = parquet_files(directory)
