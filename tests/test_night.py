@@ -162,6 +162,58 @@ def test_a_night_whose_training_process_dies_publishes_with_the_alias_holder_on_
 
 
 @SLOW
+def test_recsys_train_waits_for_a_live_training_of_the_date_and_ends_a_dead_ones_run(spark, tmp_path, monkeypatch,
+                                                                                      caplog):
+    """``recsys train`` (by hand, or a scheduler's training task) takes the night's training mark: while another
+    process trains the date it exits 4 and trains nothing (two trainings of one date would both register); after
+    one that died (its mark left, its MLflow run RUNNING) it ends that run as KILLED, saying why, and trains."""
+    from mlflow import MlflowClient
+
+    from recsys.pipelines.night import TrainingAttempt
+    from recsys.processes import process_start_time
+    from recsys.tracking import store as tracking
+    from recsys.tracking import tags
+
+    jobkit.write_dataset(tmp_path)
+    store = jobkit.make_store(tmp_path / "store")
+    cfg = jobkit.config(tmp_path, store, *TRAINING)
+    attempt = TrainingAttempt.of(cfg, RUN_DATE)
+    mark = tmp_path / "work" / "night-training" / store.model_name / f"{RUN_DATE}.json"
+    train = ["train", "--date", str(RUN_DATE), *jobkit.recommend_args(tmp_path, store, *TRAINING)]
+    client = MlflowClient(tracking_uri=store.tracking_uri, registry_uri=store.tracking_uri)
+    caplog.set_level(logging.INFO, logger="recsys")
+
+    blocked = tmp_path / "a-file"       # a paths.work that cannot hold the mark: one line naming it, exit 2
+    blocked.write_text("")
+    assert jobkit.cli(monkeypatch, spark, [*train, "--set", f"paths.work={blocked / 'work'}"]) == 2
+    assert any("cannot write the training's mark under paths.work=" in m for m in jobkit.errors_logged(caplog))
+
+    attempt.start(cfg.paths.work)                      # a live training of the date: this process
+    assert mark.exists()
+    assert jobkit.cli(monkeypatch, spark, train) == 4
+    refused = [m for m in jobkit.errors_logged(caplog) if f"not training {RUN_DATE}" in m]
+    assert len(refused) == 1 and "is still running" in refused[0]
+    assert mark.exists() and _alias_holder(store) == store.version       # its mark kept, nothing trained
+
+    # a dead one: the mark names this pid with another start time (a process that reused the pid), and the
+    # training run it left RUNNING, as a SIGKILL leaves them (tests/test_night.py's dying night does it for real)
+    left = json.loads(mark.read_text())
+    mark.write_text(json.dumps({**left, "pid_started": process_start_time() - 1000}))
+    experiment_id = tracking.setup(cfg.mlflow, tracking.training_experiment(cfg.mlflow))   # as training opens it
+    dead_run = client.create_run(experiment_id, tags={tags.JOB: tags.TRAIN_JOB, tags.DATE: str(RUN_DATE),
+                                                      tags.MODEL_NAME: store.model_name}).info.run_id
+    caplog.clear()
+    assert jobkit.cli(monkeypatch, spark, train) == 0
+    assert "died before its training ended; training again" in caplog.text
+    assert f"ended the dead training's MLflow run {dead_run} as KILLED" in caplog.text
+    killed = client.get_run(dead_run)
+    assert killed.info.status == "KILLED" and killed.data.tags["recsys.status"] == "killed"
+    assert "died before its training ended" in killed.data.tags["recsys.error"]
+    assert not mark.exists()                                              # its own mark ended with it
+    assert _alias_holder(store) != store.version                          # it trained, and the gate moved the alias
+
+
+@SLOW
 def test_the_night_exits_with_the_nightly_jobs_code_when_its_lists_cannot_be_made(spark, tmp_path, monkeypatch, caplog):
     """Bad input for the date (no events in its window): training fails, so does the night, with exit 2."""
     jobkit.write_dataset(tmp_path)
@@ -200,7 +252,7 @@ def test_a_training_mark_says_whether_its_process_runs_here_died_here_or_ran_els
 
     attempt = TrainingAttempt(pafs.LocalFileSystem(), str(tmp_path / "night-training" / "m" / "2024-05-08.json"))
     assert attempt.left_by_another() is None
-    attempt.start()                                          # this process: alive
+    attempt.start(str(tmp_path))                             # this process: alive
     earlier = attempt.left_by_another()
     why, running = earlier.why, earlier.running
     assert running and f"process {os.getpid()} on {socket.gethostname()}" in why and "is still running" in why

@@ -411,6 +411,7 @@ def cmd_import_interactions(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = _config(args)   # first: a bad setting is reported before torch and Spark are imported
+    from recsys.pipelines.night import claim_training
     from recsys.pipelines.train import run_training, training_due
     from recsys.spark.session import build_session
 
@@ -421,11 +422,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             log.info("recsys train: not due: %s", reason)
             args.outcome = f"skipped, not due: {reason}"
             return ExitCode.OK
-    spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch(), storage=cfg.storage)
+    attempt = claim_training(cfg, date)     # exit 4 while another process trains the date; ends a dead one's run
     try:
-        result = run_training(spark, cfg, date, force=args.force, hooks=_hooks())
+        spark = build_session(cfg.spark, app_name=f"{cfg.spark.app_name}-train", launch=_launch(),
+                              storage=cfg.storage)
+        try:
+            result = run_training(spark, cfg, date, force=args.force, hooks=_hooks())
+        finally:
+            spark.stop()
     finally:
-        spark.stop()
+        attempt.end()
     print(result.summary())
     args.outcome = result.summary().splitlines()[0]
     return ExitCode.OK

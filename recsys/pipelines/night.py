@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data.readers import KeptWindow
-from recsys.errors import ExitCode, RecsysError, RunStatus, first_line
+from recsys.errors import ConfigError, ExitCode, LockHeld, RecsysError, RunStatus, first_line
 from recsys.hooks import NO_HOOKS, Hooks
 from recsys.pipelines.nightly import NightlyResult, run_dates
 from recsys.learning.shards import training_window
@@ -77,8 +77,9 @@ class EarlierAttempt:
 
 @dataclass(frozen=True)
 class TrainingAttempt:
-    """The mark a night's training leaves while it runs, under ``paths.work`` (shared by every machine of a
-    cluster, like the shards): ``night-training/<model name>/<date>.json``, with the process that started it.
+    """The mark a night's training (or ``recsys train``'s: :func:`claim_training`) leaves while it runs, under
+    ``paths.work`` (shared by every machine of a cluster, like the shards): ``night-training/<model name>/<date>.json``,
+    with the process that started it.
 
     Removed when training returns or raises; still there at the next attempt of the night only if the process
     died in training (SIGKILL, the kernel's out-of-memory killer, a lost machine), or if another process is
@@ -116,10 +117,16 @@ class TrainingAttempt:
             state = "did not end its training (on another host: if it still runs there, it is training this date)"
         return EarlierAttempt(f"an earlier attempt of this night ({who}) {state}", alive, started_at)
 
-    def start(self) -> None:
+    def start(self, work: str) -> None:
+        """Leave the mark; ConfigError naming ``paths.work`` (``work``, its value) when it cannot be written."""
         mark = {"pid": os.getpid(), "pid_started": process_start_time(), "host": socket.gethostname(),
                 "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-        rfs.write_text_atomic(self.fs, self.path, json.dumps(mark))
+        try:
+            rfs.write_text_atomic(self.fs, self.path, json.dumps(mark))
+        except OSError as exc:
+            raise ConfigError(f"cannot write the training's mark under paths.work={redact_uri(work)!r} "
+                              f"({first_line(exc, with_type=True, limit=300)}): give paths.work a directory or URI "
+                              "that the driver and every executor can write (docs/cluster.md)") from None
 
     def end(self) -> None:
         try:
@@ -164,7 +171,7 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
                     f"why it stops)")
             log.warning("recsys night %s: %s", date, note)
         else:
-            attempt.start()
+            attempt.start(cfg.paths.work)
             try:
                 training = run_training(spark, cfg, date, hooks=hooks, kept=kept)
             finally:
@@ -184,18 +191,39 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
     return NightResult(training=training, training_note=note, training_failed=failure is not None, nightly=nightly)
 
 
-def _end_dead_trainings(cfg: Config, date: dt.date, earlier: EarlierAttempt) -> None:
+def claim_training(cfg: Config, date: dt.date) -> TrainingAttempt:
+    """The date's training mark, taken for ``recsys train`` (by hand, or a scheduler's training task): the same
+    mark a night's training leaves, so that a night and a training by hand never train one date at once, and a
+    training of either kind that died is found by the next.
+
+    A live attempt (this host's process still runs) refuses with :class:`LockHeld` (exit 4: retry later); a dead
+    one's RUNNING MLflow training runs are ended as KILLED, saying why, and this one trains: unlike a night's
+    retry, which publishes with the alias holder instead, a training asked for by name is what its caller wants.
+    The caller ends the mark (:meth:`TrainingAttempt.end`) when its training returns or raises."""
+    attempt = TrainingAttempt.of(cfg, date)
+    earlier = attempt.left_by_another()
+    if earlier is not None and earlier.running:
+        raise LockHeld(f"not training {date}: {earlier.why}; retry once it has ended (its mark: "
+                       f"{redact_uri(attempt.path)})")
+    if earlier is not None:
+        log.warning("recsys train %s: %s; training again", date, earlier.why)
+        _end_dead_trainings(cfg, date, earlier, "recsys train")
+    attempt.start(cfg.paths.work)
+    return attempt
+
+
+def _end_dead_trainings(cfg: Config, date: dt.date, earlier: EarlierAttempt, who: str = "recsys night") -> None:
     """End as KILLED the MLflow training runs the dead attempt left RUNNING (from its mark's start on)."""
     if earlier.started_at is None:
         return
     try:
         ended = tracking.end_dead_trainings(cfg.mlflow, date, earlier.started_at, earlier.why)
     except Exception as exc:   # the store is the night's to judge later; this only tidies the dead run
-        log.warning("recsys night %s: the dead training's MLflow run could not be ended: %s", date,
+        log.warning("%s %s: the dead training's MLflow run could not be ended: %s", who, date,
                     first_line(exc, with_type=True))
         return
     for run_id in ended:
-        log.info("recsys night %s: ended the dead training's MLflow run %s as KILLED", date, run_id)
+        log.info("%s %s: ended the dead training's MLflow run %s as KILLED", who, date, run_id)
 
 
 def _note_failed_training(cfg: Config, date: dt.date, run_id: str, failure: str) -> None:
