@@ -93,10 +93,13 @@ def test_max_users_trains_on_a_seeded_sample(spark, data_root, tmp_path):
     from recsys.learning.shards import write_training_shards
 
     cfg = _config(data_root, tmp_path, "train.max_users=100")
+    kept_before = spark.sparkContext._jsc.getPersistentRDDs().size()
     first = write_training_shards(spark, cfg, DATE, str(tmp_path / "a"), shards=4)
     again = write_training_shards(spark, cfg, DATE, str(tmp_path / "b"), shards=4)
     assert first.sampled_from > 300 and 70 <= first.users <= 130
     assert (first.users, first.interactions) == (again.users, again.interactions)   # the same users, seeded
+    # every user's histories are kept for the sample's passes over them, and released once the shards are written
+    assert spark.sparkContext._jsc.getPersistentRDDs().size() == kept_before
 
 
 def test_the_shards_rows_do_not_depend_on_how_spark_partitioned_the_work(spark, data_root, tmp_path):

@@ -136,10 +136,25 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
     """Write the training histories of ``date`` as ``shards`` Parquet files under ``directory`` and read
     back the item counts and totals (aggregates only: nothing per user is collected). ``events``: as
     :func:`training_histories`."""
-    histories = population = training_histories(spark, cfg, date, events)
-    sampled_from = None
-    if cfg.train.max_users is not None:
-        histories, sampled_from = _sample_users(histories, cfg.train.max_users, cfg.train.seed)
+    population = training_histories(spark, cfg, date, events)
+    if cfg.train.max_users is None:
+        return _write_shards(spark, cfg, directory, shards, population, None, population)
+    # A sample passes over every user's history three times (counting them, writing the sample, counting every
+    # user's items): built once (shuffles and all) and kept until the shards are written, not built three times
+    from pyspark import StorageLevel
+
+    population = population.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _write_shards(spark, cfg, directory, shards, *_sample_users(population, cfg.train.max_users,
+                                                                           cfg.train.seed), population)
+    finally:
+        population.unpersist()
+
+
+def _write_shards(spark: SparkSession, cfg: Config, directory: str, shards: int, histories: DataFrame,
+                  sampled_from: int | None, population: DataFrame) -> TrainingShards:
+    """:func:`write_training_shards`'s write and statistics: ``histories`` (the users trained on) as the shard
+    files, the vocabularies' counts from ``population`` (every user) when it is not ``histories``."""
     # Training reads each file's rows in order (the users' window offsets and the shuffle buffer follow it), and
     # the order a shuffle delivers rows in is Spark's: it changes with the partitioning upstream and, on a
     # cluster, with the order the executors' blocks arrive. A seeded hash of the user orders each file instead,
