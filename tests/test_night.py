@@ -6,7 +6,8 @@ next is not due (``train.every_nights=2``) and publishes with the same version; 
 fails on bad input, and the night still publishes, with the version holding the alias, exit 0, saying why.
 One read of the events window a night where ``recsys train`` and ``recsys recommend`` read it twice. And a
 night whose training process dies (SIGKILL at the ``fitting`` pause point): its retry publishes with the alias
-holder instead of training again. tests/test_airflow_dag.py runs the same command as the DAG's ``night`` task.
+holder instead of training again; ``recsys train`` by hand takes the same mark (exit 4 while a training of the
+date runs; a dead one's MLflow run ended). tests/test_airflow_dag.py runs the same command as the DAG's ``night`` task.
 """
 import dataclasses
 import datetime as dt
@@ -162,8 +163,8 @@ def test_a_night_whose_training_process_dies_publishes_with_the_alias_holder_on_
 
 
 @SLOW
-def test_recsys_train_waits_for_a_live_training_of_the_date_and_ends_a_dead_ones_run(spark, tmp_path, monkeypatch,
-                                                                                      caplog):
+def test_recsys_train_refuses_while_the_date_trains_and_ends_a_dead_trainings_run(spark, tmp_path, monkeypatch,
+                                                                                    caplog):
     """``recsys train`` (by hand, or a scheduler's training task) takes the night's training mark: while another
     process trains the date it exits 4 and trains nothing (two trainings of one date would both register); after
     one that died (its mark left, its MLflow run RUNNING) it ends that run as KILLED, saying why, and trains."""
