@@ -189,7 +189,7 @@ def test_recsys_train_refuses_while_the_date_trains_and_ends_a_dead_trainings_ru
     assert jobkit.cli(monkeypatch, spark, [*train, "--set", f"paths.work={blocked / 'work'}"]) == 2
     assert any("cannot write the training's mark under paths.work=" in m for m in jobkit.errors_logged(caplog))
 
-    attempt.start(cfg.paths.work)                      # a live training of the date: this process
+    attempt.start()                                    # a live training of the date: this process
     assert mark.exists()
     assert jobkit.cli(monkeypatch, spark, train) == 4
     refused = [m for m in jobkit.errors_logged(caplog) if f"not training {RUN_DATE}" in m]
@@ -251,9 +251,10 @@ def test_a_training_mark_says_whether_its_process_runs_here_died_here_or_ran_els
     from recsys.pipelines.night import EarlierAttempt, TrainingAttempt
     from recsys.processes import process_start_time
 
-    attempt = TrainingAttempt(pafs.LocalFileSystem(), str(tmp_path / "night-training" / "m" / "2024-05-08.json"))
+    attempt = TrainingAttempt(pafs.LocalFileSystem(), str(tmp_path / "night-training" / "m" / "2024-05-08.json"),
+                              str(tmp_path))
     assert attempt.left_by_another() is None
-    attempt.start(str(tmp_path))                             # this process: alive
+    attempt.start()                                          # this process: alive
     earlier = attempt.left_by_another()
     why, running = earlier.why, earlier.running
     assert running and f"process {os.getpid()} on {socket.gethostname()}" in why and "is still running" in why

@@ -145,8 +145,8 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
 
     population = population.persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        return _write_shards(spark, cfg, directory, shards, *_sample_users(population, cfg.train.max_users,
-                                                                           cfg.train.seed), population)
+        histories, sampled_from = _sample_users(population, cfg.train.max_users, cfg.train.seed)
+        return _write_shards(spark, cfg, directory, shards, histories, sampled_from, population)
     finally:
         population.unpersist()
 

@@ -89,11 +89,13 @@ class TrainingAttempt:
 
     fs: object
     path: str
+    work: str            # paths.work as configured: what a mark that cannot be written names
 
     @classmethod
     def of(cls, cfg: Config, date: dt.date) -> "TrainingAttempt":
         fs, base = rfs.resolve(cfg.paths.work)
-        return cls(fs, rfs.join(base, "night-training", quote(cfg.mlflow.model_name, safe=""), f"{date}.json"))
+        return cls(fs, rfs.join(base, "night-training", quote(cfg.mlflow.model_name, safe=""), f"{date}.json"),
+                   cfg.paths.work)
 
     def left_by_another(self) -> EarlierAttempt | None:
         """What the mark an earlier attempt left says (read once); None without a mark."""
@@ -117,14 +119,14 @@ class TrainingAttempt:
             state = "did not end its training (on another host: if it still runs there, it is training this date)"
         return EarlierAttempt(f"an earlier attempt of this night ({who}) {state}", alive, started_at)
 
-    def start(self, work: str) -> None:
-        """Leave the mark; ConfigError naming ``paths.work`` (``work``, its value) when it cannot be written."""
+    def start(self) -> None:
+        """Leave the mark; ConfigError naming ``paths.work`` and its value when it cannot be written."""
         mark = {"pid": os.getpid(), "pid_started": process_start_time(), "host": socket.gethostname(),
                 "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         try:
             rfs.write_text_atomic(self.fs, self.path, json.dumps(mark))
         except OSError as exc:
-            raise ConfigError(f"cannot write the training's mark under paths.work={redact_uri(work)!r} "
+            raise ConfigError(f"cannot write the training's mark under paths.work={redact_uri(self.work)!r} "
                               f"({first_line(exc, with_type=True, limit=300)}): give paths.work a directory or URI "
                               "that the driver and every executor can write (docs/cluster.md)") from None
 
@@ -171,7 +173,7 @@ def _train_then_publish(spark: SparkSession, cfg: Config, date: dt.date, force: 
                     f"why it stops)")
             log.warning("recsys night %s: %s", date, note)
         else:
-            attempt.start(cfg.paths.work)
+            attempt.start()
             try:
                 training = run_training(spark, cfg, date, hooks=hooks, kept=kept)
             finally:
@@ -208,7 +210,7 @@ def claim_training(cfg: Config, date: dt.date) -> TrainingAttempt:
     if earlier is not None:
         log.warning("recsys train %s: %s; training again", date, earlier.why)
         _end_dead_trainings(cfg, date, earlier, "recsys train")
-    attempt.start(cfg.paths.work)
+    attempt.start()
     return attempt
 
 
