@@ -61,7 +61,9 @@ def _submit(root: Path, uri: str, *submit_options: str) -> tuple[int, list[str]]
     sets = [f"paths.events={root / 'data' / 'events'}", f"paths.catalog={root / 'data' / 'catalog'}",
             f"paths.output={root / 'recommendations'}", f"paths.work={root / 'work'}",
             f"paths.driver_scratch={root / 'driver'}", f"mlflow.tracking_uri={uri}",
-            f"mlflow.artifact_location={root / 'artifacts'}", "history.max_items=50", *jobkit.metastore_overrides(root)]
+            f"mlflow.artifact_location={root / 'artifacts'}", "history.max_items=50",
+            # the default metastore (embedded Derby in a directory that does not exist yet), as a first night meets it
+            f"output.table={jobkit.table_name(root)}", f"output.metastore.dir={root / 'metastore'}"]
     argv = [str(REPO / "spark-submit.sh"), *submit_options, str(REPO / "jobs" / "nightly_recommendations.py"),
             "--date", DATE]
     for item in sets:
@@ -82,6 +84,7 @@ def test_a_demo_sized_run_under_spark_submit_logs_a_few_dozen_lines_ending_with_
     print(f"{len(lines)} lines:\n{text}")
     assert len(lines) <= MAX_LINES, f"{len(lines)} lines:\n{text}"
     assert not [line for line in lines if " INFO " in line and "INFO recsys" not in line], "Spark INFO lines leaked"
+    assert not [line for line in lines if "Derby" in line or "Exception" in line], "Derby's boot banner leaked"
     stage_lines = [line for line in lines if "INFO recsys: [recommend" in line]
     assert len(stage_lines) >= 12                       # every stage's start and end
     assert lines[-1].split(" ", 1)[1].startswith(

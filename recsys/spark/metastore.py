@@ -20,6 +20,7 @@ when the job's Python code starts).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -132,6 +133,12 @@ def submit_arguments(argv: Sequence[str]) -> list[str]:
     if cfg.output.table is None:
         return []
     store = resolve(cfg.output.metastore)
+    if store.embedded:
+        # Derby opens derby.log when it boots, before the job's session could create the directory: a missing
+        # one would put its boot banner and a FileNotFoundException in the scheduler's log instead. A directory
+        # that cannot be made is left to the job, which names it.
+        with contextlib.suppress(OSError):
+            store.dir.mkdir(parents=True, exist_ok=True)
     launch = launch_settings(store)
     lines = [f"JAVA={launch['spark.driver.extraJavaOptions']}"]
     if store.jars:
