@@ -683,6 +683,9 @@ class Config(_Section):
 SPARK_REMOTE_ENV = "SPARK_REMOTE"                       # Spark Connect URL when spark.remote is unset
 SHUFFLE_PARTITIONS_ENV = "RECSYS_SHUFFLE_PARTITIONS"    # spark.sql.shuffle.partitions of local sessions
 CONNECT_WAIT_ENV = "RECSYS_CONNECT_WAIT_S"             # how long an unanswering Spark Connect server is waited for
+LOG4J_CONF_ENV = "RECSYS_LOG4J_CONF"                   # the Spark JVM's log4j2 file (empty: Spark's own default)
+# the checkout's log4j2 file, spark-submit.sh's default too (absent where the package runs from a zip or a wheel)
+SHIPPED_LOG4J_CONF = Path(__file__).resolve().parent.parent / "conf" / "log4j2.properties"
 
 
 class LaunchSettings(_Section):
@@ -695,11 +698,24 @@ class LaunchSettings(_Section):
     spark_remote: str | None = None
     shuffle_partitions: int = Field(default=8, ge=1)
     connect_wait_s: float = Field(default=60.0, ge=0)
+    log4j_conf: Path | None = None     # the log4j2 file of a Spark JVM this process starts (None: Spark's default)
 
 
 def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSettings:
-    """``SPARK_REMOTE``, ``RECSYS_SHUFFLE_PARTITIONS`` and ``RECSYS_CONNECT_WAIT_S`` from the environment, validated."""
+    """``SPARK_REMOTE``, ``RECSYS_SHUFFLE_PARTITIONS``, ``RECSYS_CONNECT_WAIT_S`` and ``RECSYS_LOG4J_CONF``
+    from the environment, validated. ``RECSYS_LOG4J_CONF`` unset: the checkout's ``conf/log4j2.properties``
+    where there is one (as ``spark-submit.sh``); empty: none (Spark's own default)."""
     env = os.environ if environ is None else environ
+    log4j = env.get(LOG4J_CONF_ENV)
+    if log4j is None:
+        log4j_conf = SHIPPED_LOG4J_CONF if SHIPPED_LOG4J_CONF.is_file() else None
+    elif not log4j.strip():
+        log4j_conf = None
+    elif Path(log4j).is_file():
+        log4j_conf = Path(log4j).resolve()
+    else:
+        raise ConfigError(f"{LOG4J_CONF_ENV}={log4j!r} is not a file: name a log4j2 properties file, or set it empty "
+                          f"for Spark's own logging")
     raw = env.get(SHUFFLE_PARTITIONS_ENV, "").strip()
     try:
         shuffle_partitions = int(raw) if raw else 8
@@ -714,7 +730,8 @@ def load_launch_settings(environ: Mapping[str, str] | None = None) -> LaunchSett
         raise ConfigError(f"{SHUFFLE_PARTITIONS_ENV}={raw!r} must be a positive integer")
     try:
         return LaunchSettings(spark_remote=env.get(SPARK_REMOTE_ENV, "").strip() or None,
-                              shuffle_partitions=shuffle_partitions, connect_wait_s=connect_wait_s)
+                              shuffle_partitions=shuffle_partitions, connect_wait_s=connect_wait_s,
+                              log4j_conf=log4j_conf)
     except ValidationError:
         raise ConfigError(f"{CONNECT_WAIT_ENV}={wait!r} must be a number of seconds (0 or more)") from None
 

@@ -200,3 +200,23 @@ def test_the_digest_covers_exactly_the_sections_its_docstring_names():
     assert cfg.digest() == hashlib.sha256(canonical.encode()).hexdigest()[:16]
     assert cfg.digest() == load_config(overrides=["scoring.top_n=7", "guard.min_users=3", "serve.port=9",
                                                   "evaluation.backtest.half_life_days=3"]).digest()
+
+
+def test_the_spark_jvm_s_log4j_file_is_spark_submit_s_unless_the_environment_names_another(tmp_path):
+    """RECSYS_LOG4J_CONF as spark-submit.sh reads it, for the JVMs the CLI starts itself: unset, the checkout's
+    conf/log4j2.properties; empty, none (Spark's own); a file, that file; anything else is exit 2 naming it."""
+    from recsys.config import SHIPPED_LOG4J_CONF, load_launch_settings
+    from recsys.spark.session import log_settings
+
+    assert SHIPPED_LOG4J_CONF.is_file()
+    assert load_launch_settings({}).log4j_conf == SHIPPED_LOG4J_CONF
+    assert log_settings(load_launch_settings({})) == {
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{SHIPPED_LOG4J_CONF}"}
+    assert load_launch_settings({"RECSYS_LOG4J_CONF": ""}).log4j_conf is None
+    assert log_settings(load_launch_settings({"RECSYS_LOG4J_CONF": ""})) == {}
+    mine = tmp_path / "mine.properties"
+    mine.write_text("rootLogger.level = info\n")
+    assert load_launch_settings({"RECSYS_LOG4J_CONF": str(mine)}).log4j_conf == mine
+    with pytest.raises(ConfigError, match=r"RECSYS_LOG4J_CONF='.*no-such.properties' is not a file") as raised:
+        load_launch_settings({"RECSYS_LOG4J_CONF": str(tmp_path / "no-such.properties")})
+    assert raised.value.exit_code == ExitCode.BAD_INPUT

@@ -155,7 +155,7 @@ print("ROWS", sorted(tuple(r) for r in spark.sql(sys.argv[2]).collect()))
 @pytest.mark.slow
 def test_print_conf_lets_a_fresh_pyspark_session_and_recsys_sql_in_its_own_process_see_the_night(night, tmp_path):
     table, sets = night
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env = {**{k: v for k, v in os.environ.items() if k != "RECSYS_LOG4J_CONF"}, "PYSPARK_PYTHON": sys.executable}
     sets = [*sets, "--set", "spark.master=local[1]", "--set", "spark.conf.spark.ui.enabled=false"]
     command = [sys.executable, "-m", "recsys.cli", "sql"]
     printed = subprocess.run([*command, "--print-conf", *sets], env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -170,3 +170,5 @@ def test_print_conf_lets_a_fresh_pyspark_session_and_recsys_sql_in_its_own_proce
                            capture_output=True, text=True, timeout=300)
     assert shell.returncode == 0, shell.stderr[-3000:]
     assert re.search(rf"^\|3 +\|{USERS} *\|$", shell.stdout, flags=re.M), shell.stdout
+    # its JVM logs as spark-submit.sh's do (conf/log4j2.properties), not with Spark's INFO banner and local notes
+    assert not re.search(r"default log4j profile|NativeCodeLoader|setLogLevel", shell.stderr), shell.stderr[-3000:]

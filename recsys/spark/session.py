@@ -87,6 +87,15 @@ def store_settings(output: OutputConfig | None = None, storage: StorageConfig | 
     return settings
 
 
+def log_settings(launch: LaunchSettings) -> dict[str, str]:
+    """The log4j2 file of a Spark JVM recsys starts itself (``launch.log4j_conf``: by default the one
+    ``spark-submit.sh`` passes), so that ``recsys demo``, ``train``, ``recommend`` and ``sql`` print the job's
+    lines and Spark's warnings, not Spark's INFO banner and its local-mode notes."""
+    if launch.log4j_conf is None:
+        return {}
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{launch.log4j_conf}"}
+
+
 def merged_settings(settings: dict[str, str], user: dict[str, str]) -> dict[str, str]:
     """``user`` wins, except java options and class paths, which are joined (ours first, theirs after)."""
     merged = {**settings, **user}
@@ -121,14 +130,15 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
         builder = builder.remote(remote)
         if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
             # (and its JVM writes to this process's stderr: no progress bars in the job's log)
-            settings = merged_settings(store_settings(output, storage),
+            settings = merged_settings(merged_settings(log_settings(launch), store_settings(output, storage)),
                                        {**QUIET_CONSOLE, **settings})
     elif launched_by_submit:
         settings = merged_settings(store_settings(output, storage, launching=False), settings)
     else:
         builder = builder.master(spark_cfg.master)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        settings = merged_settings(store_settings(output, storage), session_settings(spark_cfg, arrow_batch_size, launch))
+        settings = merged_settings(merged_settings(log_settings(launch), store_settings(output, storage)),
+                                   session_settings(spark_cfg, arrow_batch_size, launch))
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
