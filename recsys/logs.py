@@ -68,5 +68,5 @@ def configure_logging(verbose: bool = False) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
             handler.addFilter(RedactingFilter())
-    for noisy in ("py4j", "urllib3", "alembic", "mlflow.store", "matplotlib"):
+    for noisy in ("py4j", "urllib3", "alembic", "mlflow.store", "matplotlib", "httpx"):   # httpx: a line per request
         logging.getLogger(noisy).setLevel(logging.WARNING)
