@@ -314,6 +314,25 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.tolist()
 
 
+def freed_memory_releaser() -> Callable[[], None]:
+    """What hands the allocator's free pages back to the system after an epoch: glibc's ``malloc_trim(0)``
+    (elsewhere, nothing). A step's largest tensors (the logits, ``T x N``, tens of MB) stay under glibc's
+    mmap threshold once it has adapted, so they come from its heaps, which keep their free pages: a training
+    process grew by a gigabyte that nothing used (benchmarks/train_memory.py, docs/performance.md
+    "Training's memory"). Trimming once an epoch costs milliseconds and changes no number."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):     # not glibc (musl, macOS): their allocators give memory back themselves
+        trim = None
+    if trim is None:
+        return lambda: None
+    return lambda: trim(0) and None
+
+
 def _fit(source, model_config, settings: TrainSettings,
          validate: Callable[[torch.nn.Module], dict[str, float]] | None, device: torch.device,
          loop: FitCallbacks, last_epoch: int) -> FitResult:
@@ -343,6 +362,7 @@ def _fit(source, model_config, settings: TrainSettings,
     by_length = settings.batching == "by_length"
     typical_targets = source.batch_size * source.targets_per_window if by_length else 0.0
     curve: list[dict] = []
+    release = freed_memory_releaser()
     best_score, best_epoch, best_metrics, best_state = -1.0, 0, {}, None
     windows_since_best = 0.0     # training windows (all processes') since the best epoch's validation
 
@@ -387,6 +407,7 @@ def _fit(source, model_config, settings: TrainSettings,
                 loop.steps_progress({"epoch": epoch, "epochs": last_epoch, "step": step, "steps": steps_per_epoch,
                                      "windows_per_s": rate,
                                      "epoch_seconds_left": max(0.0, (steps_per_epoch - step) * (now - started) / step)})
+        release()
         loss_total, targets_total, windows_total = all_reduce([float(loss_sum), float(targets_seen),
                                                                float(windows_seen)])
         windows_since_best += windows_total
