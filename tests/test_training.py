@@ -1,6 +1,7 @@
 """Training: windows cover every interaction once, the model learns a plain pattern, runs repeat."""
 from __future__ import annotations
 
+import platform
 import sys
 
 import numpy as np
@@ -282,7 +283,7 @@ print(held, rss_mb())
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heaps and malloc_trim (and /proc)")
 def test_what_an_epoch_freed_goes_back_to_the_system():
     """glibc keeps freed heap pages (a training process grew by a gigabyte nobody used); the releaser the
     training loop calls after each epoch hands them back. The control frees the same and keeps them."""
