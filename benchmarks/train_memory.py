@@ -6,7 +6,7 @@
 ``--data``: a dataset root in the input layout (``recsys import-movielens --out``). The default SASRec is trained
 in this process on the ``loo`` split's validation histories (benchmarks/loo_validation.py), as ``recsys train``
 trains in the driver, for ``--epochs`` epochs with no early stop; after each epoch the process's resident memory
-(``VmRSS``) and the epoch's seconds are printed. Training hands the allocator's free pages back after each epoch
+(``VmRSS``), its peak so far (``VmHWM``: within the epochs too) and the epoch's seconds are printed. Training hands the allocator's free pages back after each epoch
 (``recsys.model.training.freed_memory_releaser``: glibc's ``malloc_trim(0)``), so what is left is what is live;
 ``--keep-freed`` turns that off, as the code was before. oneDNN keeps a compiled primitive
 per operation and shape (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 1024), each with its buffers; batches of
@@ -24,10 +24,10 @@ from dataclasses import replace
 from unittest import mock
 
 
-def rss_mb() -> int:
-    """This process's resident memory in MB (Linux)."""
+def rss_mb(field: str = "VmRSS") -> int:
+    """This process's resident memory in MB (Linux): now (``VmRSS``) or its peak so far (``VmHWM``)."""
     with open("/proc/self/status") as status:
-        return int(status.read().split("VmRSS:")[1].split()[0]) // 1024
+        return int(status.read().split(f"{field}:")[1].split()[0]) // 1024
 
 
 def main() -> None:
@@ -56,9 +56,10 @@ def main() -> None:
 
     def after_epoch(model) -> dict[str, float]:
         now = time.perf_counter()
-        rows.append({"epoch": len(rows), "rss_mb": rss_mb(), "seconds": round(now - last[0], 2)})
+        rows.append({"epoch": len(rows), "rss_mb": rss_mb(), "peak_mb": rss_mb("VmHWM"), "seconds": round(now - last[0], 2)})
         last[0] = now
-        print(f"epoch {rows[-1]['epoch']}: {rows[-1]['rss_mb']} MB, {rows[-1]['seconds']:.2f} s", flush=True)
+        print(f"epoch {rows[-1]['epoch']}: {rows[-1]['rss_mb']} MB, peak so far {rows[-1]['peak_mb']} MB, "
+              f"{rows[-1]['seconds']:.2f} s", flush=True)
         return {"ndcg@10": 0.0}       # no early stop: every epoch runs
 
     keep = mock.patch.object(training, "freed_memory_releaser", lambda: (lambda: None)) if a.keep_freed else None

@@ -285,7 +285,7 @@ print(held, rss_mb())
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heaps and malloc_trim (and /proc)")
 def test_what_an_epoch_freed_goes_back_to_the_system():
-    """glibc keeps freed heap pages (a training process grew by a gigabyte nobody used); the releaser the
+    """glibc keeps freed heap pages (a training process held a gigabyte nobody used between epochs); the releaser the
     training loop calls after each epoch hands them back. The control frees the same and keeps them."""
     import subprocess
 

@@ -317,9 +317,9 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
 def freed_memory_releaser() -> Callable[[], None]:
     """What hands the allocator's free pages back to the system after an epoch: glibc's ``malloc_trim(0)``
     (elsewhere, nothing). A step's largest tensors (the logits, ``T x N``, tens of MB) stay under glibc's
-    mmap threshold once it has adapted, so they come from its heaps, which keep their free pages: a training
-    process grew by a gigabyte that nothing used (benchmarks/train_memory.py, docs/performance.md
-    "Training's memory"). Trimming once an epoch costs milliseconds and changes no number."""
+    mmap threshold once it has adapted, so they come from its heaps, which keep their free pages: between epochs
+    and after training, a training process held about a gigabyte that nothing used (benchmarks/train_memory.py,
+    docs/performance.md "Training's memory"). Trimming once an epoch costs milliseconds and changes no number."""
     import ctypes
     import ctypes.util
 
