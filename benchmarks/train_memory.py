@@ -6,7 +6,8 @@
 ``--data``: a dataset root in the input layout (``recsys import-movielens --out``). The default SASRec is trained
 in this process on the ``loo`` split's validation histories (benchmarks/loo_validation.py), as ``recsys train``
 trains in the driver, for ``--epochs`` epochs with no early stop; after each epoch the process's resident memory
-(``VmRSS``), its peak so far (``VmHWM``: within the epochs too) and the epoch's seconds are printed. Training hands the allocator's free pages back after each epoch
+(``VmRSS``), its peak so far (``VmHWM``: within the epochs too) and the epoch's seconds are printed. Training
+hands the allocator's free pages back after each epoch
 (``recsys.model.training.freed_memory_releaser``: glibc's ``malloc_trim(0)``), so what is left is what is live;
 ``--keep-freed`` turns that off, as the code was before. oneDNN keeps a compiled primitive
 per operation and shape (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 1024), each with its buffers; batches of
@@ -56,7 +57,8 @@ def main() -> None:
 
     def after_epoch(model) -> dict[str, float]:
         now = time.perf_counter()
-        rows.append({"epoch": len(rows), "rss_mb": rss_mb(), "peak_mb": rss_mb("VmHWM"), "seconds": round(now - last[0], 2)})
+        rows.append({"epoch": len(rows), "rss_mb": rss_mb(), "peak_mb": rss_mb("VmHWM"),
+                     "seconds": round(now - last[0], 2)})
         last[0] = now
         print(f"epoch {rows[-1]['epoch']}: {rows[-1]['rss_mb']} MB, peak so far {rows[-1]['peak_mb']} MB, "
               f"{rows[-1]['seconds']:.2f} s", flush=True)
