@@ -8,8 +8,8 @@ in this process on the ``loo`` split's validation histories (benchmarks/loo_vali
 trains in the driver, for ``--epochs`` epochs with no early stop; after each epoch the process's resident memory
 (``VmRSS``), its peak so far (``VmHWM``: within the epochs too) and the epoch's seconds are printed. Training
 hands the allocator's free pages back after each epoch
-(``recsys.model.training.freed_memory_releaser``: glibc's ``malloc_trim(0)``), so what it holds between epochs is what is live;
-``--keep-freed`` turns that off, as the code was before. oneDNN keeps a compiled primitive
+(``recsys.model.training.freed_memory_releaser``: glibc's ``malloc_trim(0)``), so what it holds between epochs
+is what is live; ``--keep-freed`` turns that off, as the code was before. oneDNN keeps a compiled primitive
 per operation and shape (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, default 1024), each with its buffers; batches of
 several widths (``train.batching: by_length``) make many shapes. Run one configuration per process: the cache's
 capacity is read once, when torch first calls oneDNN.
