@@ -321,14 +321,12 @@ def freed_memory_releaser() -> Callable[[], None]:
     and after training, a training process held about a gigabyte that nothing used (benchmarks/train_memory.py,
     docs/performance.md "Training's memory"). Trimming once an epoch costs milliseconds and changes no number."""
     import ctypes
-    import ctypes.util
 
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):     # not glibc (musl, macOS): their allocators give memory back themselves
+    try:     # the process's own symbols, the C library's among them: no search for its file
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except (OSError, TypeError):
         trim = None
-    if trim is None:
+    if trim is None:     # not glibc (musl, macOS): their allocators give memory back themselves
         return lambda: None
     return lambda: trim(0) and None
 
