@@ -96,6 +96,13 @@ def log_settings(launch: LaunchSettings) -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{launch.log4j_conf}"}
 
 
+def launching_settings(launch: LaunchSettings, output: OutputConfig | None,
+                       storage: StorageConfig | None) -> dict[str, str]:
+    """What a JVM this process starts needs from us: its log4j2 file, then the stores' settings (java options
+    joined in that order)."""
+    return merged_settings(log_settings(launch), store_settings(output, storage))
+
+
 def merged_settings(settings: dict[str, str], user: dict[str, str]) -> dict[str, str]:
     """``user`` wins, except java options and class paths, which are joined (ours first, theirs after)."""
     merged = {**settings, **user}
@@ -130,14 +137,13 @@ def build_session(spark_cfg: SparkConfig, arrow_batch_size: int | None = None, a
         builder = builder.remote(remote)
         if remote.startswith("local"):   # pyspark starts this Connect server itself, with the builder's settings
             # (and its JVM writes to this process's stderr: no progress bars in the job's log)
-            settings = merged_settings(merged_settings(log_settings(launch), store_settings(output, storage)),
-                                       {**QUIET_CONSOLE, **settings})
+            settings = merged_settings(launching_settings(launch, output, storage), {**QUIET_CONSOLE, **settings})
     elif launched_by_submit:
         settings = merged_settings(store_settings(output, storage, launching=False), settings)
     else:
         builder = builder.master(spark_cfg.master)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        settings = merged_settings(merged_settings(log_settings(launch), store_settings(output, storage)),
+        settings = merged_settings(launching_settings(launch, output, storage),
                                    session_settings(spark_cfg, arrow_batch_size, launch))
     for key, value in settings.items():
         builder = builder.config(key, value)
