@@ -331,6 +331,7 @@ class ALSGridConfig(_Section):
     alphas: tuple[float, ...] = Field(min_length=1)
     max_iter: int = Field(ge=1, le=100)
     seed: int
+    blocks: int = Field(ge=1, le=10_000)
 
     @field_validator("ranks", "reg_params", "alphas")
     @classmethod
@@ -359,6 +360,7 @@ class BacktestConfig(_Section):
     als_reg_param: float = Field(gt=0)
     als_alpha: float = Field(gt=0)
     als_max_iter: int = Field(ge=1, le=100)
+    als_blocks: int = Field(ge=1, le=10_000)
     max_bootstrap_pairs: int = Field(ge=100)   # (user, night) pairs the intervals draw from; beyond it a seeded
                                                # sample of whole users
 

@@ -55,9 +55,10 @@ def world(tmp_path_factory):
 
 def _args(world, user: Path, *extra: str) -> list[str]:
     """The user's configuration: output, work and driver scratch under ``user``, the tracking store and its
-    registered model in ``world['store']``; small ALS, few resamples."""
+    registered model in ``world['store']``; small ALS (few blocks: a tiny log), few resamples."""
     settings = [*jobkit.overrides(user, world["store"], inputs=world["data"]),
                 "evaluation.backtest.als_rank=4", "evaluation.backtest.als_max_iter=3",
+                "evaluation.backtest.als_blocks=2",
                 "evaluation.bootstrap_resamples=200", "progress.interval_s=0"]
     return [x for s in settings for x in ("--set", s)] + list(extra)
 

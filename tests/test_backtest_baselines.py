@@ -102,7 +102,7 @@ def test_als_lists_drop_unavailable_items_and_mask_only_when_asked(night, tmp_pa
     from recsys.evaluation import baselines
 
     i = night["inputs"]
-    params = baselines.ALSParams(rank=4, reg_param=0.1, alpha=1.0, max_iter=3, seed=1)
+    params = baselines.ALSParams(rank=4, reg_param=0.1, alpha=1.0, max_iter=3, seed=1, blocks=2)
     als = baselines.als_lists(i.past, i.users, i.available, 3, params, i.max_seen, str(tmp_path / "als"))
     unmasked, masked = _lists(als.unmasked), _lists(als.masked)
     seen = {r["user_id"]: set(r["seen"]) for r in i.users.collect()}
@@ -114,6 +114,19 @@ def test_als_lists_drop_unavailable_items_and_mask_only_when_asked(night, tmp_pa
     assert als.fetched == 3 + 3 and not als.ids_remapped
     # ALS only ranks items it saw: 7 distinct available items were touched before the night
     assert set().union(*unmasked.values()) <= {1, 2, 3, 4, 6, 7, 8}
+
+
+def test_als_fits_in_the_configured_blocks_spark_s_ten_unless_told():
+    """The blocks decide the factors' random start, not only the speed: they are a setting, Spark's default
+    unless the configuration says otherwise (the tests' tiny logs use 2)."""
+    from recsys.evaluation import baselines
+
+    cfg = load_config(overrides=["evaluation.backtest.als_blocks=3"])
+    assert load_config().evaluation.backtest.als_blocks == load_config().evaluation.als.blocks == 10
+    als = baselines.als_estimator(baselines.ALSParams(4, 0.1, 1.0, blocks=cfg.evaluation.backtest.als_blocks))
+    assert (als.getNumUserBlocks(), als.getNumItemBlocks()) == (3, 3)
+    grid = baselines.als_grid([4, 8], [0.1], [1.0], 3, 0, blocks=5)
+    assert [baselines.als_estimator(p).getNumItemBlocks() for p in grid] == [5, 5]
 
 
 def test_measured_figures_match_the_hand_computed_ones(spark, night, tmp_path):

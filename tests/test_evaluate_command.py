@@ -54,7 +54,7 @@ def dataset(tmp_path_factory):
         "train.model.sasrec.dim=16", "train.model.sasrec.layers=1", "train.model.sasrec.heads=1",
         "train.model.sasrec.max_len=8", "train.model.gru4rec.dim=16", "train.model.gru4rec.max_len=8",
         "evaluation.als.ranks=[4]", "evaluation.als.reg_params=[0.1, 1.0]", "evaluation.als.alphas=[1.0]",
-        "evaluation.als.max_iter=3", "evaluation.bootstrap_resamples=200",
+        "evaluation.als.max_iter=3", "evaluation.als.blocks=2", "evaluation.bootstrap_resamples=200",
     ])
     return dict(root=root, data=root / "data", rows=rows, cfg=cfg)
 

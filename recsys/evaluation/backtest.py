@@ -144,7 +144,7 @@ def baseline_lists(night: NightInputs, n: int, settings: BacktestConfig, seed: i
     ranking = baselines.popularity_ranking(past, available, night.date, settings.popularity_days,
                                            n + min(night.max_seen, baselines.MAX_OVERFETCH), seed)
     params = baselines.ALSParams(settings.als_rank, settings.als_reg_param, settings.als_alpha, settings.als_max_iter,
-                                 als_seed)
+                                 als_seed, settings.als_blocks)
     als = baselines.als_lists(past, users, available, n, params, night.max_seen, out_dir)
     lists = {PERSONAL: personal, PADDED: baselines.padded_lists(users, personal, ranking, n),
              POPULAR_MASKED: baselines.popularity_lists(users, ranking, n, masked=True),

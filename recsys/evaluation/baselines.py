@@ -54,6 +54,7 @@ class ALSParams:
     alpha: float
     max_iter: int = 10
     seed: int = 42
+    blocks: int = 10        # user blocks and item blocks (Spark's numUserBlocks, numItemBlocks; its default 10)
 
     def label(self) -> str:
         return f"rank={self.rank} reg={self.reg_param:g} alpha={self.alpha:g}"
@@ -69,18 +70,24 @@ class ALSSearch:
     grid: list[dict[str, Any]] = field(default_factory=list)   # params + validation metric + seconds
 
 
-def als_grid(ranks: list[int], reg_params: list[float], alphas: list[float], max_iter: int, seed: int) -> list[ALSParams]:
-    return [ALSParams(r, g, a, max_iter, seed) for r, g, a in itertools.product(ranks, reg_params, alphas)]
+def als_grid(ranks: list[int], reg_params: list[float], alphas: list[float], max_iter: int, seed: int,
+             blocks: int) -> list[ALSParams]:
+    return [ALSParams(r, g, a, max_iter, seed, blocks) for r, g, a in itertools.product(ranks, reg_params, alphas)]
 
 
 def als_estimator(params: ALSParams, *, user_col: str = "user", item_col: str = "item", rating_col: str = "rating",
                   cold_start: str = "nan"):
-    """Spark's implicit ALS with ``params``: the one configuration evaluation and the backtest fit."""
+    """Spark's implicit ALS with ``params``: the one configuration evaluation and the backtest fit.
+
+    The blocks are a setting because they are not only a matter of speed: each block's factors start from a
+    random draw seeded by the seed and the block, so another number of blocks is another initialisation, and
+    after 10 iterations other factors and other lists. A small session wants fewer than Spark's 10 (each
+    iteration shuffles between the blocks and ``recommendForUserSubset`` runs a task per pair of them)."""
     from pyspark.ml.recommendation import ALS
 
     return ALS(rank=params.rank, regParam=params.reg_param, alpha=params.alpha, maxIter=params.max_iter,
                implicitPrefs=True, seed=params.seed, userCol=user_col, itemCol=item_col, ratingCol=rating_col,
-               coldStartStrategy=cold_start)
+               coldStartStrategy=cold_start, numUserBlocks=params.blocks, numItemBlocks=params.blocks)
 
 
 def fit_als_scorer(spark, phase: Phase, params: ALSParams) -> FactorScorer:

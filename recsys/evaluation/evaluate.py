@@ -201,7 +201,7 @@ def _fit_als(run: _Evaluation, name: str, seed: int | None = None) -> _Fitted:
     from recsys.evaluation.baselines import als_grid, search_als
 
     als = run.cfg.evaluation.als
-    grid = als_grid(list(als.ranks), list(als.reg_params), list(als.alphas), als.max_iter, als.seed)
+    grid = als_grid(list(als.ranks), list(als.reg_params), list(als.alphas), als.max_iter, als.seed, als.blocks)
     search = search_als(run.spark, run.split.valid, run.split.test, grid, run.validation_score)
     return _Fitted(search.scorer, {"chosen": search.chosen.label(), VALID_SELECTION: search.chosen_score,
                                    "grid": search.grid})
