@@ -1,11 +1,11 @@
-"""Spark ALS's fit and ``recommendForUserSubset`` at Spark's 10 blocks against the session's (``als_blocks``).
+"""Spark ALS's fit and ``recommendForUserSubset`` at Spark's 10 blocks against fewer (``evaluation.als.blocks``).
 
-    python benchmarks/als_blocks.py [--users 30 --items 30 --events 600] [--partitions 8] [--rounds 3]
+    python benchmarks/als_blocks.py [--users 30 --items 30 --events 600] [--partitions 8] [--blocks N] [--rounds 3]
 
 In one local[2] session with ``spark.sql.shuffle.partitions=--partitions``, each round fits the backtest's ALS
 (``recsys.evaluation.baselines.als_estimator``: implicit, rank 4, 3 iterations unless given) on random (user, item)
-events and asks it for every user's top 20, once with Spark's default blocks and once with
-``recsys.evaluation.baselines.als_blocks`` of the session, alternating which goes first. Prints each point's
+events and asks it for every user's top 20, once in Spark's default 10 blocks and once in ``--blocks`` (default:
+the session's shuffle partitions), alternating which goes first. Prints each point's
 median seconds and the ratio. The first round pays the JVM's warm-up; read the medians.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> int:
     parser.add_argument("--rank", type=int, default=4)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=8, help="spark.sql.shuffle.partitions (the job's: 8)")
+    parser.add_argument("--blocks", type=int, help="the fewer blocks (default: --partitions)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
@@ -35,7 +36,7 @@ def main() -> int:
     import pandas as pd
     from pyspark.sql import SparkSession
 
-    from recsys.evaluation.baselines import ALS_DEFAULT_BLOCKS, ALSParams, als_blocks, als_estimator
+    from recsys.evaluation.baselines import ALSParams, als_estimator
 
     spark = (SparkSession.builder.master("local[2]").appName("als-blocks").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", str(args.partitions)).getOrCreate())
@@ -48,21 +49,20 @@ def main() -> int:
     frame.count()
     users = frame.select("user").distinct().cache()
     users.count()
-    params = ALSParams(args.rank, 0.01, 10.0, args.iterations, 42)
-    points = {"spark-default": ALS_DEFAULT_BLOCKS, "als_blocks": als_blocks(spark)}
+    points = {"spark-default": 10, "fewer": args.blocks or args.partitions}
     seconds: dict[str, list[float]] = {name: [] for name in points}
     for round_ in range(args.rounds):
         order = list(points) if round_ % 2 == 0 else list(reversed(points))
         for name in order:
             start = time.perf_counter()
-            model = als_estimator(params, blocks=points[name]).fit(frame)
+            model = als_estimator(ALSParams(args.rank, 0.01, 10.0, args.iterations, 42, points[name])).fit(frame)
             model.recommendForUserSubset(users, 20).count()
             seconds[name].append(time.perf_counter() - start)
             print(f"round {round_ + 1} {name} ({points[name]} blocks): {seconds[name][-1]:.2f} s", flush=True)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     print(f"{args.users} users, {args.items} items, {args.events} events, {args.partitions} shuffle partitions: "
           + ", ".join(f"{name} ({points[name]} blocks) {value:.2f} s" for name, value in medians.items())
-          + f"; ratio {medians['spark-default'] / medians['als_blocks']:.2f}x")
+          + f"; ratio {medians['spark-default'] / medians['fewer']:.2f}x")
     spark.stop()
     return 0
 
