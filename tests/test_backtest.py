@@ -84,18 +84,21 @@ def replayed(spark, world, tmp_path_factory):
     argv = ["backtest", "--from", NIGHTS[0], "--to", NIGHTS[1], "--work", str(work), "--json", str(root / "bt.json"),
             "--train-every", "2", *_args(world, user, *tiny)]
     from recsys.data import readers
+    from recsys.evaluation import baselines
 
     mp = _pytest.monkeypatch.MonkeyPatch()
     try:
         reads = jobkit.record_calls(mp, readers, "read_events_window")     # every read of a night's events window
+        fits = jobkit.record_calls(mp, baselines, "als_estimator")          # every ALS the nights fit
         code = jobkit.cli(mp, spark, argv)
-        window_reads = len(reads)
+        window_reads, als_blocks = len(reads), [args[0].blocks for args, _ in fits]
         doc = json.loads((root / "bt.json").read_text())
         again = jobkit.cli(mp, spark, argv)
     finally:
         mp.undo()
     return dict(root=root, user=user, work=work, code=code, again=again, store_before=store_before, argv=argv,
-                doc=doc, resumed=json.loads((root / "bt.json").read_text()), window_reads=window_reads)
+                doc=doc, resumed=json.loads((root / "bt.json").read_text()), window_reads=window_reads,
+                als_blocks=als_blocks)
 
 
 def test_the_backtest_writes_nothing_where_the_configured_job_writes(replayed, world):
@@ -117,6 +120,7 @@ def test_the_schedule_trains_when_due_and_the_nights_use_the_alias_holder(replay
     # second night (not due) read its own
     assert replayed["window_reads"] == 2
     assert "trained every 2 night(s)" in " ".join(replayed["doc"]["notes"])
+    assert replayed["als_blocks"] == [2, 2]          # each night's ALS in the configured blocks, not Spark's 10
 
 
 def test_the_default_job_lists_the_repeats_personal_frequency_lists(replayed):

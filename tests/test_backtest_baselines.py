@@ -118,12 +118,12 @@ def test_als_lists_drop_unavailable_items_and_mask_only_when_asked(night, tmp_pa
 
 def test_als_fits_in_the_configured_blocks_spark_s_ten_unless_told():
     """The blocks decide the factors' random start, not only the speed: they are a setting, Spark's default
-    unless the configuration says otherwise (the tests' tiny logs use 2)."""
+    unless the configuration says otherwise (the tests' tiny logs use 2; that the backtest's nights fit in the
+    configured blocks is tests/test_backtest.py's)."""
     from recsys.evaluation import baselines
 
-    cfg = load_config(overrides=["evaluation.backtest.als_blocks=3"])
     assert load_config().evaluation.backtest.als_blocks == load_config().evaluation.als.blocks == 10
-    als = baselines.als_estimator(baselines.ALSParams(4, 0.1, 1.0, blocks=cfg.evaluation.backtest.als_blocks))
+    als = baselines.als_estimator(baselines.ALSParams(4, 0.1, 1.0, blocks=3))
     assert (als.getNumUserBlocks(), als.getNumItemBlocks()) == (3, 3)
     grid = baselines.als_grid([4, 8], [0.1], [1.0], 3, 0, blocks=5)
     assert [baselines.als_estimator(p).getNumItemBlocks() for p in grid] == [5, 5]

@@ -61,14 +61,23 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loo(spark, dataset):
+    import _pytest.monkeypatch
     import torch
 
+    import jobkit
+    from recsys.evaluation import baselines
     from recsys.evaluation.evaluate import EvaluationRequest, run_evaluation
 
     torch.set_num_threads(1)
     out = dataset["root"] / "loo.json"
-    result = run_evaluation(spark, dataset["cfg"], EvaluationRequest(dataset["data"], "loo", ks=(5, 10), json_path=out))
-    return dict(result=result, json=json.loads(out.read_text()))
+    mp = _pytest.monkeypatch.MonkeyPatch()
+    try:
+        fits = jobkit.record_calls(mp, baselines, "als_estimator")          # every ALS of the grid and its refit
+        result = run_evaluation(spark, dataset["cfg"], EvaluationRequest(dataset["data"], "loo", ks=(5, 10),
+                                                                         json_path=out))
+    finally:
+        mp.undo()
+    return dict(result=result, json=json.loads(out.read_text()), als_blocks=[args[0].blocks for args, _ in fits])
 
 
 def test_loo_writes_the_json_as_specified(loo):
@@ -85,6 +94,10 @@ def test_loo_writes_the_json_as_specified(loo):
         assert metrics["recall@10"] == metrics["hr@10"]          # one target per user
     # the pattern is sequential: a sequence model must beat popularity on it even after 3 epochs
     assert doc["models"]["sasrec"]["hr@10"] > doc["models"]["popularity"]["hr@10"]
+
+
+def test_every_als_fit_of_the_grid_and_the_refit_is_in_the_configured_blocks(loo):
+    assert loo["als_blocks"] == [2, 2, 2]          # two grid points and the chosen one's refit; Spark's default: 10
 
 
 def test_loo_table_has_intervals_and_differences_to_als(loo):
