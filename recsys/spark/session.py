@@ -96,11 +96,31 @@ def log_settings(launch: LaunchSettings) -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{launch.log4j_conf}"}
 
 
+NATIVE_LIBRARIES = ("blas", "lapack")    # what Spark ML's netlib loader looks for, as libblas.so.3, liblapack.so.3
+
+
+def native_library_settings(find_library: Callable[[str], str | None] | None = None) -> dict[str, str]:
+    """Java options that tell Spark ML's BLAS and LAPACK loader not to look for a system library this machine
+    does not have.
+
+    ALS (``recsys backtest``, ``recsys evaluate``) first tries netlib's native BLAS; without the system's
+    ``libblas.so.3`` it prints ``netlib-blas: JNI_OnLoad: dlopen(libblas.so.3) failed: ... No such file`` (and the
+    same for LAPACK) into the command's output, then uses its Java implementation. Told not to try
+    (``dev.ludovic.netlib.*.allowNative=false``), it takes the same fallback without the lines. A library that is
+    there is left to be used. ``find_library``: :func:`ctypes.util.find_library` unless given."""
+    from ctypes.util import find_library as system_library
+
+    find = find_library or system_library
+    options = [f"-Ddev.ludovic.netlib.{name}.allowNative=false" for name in NATIVE_LIBRARIES if find(name) is None]
+    return {"spark.driver.extraJavaOptions": " ".join(options)} if options else {}
+
+
 def launching_settings(launch: LaunchSettings, output: OutputConfig | None,
                        storage: StorageConfig | None) -> dict[str, str]:
-    """What a JVM this process starts needs from us: its log4j2 file, then the stores' settings (java options
-    joined in that order)."""
-    return merged_settings(log_settings(launch), store_settings(output, storage))
+    """What a JVM this process starts needs from us: its log4j2 file and the native libraries it need not look
+    for, then the stores' settings (java options joined in that order)."""
+    return merged_settings(merged_settings(log_settings(launch), native_library_settings()),
+                           store_settings(output, storage))
 
 
 def merged_settings(settings: dict[str, str], user: dict[str, str]) -> dict[str, str]:
