@@ -167,6 +167,21 @@ def record_calls(monkeypatch, owner, name: str) -> list[tuple[tuple, dict]]:
     return calls
 
 
+SESSION_ENV = ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE")
+
+
+def own_session_env(*dropped: str, **added: str) -> dict[str, str]:
+    """This process's environment for a child that starts its own Spark session, as a user's shell would: without
+    what would point it at this test process's JVM gateway or a Connect server (:data:`SESSION_ENV`), nor the
+    names in ``dropped``; with ``added``."""
+    import os
+
+    env = {**os.environ, **added}
+    for key in (*SESSION_ENV, *dropped):
+        env.pop(key, None)
+    return env
+
+
 def recommend_args(root: Path, store: Store, *extra: str, inputs: Path | None = None) -> list[str]:
     args = []
     for item in overrides(root, store, *extra, inputs=inputs):

@@ -122,7 +122,8 @@ def test_als_fits_in_the_configured_blocks_spark_s_ten_unless_told():
     configured blocks is tests/test_backtest.py's)."""
     from recsys.evaluation import baselines
 
-    assert load_config().evaluation.backtest.als_blocks == load_config().evaluation.als.blocks == 10
+    evaluation = load_config().evaluation
+    assert evaluation.backtest.als_blocks == evaluation.als.blocks == 10
     als = baselines.als_estimator(baselines.ALSParams(4, 0.1, 1.0, blocks=3))
     assert (als.getNumUserBlocks(), als.getNumItemBlocks()) == (3, 3)
     grid = baselines.als_grid([4, 8], [0.1], [1.0], 3, 0, blocks=5)

@@ -1,6 +1,5 @@
 """The CLI's logging (``recsys.logs.configure_logging``): the job's lines at INFO, libraries' chatter left out;
 and what the JVMs the CLI starts print of their own."""
-import os
 import subprocess
 import sys
 from ctypes.util import find_library
@@ -60,8 +59,9 @@ def test_the_blas_loader_is_told_not_to_look_for_libraries_the_machine_lacks():
 def test_an_als_fit_in_a_session_the_cli_starts_prints_no_native_library_failure(tmp_path):
     """``recsys backtest`` and ``recsys evaluate`` fit Spark ALS in the session they start: its output holds the
     lists, not ``netlib-blas: JNI_OnLoad: dlopen(libblas.so.3) failed``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE", "RECSYS_LOG4J_CONF")}
+    import jobkit
+
+    env = jobkit.own_session_env("RECSYS_LOG4J_CONF")    # the checkout's log4j2 file, as a user's shell gets it
     run = subprocess.run([sys.executable, "-c", _ALS_CHILD], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

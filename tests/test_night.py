@@ -134,9 +134,8 @@ def test_a_night_whose_training_process_dies_publishes_with_the_alias_holder_on_
     store = jobkit.make_store(tmp_path / "store")
     args = jobkit.recommend_args(tmp_path, store, *TRAINING)
     repo = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(repo), "PYSPARK_PYTHON": sys.executable, "RECSYS_SHUFFLE_PARTITIONS": "4"}
-    for key in ("RECSYS_FAULT_INJECTION", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE"):
-        env.pop(key, None)
+    env = jobkit.own_session_env("RECSYS_FAULT_INJECTION", PYTHONPATH=str(repo), PYSPARK_PYTHON=sys.executable,
+                                 RECSYS_SHUFFLE_PARTITIONS="4")
     storekit.kill_at([sys.executable, "-m", "recsys.cli", "night", "--date", str(RUN_DATE), *args], "fitting", env,
                      timeout_s=300)
     marks = list((tmp_path / "work" / "night-training").rglob(f"{RUN_DATE}.json"))

@@ -6,7 +6,6 @@ the bundled MovieLens sample (the demo's: 611 users, 100k ratings, 9.7k items) s
 untrained model (what is measured is the log, not the recommendations).
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,9 +51,7 @@ def demo_sized(tmp_path_factory):
 
 
 def _submit(root: Path, uri: str, *submit_options: str) -> tuple[int, list[str]]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_MASTER": "local[2]"}
-    for key in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE", "RECSYS_LOG4J_CONF"):
-        env.pop(key, None)
+    env = jobkit.own_session_env("RECSYS_LOG4J_CONF", PYSPARK_PYTHON=sys.executable, SPARK_MASTER="local[2]")
     # every path the job writes, in this test's directory: with the default paths.driver_scratch this run
     # once remembered its own registry's "version 1" in the checkout's .recsys/, where a later
     # unreachable-MLflow night of the demo took it for the demo's model (tests/checkout_guard.py)
