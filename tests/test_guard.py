@@ -148,6 +148,21 @@ def _chunk_and_lists(users, history, touched, known, frequent, previous):
     return chunk, out
 
 
+def test_a_task_counts_a_repeat_blend_s_scores_but_neither_bins_nor_samples_them():
+    """A list ranked by the repeat blend carries the blend's scores, not the model's: no PSI bins, no deciles."""
+    chunk, out = _chunk_and_lists([1, 2], history=[[7], [40]], touched=[[7], []], known=[[7], []], frequent=[[7], []],
+                                  previous=[list(range(1, 13)), None])
+    spec = CompareSpec(top_n=12, popularity_ranking=np.zeros(0, np.int64), score_edges=np.array([0.2, 0.5]))
+    for model_scores, binned in ((True, 24), (False, 0)):
+        task = TaskComparison(spec, np.arange(1, 100, dtype=np.int64), model_scores=model_scores)
+        task.add_chunk(chunk, out)
+        payload = task.finish()
+        t = merge([payload])
+        assert t["score_count"] == binned and t["blend_score_count"] == 24 - binned
+        assert (t["score_bins"] is None) == (not model_scores) and bool(payload["score_sample"]) == model_scores
+        assert t["both"] == 1 and t["realized_users"] == 1        # the rest is compared either way
+
+
 def test_a_task_splits_realized_hits_into_repeats_and_new_items_and_scores_personal_frequency_by_hand():
     """top_n 12 (k = 10). u1 repeated 3 and 50 and found 12 (place 11 of its previous list: a hit at n only);
     its personal-frequency list held 50 and 3 first. u2 found only 40, new to it, and has no personal-frequency

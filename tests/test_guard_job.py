@@ -46,7 +46,24 @@ def tiny(spark, tmp_path_factory):
     cfg = jobkit.config(root, store, "guard.min_users=1")
     first = run_nightly(spark, cfg, dt.date(2024, 5, 8))
     second = run_nightly(spark, cfg, dt.date(2024, 5, 9))
-    return dict(root=root, cfg=cfg, store=store, first=first, second=second)
+    # a third night scored by a version of the same weights whose repeat blend lets known items compete (published
+    # whatever the guard says: its lists differ from the masked ones by design)
+    _register_blended_version(store, root / "blended")
+    third = run_nightly(spark, cfg, dt.date(2024, 5, 10), accept_guard=True)
+    return dict(root=root, cfg=cfg, store=store, first=first, second=second, third=third)
+
+
+def _register_blended_version(store: jobkit.Store, model_dir: Path) -> None:
+    from mlflow import MlflowClient
+
+    from recsys.model.io import REPEATS_FILE
+    from recsys.model.repeats import RepeatBlend
+
+    shutil.copytree(store.model_dir, model_dir)
+    (model_dir / REPEATS_FILE).write_text(RepeatBlend(repeat_bias=0.0, age_weight=0.5, new_rank_weight=1.0).to_json())
+    client = MlflowClient(store.tracking_uri)
+    version = client.create_model_version(store.model_name, source=str(model_dir)).version
+    client.set_registered_model_alias(store.model_name, "champion", version)
 
 
 def _lists(partition: Path) -> dict[int, list[int]]:
@@ -148,6 +165,27 @@ def test_the_overlap_with_the_previous_night_equals_a_hand_computation(tiny):
     assert m["jaccard_at_n_mean"] == pytest.approx(np.mean(jaccard))
     assert m["first_item_changed_share"] == pytest.approx(np.mean([previous[u][0] != tonight[u][0] for u in both]))
     assert m["users_gained"] == len(set(tonight) - set(previous)) and m["users_lost"] == len(set(previous) - set(tonight))
+
+
+def test_the_score_shift_is_measured_on_the_model_s_scores_and_not_on_a_repeat_blend_s(tiny):
+    """Where known items compete, a list's scores are the repeat blend's (known items' counts and ages, new items'
+    ranks), not the model's, and each training's blend sets their scale: their PSI would measure the blend. The
+    masked second night measures it; the blended third neither measures it nor keeps deciles for the next night."""
+    second, third = tiny["second"], tiny["third"]
+    assert second.metrics["score_psi"] >= 0 and second.manifest.quality.for_next_night.score_deciles
+    assert any(r["recommendations"][0]["item_id"] in h for r, h in _first_items_and_histories(tiny))   # it competes
+    assert "score_psi" not in third.metrics and "score_psi" not in third.manifest.metrics
+    checks = {c["figure"]: c for c in third.manifest.quality.guard["checks"]}
+    assert checks["score_psi"]["level"] == "not judged"
+    assert third.manifest.quality.for_next_night.score_deciles is None
+
+
+def _first_items_and_histories(tiny) -> list[tuple[dict, set[int]]]:
+    """The third night's rows, each with the items its user had before it."""
+    before = _touched(Path(tiny["cfg"].paths.events), dt.datetime(2024, 4, 1, tzinfo=UTC),
+                      dt.datetime(2024, 5, 10, tzinfo=UTC))
+    rows = pq.read_table(Path(tiny["cfg"].paths.output) / "dt=2024-05-10").to_pylist()
+    return [(r, before.get(r["user_id"], set())) for r in rows]
 
 
 def test_the_previous_night_is_the_run_the_output_table_names(tiny):

@@ -309,6 +309,9 @@ def guard_stage(comparison: Comparison, compare: Mapping[str, Any] | None, repor
     per_candidate = counts_per_candidate(candidate_ids, item_ids, times)
     figs = figures(comparison, compare, report.figures, per_candidate)
     verdict = guard_rules.judge(figs, cfg.guard, first_night=previous is None and cfg.guard.compare, accepted=accept)
+    if compare is not None and compare.get("blend_score_count"):
+        log.info("recommend %s: score_psi is not measured: known items compete in tonight's lists, whose scores are "
+                 "then the repeat blend's (known items' counts and ages, new items' ranks), not the model's", date)
     if previous is not None and comparison.touched_since is None and cfg.guard.compare:
         log.info("recommend %s: the previous partition (%s) is older than the history window, so its realized hit "
                  "rate is not measured", date, previous.date)

@@ -63,7 +63,7 @@ def _sums(names: Iterable[str]) -> dict[str, float]:
 
 
 _COUNTS = ("both", "first_changed", "identical", "touched_users", "realized_users", "realized_pop_users",
-           "realized_repeat_users", "realized_new_users", "realized_pfreq_users", "score_count")
+           "realized_repeat_users", "realized_new_users", "realized_pfreq_users", "score_count", "blend_score_count")
 # the model's hits over the repeat targets (touched items the user knew before the list) and the new ones, and
 # the personal-frequency baseline's over all targets: each as HR and NDCG at k and at n
 _SPLIT_SUMS = tuple(f"{who}_{m}_{key}" for who in ("repeat", "new", "pfreq") for m in ("hr", "ndcg") for key in "kn")
@@ -77,6 +77,10 @@ class TaskComparison:
 
     spec: CompareSpec
     candidate_ids_sorted: np.ndarray
+    # False where a repeat blend lets known items compete: the lists' scores are then the blend's (known items'
+    # counts and ages, new items' ranks: recsys.model.repeats), not the model's, so they say nothing about the
+    # model, and the blend chosen at each training moves their scale; they are counted, never binned or sampled
+    model_scores: bool = True
     totals: dict[str, float] = field(default_factory=lambda: _sums(_COUNTS + _SUMS))
     jaccard_n_hist: np.ndarray = field(default_factory=lambda: np.zeros(lm.JACCARD_BINS, np.int64))
     jaccard_k_hist: np.ndarray = field(default_factory=lambda: np.zeros(lm.JACCARD_BINS, np.int64))
@@ -109,7 +113,8 @@ class TaskComparison:
         self.seconds += time.perf_counter() - started
 
     def _scores(self, recs: pa.Array, is_model: np.ndarray) -> None:
-        """Model rows' scores: counted in the previous night's bins, and a sample for tonight's."""
+        """Model rows' scores: counted in the previous night's bins, and a sample for tonight's (only counted
+        where they are a repeat blend's: ``model_scores``)."""
         lengths = recs.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         scores = recs.flatten().field("score").to_numpy(zero_copy_only=False)
         if not is_model.all():
@@ -117,6 +122,9 @@ class TaskComparison:
         finite = np.isfinite(scores)
         if not finite.all():
             scores = scores[finite]
+        if not self.model_scores:
+            self.totals["blend_score_count"] += len(scores)
+            return
         self.totals["score_count"] += len(scores)
         if len(self.spec.score_edges):
             counts = lm.bin_counts_sorted_edges(scores, self.spec.score_edges)

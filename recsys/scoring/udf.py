@@ -93,9 +93,12 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
-        comparison = TaskComparison(spec.compare, candidates_sorted) if spec.compare is not None else None
+        # known items compete by the repeat blend's scores (else every list is the model's scores of new items)
+        known_allowed = not (scorer.blend.masks_known or spec.rules.touched)
+        comparison = (TaskComparison(spec.compare, candidates_sorted, model_scores=not known_allowed)
+                      if spec.compare is not None else None)
         list_rules = ListRules(params.top_n, spec.fallback_name, len(spec.fallback_item_ids),
-                               known_allowed=not (scorer.blend.masks_known or spec.rules.touched),
+                               known_allowed=known_allowed,
                                min_new_items=spec.rules.min_new_items,
                                fill=spec.rules.fill == "popularity" and spec.popularity is not None)
         check_s = 0.0
