@@ -93,7 +93,7 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
-        # known items compete by the repeat blend's scores (else every list is the model's scores of new items)
+        # known items may enter the lists, at the repeat blend's scores; otherwise every score listed is the model's
         known_allowed = not (scorer.blend.masks_known or spec.rules.touched)
         comparison = (TaskComparison(spec.compare, candidates_sorted, model_scores=not known_allowed)
                       if spec.compare is not None else None)
