@@ -93,7 +93,8 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
-        # known items may enter the lists, at the repeat blend's scores; otherwise every score listed is the model's
+        # known items may enter the lists, at the repeat blend's scores; otherwise the scores listed are the model's
+        # (and, with recommend.fill, the popularity fill's)
         known_allowed = not (scorer.blend.masks_known or spec.rules.touched)
         comparison = (TaskComparison(spec.compare, candidates_sorted, model_scores=not known_allowed)
                       if spec.compare is not None else None)
