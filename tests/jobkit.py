@@ -53,11 +53,18 @@ def make_store(root: Path, model_name: str = "recsys-test") -> Store:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = load_config(overrides=[f"mlflow.tracking_uri={uri}", f"mlflow.model_name={model_name}"])
     tracking.point_at(cfg.mlflow)
-    client = MlflowClient()
-    client.create_registered_model(model_name)
-    version = client.create_model_version(model_name, source=str(model_dir)).version
+    MlflowClient().create_registered_model(model_name)
+    return Store(root, uri, model_name, register_version(uri, model_name, model_dir), model_dir)
+
+
+def register_version(tracking_uri: str, model_name: str, model_dir: Path) -> str:
+    """Register ``model_dir`` as the next version of ``model_name`` and point ``@champion`` at it; its version."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    version = str(client.create_model_version(model_name, source=str(model_dir)).version)
     client.set_registered_model_alias(model_name, "champion", version)
-    return Store(root, uri, model_name, str(version), model_dir)
+    return version
 
 
 def events_table(day: int, users: range = range(1, N_USERS + 1), seed: int = 0) -> pa.Table:

@@ -54,16 +54,12 @@ def tiny(spark, tmp_path_factory):
 
 
 def _register_blended_version(store: jobkit.Store, model_dir: Path) -> None:
-    from mlflow import MlflowClient
-
     from recsys.model.io import REPEATS_FILE
     from recsys.model.repeats import RepeatBlend
 
     shutil.copytree(store.model_dir, model_dir)
     (model_dir / REPEATS_FILE).write_text(RepeatBlend(repeat_bias=0.0, age_weight=0.5, new_rank_weight=1.0).to_json())
-    client = MlflowClient(store.tracking_uri)
-    version = client.create_model_version(store.model_name, source=str(model_dir)).version
-    client.set_registered_model_alias(store.model_name, "champion", version)
+    jobkit.register_version(store.tracking_uri, store.model_name, model_dir)
 
 
 def _lists(partition: Path) -> dict[int, list[int]]:

@@ -511,6 +511,12 @@ class Scorer:
     def num_candidates(self) -> int:
         return int(self._cand_ids.shape[0])
 
+    @property
+    def known_items_compete(self) -> bool:
+        """Whether a user's known items may enter the lists, at the repeat blend's scores: neither the blend nor the
+        touched-items rule masks them. Otherwise every listed score is the model's (or the popularity fill's)."""
+        return not (self.blend.masks_known or self.rules.touched)
+
     def score(self, user_ids: np.ndarray, history_ids: Sequences, known: "KnownItems | None" = None,
               excluded: Sequences | None = None) -> tuple[pa.RecordBatch, ChunkStats]:
         """Top-N for one chunk of users -> (Arrow batch: user_id, recommendations, source), stats.
@@ -549,7 +555,7 @@ class Scorer:
             items = self._staging.to_device(history_ids.items, slot=0)              # [S] external ids
             lengths = self._staging.to_device(history_ids.lengths, slot=1)          # [U]
             seq, seen_rows, seen_cols, seen_at, known_per_user, unknown = self._prepare(items, lengths, n_users)
-            mask_known = self.blend.masks_known or self.rules.touched
+            mask_known = not self.known_items_compete
             ex_rows, ex_cols = self._excluded_pairs(excluded, n_users)
             if len(ex_rows):   # masked in the selection with the known items; never merged back as known items
                 num_c = self.num_candidates

@@ -93,13 +93,10 @@ def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatc
         stats = ChunkStats()
         checks = TaskChecks()   # validation of the rows this task emits (recsys.scoring.checks)
         candidates_sorted = np.sort(np.asarray(spec.candidates_item_ids, dtype=np.int64))
-        # known items may enter the lists, at the repeat blend's scores; otherwise the scores listed are the model's
-        # (and, with recommend.fill, the popularity fill's)
-        known_allowed = not (scorer.blend.masks_known or spec.rules.touched)
-        comparison = (TaskComparison(spec.compare, candidates_sorted, model_scores=not known_allowed)
+        comparison = (TaskComparison(spec.compare, candidates_sorted, model_scores=not scorer.known_items_compete)
                       if spec.compare is not None else None)
         list_rules = ListRules(params.top_n, spec.fallback_name, len(spec.fallback_item_ids),
-                               known_allowed=known_allowed,
+                               known_allowed=scorer.known_items_compete,
                                min_new_items=spec.rules.min_new_items,
                                fill=spec.rules.fill == "popularity" and spec.popularity is not None)
         check_s = 0.0
