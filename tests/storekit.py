@@ -74,13 +74,15 @@ def install_from_env() -> None:
 
 
 class MotoServer:
-    """moto's S3-compatible HTTP server on 127.0.0.1 (a real server process speaking the S3 REST API)."""
+    """moto's S3-compatible HTTP server on 127.0.0.1 (a real server process speaking the S3 REST API), handling
+    one request at a time so that its conditional writes are atomic, as S3's are (tests/moto_serial.py)."""
 
     def __init__(self, directory: Path):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.log = open(directory / "moto.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        server = Path(__file__).with_name("moto_serial.py")
+        self.proc = subprocess.Popen([sys.executable, str(server), "127.0.0.1", str(self.port)],
                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         deadline = time.monotonic() + 60
