@@ -1,12 +1,13 @@
 """History building and input reading on tiny Spark fixtures."""
 import datetime as dt
+import shutil
 
 import pyarrow as pa
 import pytest
 
 from recsys.data import history as hist
 from recsys.data.contracts import EVENTS_SCHEMA, CATALOG_SCHEMA, write_partition
-from recsys.data.readers import read_catalog_snapshot, read_events_window
+from recsys.data.readers import KeptWindow, read_catalog_snapshot, read_events_window
 from recsys.errors import InputDataError
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]   # about 25 s of Spark jobs on 2 cores
@@ -66,6 +67,24 @@ def test_event_type_filter(spark, tmp_path):
     write_events(events, {1: [(1, 10, "view", ts(1)), (1, 11, "purchase", ts(1))]})
     window = read_events_window(spark, str(events), dt.date(2024, 5, 2), 7, event_types=("purchase",))
     assert [r.item_id for r in window.collect()] == [11]
+
+
+def test_a_kept_window_is_read_once_kept_on_local_disk_for_its_own_key_and_released(spark, tmp_path):
+    """On disk, not in the heap: the stages that pass over the window need the heap themselves (at 1M users a
+    window kept in a 1g local driver's memory ran training's shard write out of heap: docs/performance.md)."""
+    events = tmp_path / "events"
+    write_events(events, {1: [(1, 10, "view", ts(1))], 2: [(1, 11, "view", ts(2))]})
+    date = dt.date(2024, 5, 3)
+    with KeptWindow(spark, str(events), date, 7) as kept:
+        assert not kept.read
+        window = kept.events(str(events), date, 7)
+        assert sorted(r.item_id for r in window.collect()) == [10, 11]
+        level = window.storageLevel
+        assert level.useDisk and not level.useMemory and not level.useOffHeap
+        shutil.rmtree(events)                       # later passes read the kept copy, not the source
+        assert kept.events(str(events), date, 7) is window and window.count() == 2
+        assert kept.events(str(events), date, 6) is None     # another window: its stage reads its own
+    assert not window.is_cached
 
 
 def test_time_ties_are_broken_by_a_seeded_hash_not_by_item_id(spark):

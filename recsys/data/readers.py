@@ -174,10 +174,9 @@ class KeptWindow:
     ``recsys night`` trains and then builds the night's histories, both from the ``history.window_days``
     before the date: without this the night lists, checks and reads the window's partitions twice, and on
     a log of many small daily partitions the second read costs as much as the first (docs/performance.md).
-    The window is read at the first :meth:`events` that asks for it, kept with ``MEMORY_AND_DISK`` (blocks
-    that do not fit the executors' storage memory go to their local disk, not back to the source) and
-    released by :meth:`release` or the end of the ``with`` block. A stage that asks for another window
-    (another date, root, length or event types) gets None and reads its own.
+    The window is read at the first :meth:`events` that asks for it, kept on the executors' local disk
+    (:func:`keep`) and released by :meth:`release` or the end of the ``with`` block. A stage that asks for
+    another window (another date, root, length or event types) gets None and reads its own.
     """
 
     def __init__(self, spark: SparkSession, root: str, date: dt.date, window_days: int,
@@ -191,9 +190,7 @@ class KeptWindow:
         if (root, date, window_days, tuple(event_types)) != self._key:
             return None
         if self._events is None:
-            from pyspark import StorageLevel
-
-            self._events = read_events_window(self._spark, *self._key).persist(StorageLevel.MEMORY_AND_DISK)
+            self._events = keep(read_events_window(self._spark, *self._key))
         return self._events
 
     @property
@@ -211,6 +208,21 @@ class KeptWindow:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def keep(frame: DataFrame) -> DataFrame:
+    """``frame`` kept by Spark on the executors' local disk (``DISK_ONLY``) from its first computation until
+    ``unpersist``: every later pass reads it there instead of computing it again from the source.
+
+    Disk, not memory: the stages that pass over a kept frame need the heap themselves (Parquet reads, shuffles),
+    and a frame kept in memory crowds them out. With ``MEMORY_AND_DISK`` a 1M-user window in a 1g local driver
+    filled the storage memory, and reading its spilled blocks back (Spark copies a block into the heap whole to
+    cache it again) ran out of heap in most runs; on disk the same stage finished every time, and no slower
+    (docs/performance.md). The OS's page cache keeps a small frame in memory anyway.
+    """
+    from pyspark import StorageLevel
+
+    return frame.persist(StorageLevel.DISK_ONLY)
 
 
 def events_window_once(spark: SparkSession, root: str, date: dt.date, window_days: int,

@@ -31,7 +31,7 @@ from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.contracts import partition_name
-from recsys.data.readers import KeptWindow, events_window_once
+from recsys.data.readers import KeptWindow, events_window_once, keep
 from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, NEWEST_US,
                                  USER_ID, ShardFiles, held_out_below)
 from recsys.sequences import Vocabulary
@@ -141,9 +141,7 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
         return _write_shards(spark, cfg, directory, shards, population, None, population)
     # A sample passes over every user's history three times (counting them, writing the sample, counting every
     # user's items): built once (shuffles and all) and kept until the shards are written, not built three times
-    from pyspark import StorageLevel
-
-    population = population.persist(StorageLevel.MEMORY_AND_DISK)
+    population = keep(population)
     try:
         histories, sampled_from = _sample_users(population, cfg.train.max_users, cfg.train.seed)
         return _write_shards(spark, cfg, directory, shards, histories, sampled_from, population)
