@@ -23,7 +23,8 @@
 # - Spark's own logging: conf/log4j2.properties (Spark at WARN; the job's lines stay at INFO), or
 #   $RECSYS_LOG4J_CONF (empty: Spark's default); java options you pass (--driver-java-options,
 #   --conf spark.driver.extraJavaOptions=...) are kept and come after it, so yours win.
-# Every argument is passed through quoted; the job's exit code is this script's exit code.
+# Every argument is passed through quoted; the job's exit code is this script's exit code, but for a driver JVM
+# that ran out of heap (Spark's 52): one line saying so, and 1.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -183,4 +184,10 @@ set +e
   "$@"
 status=$?
 set -e
+if [[ $status -eq 52 ]]; then   # SparkExitCode.OOM: the driver's JVM died of java.lang.OutOfMemoryError, which
+  # leaves the job's Python no way to say so (its output goes through that JVM); 1, as any infrastructure failure
+  echo "spark-submit.sh: the Spark driver's JVM ran out of Java heap (java.lang.OutOfMemoryError, exit code 52):" \
+       "give it more with --driver-memory or spark.driver.memory (2g in conf/spark-defaults.conf); exit code 1" >&2
+  status=1
+fi
 exit $status

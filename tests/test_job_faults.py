@@ -147,6 +147,80 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     assert len(jobkit.runs(out)) == 2 and f"{PART}/run={result.manifest.job_run}" in jobkit.runs(out)
 
 
+def test_a_job_whose_spark_jvm_is_killed_mid_write_exits_1_naming_it_and_leaves_the_old_partition(base, tmp_path):
+    """The kernel's out-of-memory killer takes the JVM, not the job's Python: Python is left with a refused
+    connection. The job says what happened in one line, releases its lock and publishes nothing."""
+    before = _with_old_partition(base, tmp_path)
+    out = tmp_path / "recommendations"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300",
+           "RECSYS_SHUFFLE_PARTITIONS": "4", "PYSPARK_PYTHON": sys.executable}
+    env.pop("RECSYS_FAULT_INJECTION", None)
+    argv = [sys.executable, "-m", "recsys.cli", "recommend", "--date", str(RUN_DATE),
+            *jobkit.recommend_args(tmp_path, base.store, "spark.master=local[2,4]", "spark.conf.spark.ui.enabled=false",
+                                   inputs=base.data)]
+    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+    tree: list[psutil.Process] = []
+    jvm = None
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if jvm is None and "recsys-pause: writing" in line:
+                tree = _descendants(proc.pid)          # JVM, Python daemon and workers
+                jvm = next(p for p in tree if p.name() == "java")
+                jvm.kill()                             # SIGKILL, as the out-of-memory killer sends it
+        proc.wait(timeout=120)
+    finally:
+        for p in [psutil.Process(proc.pid)] + tree if proc.poll() is None else tree:
+            try:
+                p.kill()                               # the paused workers the JVM left behind
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(tree, timeout=30)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    assert jvm is not None, "".join(lines[-20:])
+    log = "".join(lines)
+    said = (f"the Spark JVM (pid {jvm.pid}) was killed by signal 9: often the machine's or container's memory "
+            f"limit (the kernel's out-of-memory killer")
+    assert proc.returncode == ExitCode.UNEXPECTED_ERROR == 1, log[-3000:]
+    errors = [ln for ln in lines if " ERROR recsys" in ln]
+    assert len(errors) == 1 and said in errors[0], log[-3000:]
+    assert "this is a bug" not in log          # the cause, not a traceback of py4j's refused connection
+    assert f"recsys recommend finished with exit code 1 (unexpected error, a retry may help): {said}" in lines[-1]
+    assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before
+    assert not (out / "_locks" / f"{PART}.lock").exists()     # Python lived on: it gave the date back
+
+
+def test_a_jvm_that_ran_out_of_heap_is_named_with_the_setting_and_a_live_one_changes_nothing(spark, monkeypatch,
+                                                                                               caplog):
+    """Spark exits a JVM whose heap ran out with 52 (SparkExitCode.OOM): its process as this process's gateway
+    sees it, a real process that ended so. While the JVM lives, failures are reported as before."""
+    from pyspark import SparkContext
+
+    from recsys.cli.main import run_command
+    from recsys.errors import InputDataError
+
+    def fails(exc):
+        def func(args):
+            raise exc
+        return func
+
+    args = SimpleNamespace()
+    assert run_command(fails(InputDataError("no events")), args) == ExitCode.BAD_INPUT    # the JVM lives
+    assert args.outcome == "no events"
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(52)"])
+    ended.wait(timeout=30)
+    monkeypatch.setattr(SparkContext._gateway, "proc", ended)
+    caplog.clear()
+    with caplog.at_level("ERROR"):
+        assert run_command(fails(ConnectionRefusedError(111, "Connection refused")), args) == 1
+    assert args.outcome.startswith(f"the Spark JVM (pid {ended.pid}) ran out of Java heap")
+    assert "--set spark.conf.spark.driver.memory=4g" in args.outcome
+    assert jobkit.errors_logged(caplog) == [args.outcome]         # one line, no traceback
+
+
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
         spark, base, tmp_path, monkeypatch, caplog, capsys):
     from recsys.tracking.last_model import recall, remember

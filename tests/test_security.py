@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from recsys.config import load_config
+from recsys.errors import ExitCode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -108,6 +109,23 @@ def test_the_log_filter_removes_credentials_from_messages_and_tracebacks():
     assert "http://***@mlflow:5000/api?token=***&x=1" in text
     assert "s3cret" not in text and "t0ken" not in text and "hunter2" not in text
     assert "ConnectionError" in text
+
+
+def test_spark_submit_names_a_driver_jvm_that_ran_out_of_heap_and_exits_1(tmp_path):
+    """Spark exits a JVM whose heap ran out with 52, outside the documented codes, and the job's Python cannot
+    say why (its output goes through that JVM): the script says it, once, and exits 1."""
+    fake_home = tmp_path / "spark"
+    (fake_home / "bin").mkdir(parents=True)
+    fake = fake_home / "bin" / "spark-submit"
+    fake.write_text("#!/usr/bin/env bash\necho 'java.lang.OutOfMemoryError: Java heap space' >&2\nexit 52\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "SPARK_HOME": str(fake_home), "PYSPARK_PYTHON": sys.executable}
+    env.pop("SPARK_MASTER", None)
+    proc = subprocess.run(["bash", str(REPO / "spark-submit.sh"), "jobs/nightly_recommendations.py"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == ExitCode.UNEXPECTED_ERROR == 1
+    said = [ln for ln in proc.stderr.splitlines() if ln.startswith("spark-submit.sh:")]
+    assert len(said) == 1 and "ran out of Java heap" in said[0] and "spark.driver.memory" in said[0], proc.stderr
 
 
 def test_spark_submit_passes_every_argument_through_verbatim(tmp_path):

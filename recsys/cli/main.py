@@ -325,14 +325,22 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
     """Map outcomes to exit codes: one line for expected failures, a traceback for the rest."""
     try:
         return int(func(args))
-    except RecsysError as exc:
-        log.error("%s", exc)
-        args.outcome = first_line(exc)
-        return int(exc.exit_code)
     except KeyboardInterrupt:
         log.error("interrupted")
         return int(ExitCode.INTERRUPTED)
     except Exception as exc:
+        from recsys.spark.session import jvm_gone
+
+        gone = jvm_gone()   # a dead JVM comes back as any error, one of ours too (a read that failed): it says why
+        if gone is not None:
+            log.error("%s", gone)
+            log.debug("the error it caused", exc_info=True)
+            args.outcome = gone
+            return int(ExitCode.UNEXPECTED_ERROR)
+        if isinstance(exc, RecsysError):
+            log.error("%s", exc)
+            args.outcome = first_line(exc)
+            return int(exc.exit_code)
         log.exception("unexpected error; this is a bug or an infrastructure failure")
         args.outcome = f"{first_line(exc, with_type=True)} (traceback above)"
         return int(ExitCode.UNEXPECTED_ERROR)
