@@ -322,7 +322,8 @@ def process_main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Map outcomes to exit codes: one line for expected failures, a traceback for the rest."""
+    """Map outcomes to exit codes: one line for expected failures and for a Spark JVM that died, a traceback for
+    the rest."""
     try:
         return int(func(args))
     except KeyboardInterrupt:

@@ -279,8 +279,8 @@ def jvm_gone() -> str | None:
         return None
     if code == SPARK_OOM_EXIT:
         return (f"the Spark JVM (pid {proc.pid}) ran out of Java heap (java.lang.OutOfMemoryError; exit code 52): "
-                f"give it more with spark.conf's spark.driver.memory (Spark's default 1g; in local mode that one JVM "
-                f"runs every task), e.g. --set spark.conf.spark.driver.memory=4g; its log above names the stage")
+                "give it more with spark.conf's spark.driver.memory (Spark's default 1g; in local mode that one JVM "
+                "runs every task), e.g. --set spark.conf.spark.driver.memory=4g; its log above names the stage")
     if code < 0:
         import signal
 
