@@ -220,11 +220,8 @@ def _register(root: Path, uri: str, name: str, model, item_ids: np.ndarray) -> s
 
     model_dir = save_model(model, item_ids, root / f"model-{name}")
     tracking.point_at(load_config(overrides=[f"mlflow.tracking_uri={uri}"]).mlflow)
-    client = MlflowClient()
-    client.create_registered_model(name)
-    version = client.create_model_version(name, source=str(model_dir)).version
-    client.set_registered_model_alias(name, "champion", version)
-    return str(version)
+    MlflowClient().create_registered_model(name)
+    return jobkit.register_version(uri, name, model_dir)
 
 
 def _trained_model(data: Path, before: dt.date):

@@ -242,22 +242,18 @@ def test_a_failed_batch_answers_500_to_its_requests_and_the_next_batch_runs(stac
 
 
 def test_a_moved_alias_and_a_new_catalog_snapshot_reach_the_next_batches(stack):
-    from mlflow import MlflowClient
-
     front, root, store = stack["front"], stack["root"], stack["store"]
     users = list(range(1, N_USERS + 1))
     before = front.recommend({"user_ids": users}).json()
     recommended = sorted({r["item_id"] for row in before["rows"] for r in row["recommendations"]})
     gone = recommended[:3]
     write_partition(catalog_table(unavailable=gone), root / "catalog", dt.date(2024, 5, 6))
-    client = MlflowClient(store.tracking_uri)
-    version = client.create_model_version(store.model_name, source=str(store.model_dir)).version
-    client.set_registered_model_alias(store.model_name, "champion", version)
+    version = jobkit.register_version(store.tracking_uri, store.model_name, store.model_dir)
 
     after = _until(lambda: (a := front.recommend({"user_ids": users}).json())["catalog_snapshot"] == "2024-05-06"
-                   and a["model_version"] == str(version) and a, 60, "the new snapshot and version")
+                   and a["model_version"] == version and a, 60, "the new snapshot and version")
     assert not set(gone) & {r["item_id"] for row in after["rows"] for r in row["recommendations"]}
-    assert {row["model_version"] for row in after["rows"]} == {str(version)}
+    assert {row["model_version"] for row in after["rows"]} == {version}
 
 
 def test_a_full_queue_answers_429_with_retry_after(stack):

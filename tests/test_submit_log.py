@@ -43,10 +43,8 @@ def demo_sized(tmp_path_factory):
                                                dropout=0.0)), items, root / "model")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     tracking.point_at(load_config(overrides=[f"mlflow.tracking_uri={uri}"]).mlflow)
-    client = MlflowClient()
-    client.create_registered_model("recsys-default")
-    version = client.create_model_version("recsys-default", source=str(model_dir)).version
-    client.set_registered_model_alias("recsys-default", "champion", version)
+    MlflowClient().create_registered_model("recsys-default")
+    jobkit.register_version(uri, "recsys-default", model_dir)
     return root, uri
 
 
