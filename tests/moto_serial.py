@@ -4,8 +4,8 @@ S3 settles racing conditional writes atomically: of several ``PutObject`` with `
 absent key exactly one succeeds. moto's threaded server checks the precondition and then writes, in two
 steps with other requests' threads in between, so two racing creates can both succeed (the date-lock race
 test saw two holders of one lock on a loaded CI machine). Serving requests one at a time gives moto S3's
-contract back, so the tests exercise the job's compare-and-set, not the emulator's race. Requests stay on
-their own threads (a slow client holds no one up while its request is read), only moto's handling is serial.
+contract back, so the tests exercise the job's compare-and-set, not the emulator's race. Each connection keeps
+its thread; moto's handling of a request (its body read included) runs one at a time.
 """
 import sys
 import threading

@@ -75,6 +75,30 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _recommend_paused_at_writing(base, root: Path) -> subprocess.Popen:
+    """``recsys recommend`` of the module's data into ``root`` in a process of its own, its tasks holding at the
+    pause point ``writing`` (which they print on stderr, relayed by the JVM)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300",
+           "RECSYS_SHUFFLE_PARTITIONS": "4", "PYSPARK_PYTHON": sys.executable}
+    env.pop("RECSYS_FAULT_INJECTION", None)
+    argv = [sys.executable, "-m", "recsys.cli", "recommend", "--date", str(RUN_DATE),
+            *jobkit.recommend_args(root, base.store, "spark.master=local[2,4]", "spark.conf.spark.ui.enabled=false",
+                                   inputs=base.data)]
+    return subprocess.Popen(argv, env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, errors="replace")
+
+
+def _kill_what_is_left(proc: subprocess.Popen, tree: list[psutil.Process]) -> None:
+    for p in [psutil.Process(proc.pid)] + tree if proc.poll() is None else tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+    proc.wait(timeout=30)
+    proc.stderr.close()
+
+
 def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeeds(spark, base, tmp_path, caplog):
     from mlflow import MlflowClient
 
@@ -83,14 +107,7 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
 
     before = _with_old_partition(base, tmp_path)
     out = tmp_path / "recommendations"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300",
-           "RECSYS_SHUFFLE_PARTITIONS": "4", "PYSPARK_PYTHON": sys.executable}
-    env.pop("RECSYS_FAULT_INJECTION", None)
-    argv = [sys.executable, "-m", "recsys.cli", "recommend", "--date", str(RUN_DATE),
-            *jobkit.recommend_args(tmp_path, base.store, "spark.master=local[2,4]", "spark.conf.spark.ui.enabled=false",
-                                   inputs=base.data)]
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = _recommend_paused_at_writing(base, tmp_path)
     tree: list[psutil.Process] = []
     try:
         for line in proc.stderr:       # the JVM relays the workers' stderr; EOF if the job dies first
@@ -101,14 +118,7 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
         else:
             pytest.fail("the job ended without reaching the pause point")
     finally:
-        for p in [psutil.Process(proc.pid)] + tree if proc.poll() is None else tree:
-            try:
-                p.kill()                               # what is left of the job goes with its container
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(tree, timeout=30)
-        proc.wait(timeout=30)
-        proc.stderr.close()
+        _kill_what_is_left(proc, tree)                 # what is left of the job goes with its container
     assert proc.returncode == -signal.SIGKILL
 
     # what a reader sees now: the old partition, byte for byte, and nothing else
@@ -152,14 +162,7 @@ def test_a_job_whose_spark_jvm_is_killed_mid_write_exits_1_naming_it_and_leaves_
     connection. The job says what happened in one line, releases its lock and publishes nothing."""
     before = _with_old_partition(base, tmp_path)
     out = tmp_path / "recommendations"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RECSYS_PAUSE_AT": "writing", "RECSYS_PAUSE_MAX_S": "300",
-           "RECSYS_SHUFFLE_PARTITIONS": "4", "PYSPARK_PYTHON": sys.executable}
-    env.pop("RECSYS_FAULT_INJECTION", None)
-    argv = [sys.executable, "-m", "recsys.cli", "recommend", "--date", str(RUN_DATE),
-            *jobkit.recommend_args(tmp_path, base.store, "spark.master=local[2,4]", "spark.conf.spark.ui.enabled=false",
-                                   inputs=base.data)]
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = _recommend_paused_at_writing(base, tmp_path)
     tree: list[psutil.Process] = []
     jvm = None
     lines = []
@@ -172,18 +175,11 @@ def test_a_job_whose_spark_jvm_is_killed_mid_write_exits_1_naming_it_and_leaves_
                 jvm.kill()                             # SIGKILL, as the out-of-memory killer sends it
         proc.wait(timeout=120)
     finally:
-        for p in [psutil.Process(proc.pid)] + tree if proc.poll() is None else tree:
-            try:
-                p.kill()                               # the paused workers the JVM left behind
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(tree, timeout=30)
-        proc.wait(timeout=30)
-        proc.stderr.close()
+        _kill_what_is_left(proc, tree)                 # the paused workers the JVM left behind
     assert jvm is not None, "".join(lines[-20:])
     log = "".join(lines)
     said = (f"the Spark JVM (pid {jvm.pid}) was killed by signal 9: often the machine's or container's memory "
-            f"limit (the kernel's out-of-memory killer")
+            "limit (the kernel's out-of-memory killer")
     assert proc.returncode == ExitCode.UNEXPECTED_ERROR == 1, log[-3000:]
     errors = [ln for ln in lines if " ERROR recsys" in ln]
     assert len(errors) == 1 and said in errors[0], log[-3000:]
