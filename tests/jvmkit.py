@@ -40,7 +40,10 @@ import sys
 import time
 from pathlib import Path
 
-C1_ONLY = "-XX:TieredStopAtLevel=1"
+# C1 only, with the code cache tiered compilation would have: with C1 alone the JVM reserves 48 MiB, not 240, and a
+# JVM that lives through a test module (the on-demand backend's Connect server) filled it and died ("Out of space
+# in CodeCache for method handle intrinsic"; the SparkContext stopped, every later request of the module failed)
+C1_ONLY = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"     # a class path that does not match: silently no archive
 ARCHIVE_VERSION = "1"                                  # bump when jvm_warmup's workload changes
 WARMUP = Path(__file__).with_name("jvm_warmup.py")
