@@ -6,6 +6,7 @@ logging up, including those that run no pipeline (``recsys serve``, ``recsys run
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from recsys.redaction import redact_text
@@ -40,6 +41,19 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+class LibraryRootRecordsFilter(logging.Filter):
+    """Holds py4j's records below WARNING that it logs through the root logger, past the level its own logger has.
+
+    py4j logs a failed call to the JVM with ``logging.info(..., exc_info=True)``, on the root logger: once the
+    JVM is gone, every call (the objects Python frees at exit among them) adds a traceback of a refused
+    connection, after the job's last line that said why (:func:`recsys.spark.session.jvm_gone`).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "root" and record.levelno < logging.WARNING
+                    and f"{os.sep}py4j{os.sep}" in record.pathname)
+
+
 class _RedactingFactory:
     """Wraps the log record factory, so that every record of every logger is clean from the start.
 
@@ -66,7 +80,8 @@ def configure_logging(verbose: bool = False) -> None:
     if not isinstance(factory, _RedactingFactory):
         logging.setLogRecordFactory(_RedactingFactory(factory))
     for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+        for kind in (RedactingFilter, LibraryRootRecordsFilter):
+            if not any(isinstance(f, kind) for f in handler.filters):
+                handler.addFilter(kind())
     for noisy in ("py4j", "urllib3", "alembic", "mlflow.store", "matplotlib", "httpx"):   # httpx: a line per request
         logging.getLogger(noisy).setLevel(logging.WARNING)
