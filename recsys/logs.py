@@ -41,7 +41,7 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-class LibraryRootRecordsFilter(logging.Filter):
+class Py4jRootRecordsFilter(logging.Filter):
     """Holds py4j's records below WARNING that it logs through the root logger, past the level its own logger has.
 
     py4j logs a failed call to the JVM with ``logging.info(..., exc_info=True)``, on the root logger: once the
@@ -80,7 +80,7 @@ def configure_logging(verbose: bool = False) -> None:
     if not isinstance(factory, _RedactingFactory):
         logging.setLogRecordFactory(_RedactingFactory(factory))
     for handler in logging.getLogger().handlers:
-        for kind in (RedactingFilter, LibraryRootRecordsFilter):
+        for kind in (RedactingFilter, Py4jRootRecordsFilter):
             if not any(isinstance(f, kind) for f in handler.filters):
                 handler.addFilter(kind())
     for noisy in ("py4j", "urllib3", "alembic", "mlflow.store", "matplotlib", "httpx"):   # httpx: a line per request
