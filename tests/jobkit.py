@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -194,6 +195,32 @@ def recommend_args(root: Path, store: Store, *extra: str, inputs: Path | None = 
     for item in overrides(root, store, *extra, inputs=inputs):
         args += ["--set", item]
     return args
+
+
+def descendants(pid: int) -> list["psutil.Process"]:
+    """The processes under ``pid`` now (a job's JVM, its Python daemon and workers); none once it is gone."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_tree(proc: subprocess.Popen, tree: list["psutil.Process"] | None = None) -> None:
+    """SIGKILL ``proc`` (while it runs) and the processes under it, and wait for them all. ``tree``: those taken
+    earlier, for processes that may since have lost their parent (a killed JVM's workers); default, or when empty,
+    those under ``proc`` now."""
+    import psutil
+
+    tree = tree or descendants(proc.pid)
+    for p in [*tree, psutil.Process(proc.pid)] if proc.poll() is None else tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+    proc.wait(timeout=30)
 
 
 def errors_logged(caplog) -> list[str]:

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -379,21 +378,6 @@ def _wait_for_pause(proc, point: str) -> tuple[int, list[str]]:
     raise AssertionError(f"the export ended without reaching {point}:\n" + "".join(seen[-30:]))
 
 
-def _kill_tree(proc) -> None:
-    tree = []
-    try:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        pass
-    for p in [*tree, psutil.Process(proc.pid)] if proc.poll() is None else tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=30)
-    proc.wait(timeout=30)
-
-
 @pytest.mark.slow
 def test_redis_killed_mid_export_leaves_the_pointer_and_the_old_version_and_a_rerun_removes_the_partial_one(
         spark, published, redis_server, tmp_path, monkeypatch):
@@ -410,7 +394,7 @@ def test_redis_killed_mid_export_leaves_the_pointer_and_the_old_version_and_a_re
         proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
-            _kill_tree(proc)
+            jobkit.kill_tree(proc)
         if not redis_server.running:
             redis_server.start()
     assert proc.returncode == ExitCode.UNEXPECTED_ERROR
@@ -439,10 +423,10 @@ def test_an_exporter_killed_mid_export_leaves_the_pointer_and_the_next_export_ta
     proc = _start_export(tmp_path, published, redis_server.url, prefix, "export_writing")
     try:
         _wait_for_pause(proc, "export_writing")
-        _kill_tree(proc)                                        # SIGKILL: the exporter, its JVM and workers
+        jobkit.kill_tree(proc)                                        # SIGKILL: the exporter, its JVM and workers
     finally:
         if proc.poll() is None:
-            _kill_tree(proc)
+            jobkit.kill_tree(proc)
         proc.stderr.close()
     assert store.read_pointer(client, keys).version == "v1"
     assert json.loads(client.get(keys.lock))["pid"] == proc.pid                       # its lock, left behind

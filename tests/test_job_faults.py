@@ -69,13 +69,6 @@ def test_a_task_that_fails_or_loses_its_python_worker_is_retried_and_the_output_
     assert result.manifest.metrics["task_retries"] == m["tasks"]
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _recommend_paused_at_writing(base, root: Path) -> subprocess.Popen:
     """``recsys recommend`` of the module's data into ``root`` in a process of its own, its tasks holding at the
     pause point ``writing`` (which they print on stderr, relayed by the JVM)."""
@@ -87,17 +80,6 @@ def _recommend_paused_at_writing(base, root: Path) -> subprocess.Popen:
                                    inputs=base.data)]
     return subprocess.Popen(argv, env=env, cwd=root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, errors="replace")
-
-
-def _kill_what_is_left(proc: subprocess.Popen, tree: list[psutil.Process]) -> None:
-    for p in [psutil.Process(proc.pid)] + tree if proc.poll() is None else tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(tree, timeout=30)
-    proc.wait(timeout=30)
-    proc.stderr.close()
 
 
 def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeeds(spark, base, tmp_path, caplog):
@@ -113,13 +95,14 @@ def test_a_job_killed_while_writing_leaves_the_old_partition_and_a_rerun_succeed
     try:
         for line in proc.stderr:       # the JVM relays the workers' stderr; EOF if the job dies first
             if "recsys-pause: writing" in line:
-                tree = _descendants(proc.pid)          # JVM, Python daemon and workers
+                tree = jobkit.descendants(proc.pid)          # JVM, Python daemon and workers
                 os.kill(proc.pid, signal.SIGKILL)      # the job process, mid-write
                 break
         else:
             pytest.fail("the job ended without reaching the pause point")
     finally:
-        _kill_what_is_left(proc, tree)                 # what is left of the job goes with its container
+        jobkit.kill_tree(proc, tree)                   # what is left of the job goes with its container
+        proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
 
     # what a reader sees now: the old partition, byte for byte, and nothing else
@@ -171,12 +154,13 @@ def test_a_job_whose_spark_jvm_is_killed_mid_write_exits_1_naming_it_and_leaves_
         for line in proc.stderr:
             lines.append(line)
             if jvm is None and "recsys-pause: writing" in line:
-                tree = _descendants(proc.pid)          # JVM, Python daemon and workers
+                tree = jobkit.descendants(proc.pid)          # JVM, Python daemon and workers
                 jvm = next(p for p in tree if p.name() == "java")
                 jvm.kill()                             # SIGKILL, as the out-of-memory killer sends it
         proc.wait(timeout=120)
     finally:
-        _kill_what_is_left(proc, tree)                 # the paused workers the JVM left behind
+        jobkit.kill_tree(proc, tree)                   # the paused workers the JVM left behind
+        proc.stderr.close()
     assert jvm is not None, "".join(lines[-20:])
     log = "".join(lines)
     said = (f"the Spark JVM (pid {jvm.pid}) was killed by signal 9: often the machine's or container's memory "
