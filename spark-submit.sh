@@ -24,7 +24,7 @@
 #   $RECSYS_LOG4J_CONF (empty: Spark's default); java options you pass (--driver-java-options,
 #   --conf spark.driver.extraJavaOptions=...) are kept and come after it, so yours win.
 # Every argument is passed through quoted; the job's exit code is this script's exit code, but for a driver JVM
-# that ran out of heap (Spark's 52): one line saying so, and 1.
+# that ran out of heap (Spark's 52) or a driver killed with SIGKILL (137): one line saying so, and 1.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -188,6 +188,12 @@ if [[ $status -eq 52 ]]; then   # SparkExitCode.OOM: the driver's JVM died of ja
   # leaves the job's Python no way to say so (its output goes through that JVM); 1, as any infrastructure failure
   echo "spark-submit.sh: the Spark driver's JVM ran out of Java heap (java.lang.OutOfMemoryError, exit code 52):" \
        "give it more with --driver-memory or spark.driver.memory (2g in conf/spark-defaults.conf); exit code 1" >&2
+  status=1
+elif [[ $status -eq 137 ]]; then   # 128 + SIGKILL: the driver's JVM was killed, or its Python process was (the JVM's
+  # PythonRunner exits with the child's 137): most often the kernel's out-of-memory killer, which leaves no line
+  echo "spark-submit.sh: the job's driver (its Spark JVM or its Python process) was killed with SIGKILL (exit code" \
+       "137): most often the machine's or container's memory limit (the kernel's out-of-memory killer, which dmesg" \
+       "names): give the driver more memory (--driver-memory) or the container a larger limit; exit code 1" >&2
   status=1
 fi
 exit $status

@@ -36,6 +36,8 @@ Faults (``RECSYS_FAULT_INJECTION=<name>[,<name>]``), run inside the scoring task
 
 - ``fail_first_attempt``: every scoring task fails on its first attempt, so Spark retries it;
 - ``kill_worker_first_attempt``: the Python worker exits abruptly on a task's first attempt;
+- ``kill_worker_every_attempt``: the Python worker exits abruptly on every attempt (a worker that a memory limit
+  kills each time), so Spark gives up on the task and the job fails;
 - ``kill_training_process`` (``recsys train`` with ``train.processes`` > 1): the last data-parallel
   training process SIGKILLs itself in the second step of the first epoch.
 """
@@ -55,7 +57,7 @@ PAUSE_MAX_ENV = "RECSYS_PAUSE_MAX_S"
 FAULT_ENV = "RECSYS_FAULT_INJECTION"
 POINTS = ("fitting", "writing", "staged", "before_swap", "after_table", "after_pointer", "between_renames",
           "after_swap", "retention", "export_writing", "before_switch")
-FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_training_process")
+FAULTS = ("fail_first_attempt", "kill_worker_first_attempt", "kill_worker_every_attempt", "kill_training_process")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class Hooks:
         """Called by each scoring task, on the worker, with its attempt number."""
         if attempt == 0 and "fail_first_attempt" in self.faults:
             raise RuntimeError(f"injected fault: fail_first_attempt ({FAULT_ENV}); Spark should retry this task")
-        if attempt == 0 and "kill_worker_first_attempt" in self.faults:
+        if (attempt == 0 and "kill_worker_first_attempt" in self.faults) or "kill_worker_every_attempt" in self.faults:
             os._exit(137)
 
 

@@ -46,7 +46,7 @@ class Py4jRootRecordsFilter(logging.Filter):
 
     py4j logs a failed call to the JVM with ``logging.info(..., exc_info=True)``, on the root logger: once the
     JVM is gone, every call (the objects Python frees at exit among them) adds a traceback of a refused
-    connection, after the job's last line that said why (:func:`recsys.spark.session.jvm_gone`).
+    connection, after the job's last line that said why (:func:`recsys.spark.failures.jvm_gone`).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

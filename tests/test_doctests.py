@@ -10,7 +10,7 @@ import pytest
 CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream",
                 "recsys.model.warm", "recsys.model.base")
 OTHER_MODULES = ("recsys.data.contracts", "recsys.data.readers", "recsys.learning.split",
-                 "recsys.pipelines.nightly_stages", "recsys.pipelines.train")
+                 "recsys.pipelines.nightly_stages", "recsys.pipelines.train", "recsys.spark.failures")
 
 
 @pytest.mark.parametrize("name", CORE_MODULES + OTHER_MODULES)

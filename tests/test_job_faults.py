@@ -6,6 +6,7 @@ except the SIGKILL test, which needs a process of its own to kill.
 """
 import datetime as dt
 import json
+import logging
 import os
 import re
 import shutil
@@ -67,6 +68,31 @@ def test_a_task_that_fails_or_loses_its_python_worker_is_retried_and_the_output_
     assert m["model_misses"] >= 1
     assert m["model_hits"] + m["model_misses"] == m["tasks"]
     assert result.manifest.metrics["task_retries"] == m["tasks"]
+
+
+def test_a_python_worker_killed_on_every_attempt_fails_the_job_in_one_line_and_publishes_nothing(
+        spark, base, tmp_path, monkeypatch, caplog):
+    """A worker that a memory limit kills each time: Spark gives up on the task with the driver's JVM stack, which
+    names nothing an operator can act on. The job says which process died and what to raise, in one line."""
+    before = _with_old_partition(base, tmp_path)
+    out = tmp_path / "recommendations"
+    monkeypatch.setenv("RECSYS_FAULT_INJECTION", "kill_worker_every_attempt")
+    with caplog.at_level("DEBUG", logger="recsys"):
+        code = jobkit.cli(monkeypatch, spark, ["recommend", "--date", str(RUN_DATE),
+                                               *jobkit.recommend_args(tmp_path, base.store, inputs=base.data)])
+    assert code == ExitCode.UNEXPECTED_ERROR == 1
+    errors = jobkit.errors_logged(caplog)
+    assert len(errors) == 1, errors
+    assert re.fullmatch(r"Spark gave up on task \d+ of stage [\d.]+ after 4 attempts: a Python worker on the "
+                        r"driver \(local mode\) died without an error \(killed, .*spark\.executor\.memoryOverhead.*",
+                        errors[0])
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]     # no traceback
+    assert any(r.exc_info and "Python worker exited unexpectedly" in str(r.exc_info[1])       # kept for --verbose
+               for r in caplog.records if r.levelno == logging.DEBUG)
+    last = caplog.records[-1].getMessage()
+    assert f"finished with exit code 1 (unexpected error, a retry may help): {errors[0]}" in last
+    assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before
+    assert not (out / "_locks" / f"{PART}.lock").exists()
 
 
 def _recommend_paused_at_writing(base, root: Path) -> subprocess.Popen:

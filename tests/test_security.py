@@ -111,13 +111,18 @@ def test_the_log_filter_removes_credentials_from_messages_and_tracebacks():
     assert "ConnectionError" in text
 
 
-def test_spark_submit_names_a_driver_jvm_that_ran_out_of_heap_and_exits_1(tmp_path):
-    """Spark exits a JVM whose heap ran out with 52, outside the documented codes, and the job's Python cannot
-    say why (its output goes through that JVM): the script says it, once, and exits 1."""
+@pytest.mark.parametrize("ends, says, setting", [
+    ("echo 'java.lang.OutOfMemoryError: Java heap space' >&2; exit 52", "ran out of Java heap", "spark.driver.memory"),
+    ("kill -KILL $$", "was killed with SIGKILL (exit code 137)", "--driver-memory"),     # as the OOM killer does
+])
+def test_spark_submit_names_a_driver_that_ran_out_of_memory_and_exits_1(tmp_path, ends, says, setting):
+    """Spark exits a JVM whose heap ran out with 52, and a driver the kernel's out-of-memory killer takes ends with
+    137: both outside the documented codes, and the job's Python cannot say why (its output goes through that JVM,
+    or it is the process killed). The script says it, once, and exits 1."""
     fake_home = tmp_path / "spark"
     (fake_home / "bin").mkdir(parents=True)
     fake = fake_home / "bin" / "spark-submit"
-    fake.write_text("#!/usr/bin/env bash\necho 'java.lang.OutOfMemoryError: Java heap space' >&2\nexit 52\n")
+    fake.write_text(f"#!/usr/bin/env bash\n{ends}\n")
     fake.chmod(0o755)
     env = {**os.environ, "SPARK_HOME": str(fake_home), "PYSPARK_PYTHON": sys.executable}
     env.pop("SPARK_MASTER", None)
@@ -125,7 +130,7 @@ def test_spark_submit_names_a_driver_jvm_that_ran_out_of_heap_and_exits_1(tmp_pa
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == ExitCode.UNEXPECTED_ERROR == 1
     said = [ln for ln in proc.stderr.splitlines() if ln.startswith("spark-submit.sh:")]
-    assert len(said) == 1 and "ran out of Java heap" in said[0] and "spark.driver.memory" in said[0], proc.stderr
+    assert len(said) == 1 and says in said[0] and setting in said[0], proc.stderr
 
 
 def test_spark_submit_passes_every_argument_through_verbatim(tmp_path):

@@ -322,17 +322,19 @@ def process_main(argv: Sequence[str] | None = None) -> NoReturn:
 
 
 def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """Map outcomes to exit codes: one line for expected failures and for a Spark JVM that died, a traceback for
-    the rest."""
+    """Map outcomes to exit codes: one line for expected failures, for a Spark JVM that died and for a task whose
+    process died each time Spark tried it (:mod:`recsys.spark.failures`), a traceback for the rest."""
     try:
         return int(func(args))
     except KeyboardInterrupt:
         log.error("interrupted")
         return int(ExitCode.INTERRUPTED)
     except Exception as exc:
-        from recsys.spark.session import jvm_gone
+        from recsys.spark.failures import infrastructure_failure, jvm_gone
 
-        gone = jvm_gone()   # a dead JVM comes back as any error, one of ours too (a read that failed): it says why
+        # a dead JVM comes back as any error, one of ours too (a read that failed); a task whose process died, as
+        # the driver's stack of an aborted job: either is said in one line, the error kept for --verbose
+        gone = jvm_gone() or infrastructure_failure(exc)
         if gone is not None:
             log.error("%s", gone)
             log.debug("the error it caused", exc_info=True)

@@ -257,34 +257,3 @@ def job_description(spark, text: str) -> Iterator[None]:
         yield
     finally:
         sc.setJobDescription(None)
-
-
-SPARK_OOM_EXIT = 52   # org.apache.spark.util.SparkExitCode.OOM: a JVM's uncaught java.lang.OutOfMemoryError
-
-
-def jvm_gone() -> str | None:
-    """Why the Spark JVM this process launched is gone, in one line; None while it runs, or where this process
-    launched none (under ``spark-submit`` the JVM is the parent: ``spark-submit.sh`` says why it ended).
-
-    A local JVM that dies (its heap exhausted: Spark exits it with code 52; killed, often by the kernel's
-    out-of-memory killer) leaves Python with errors that hide the cause: ``Connection refused``,
-    ``Py4JJavaError: <exception str() failed>``. Asked once a command has failed, this names the cause and the
-    setting. Never imports pyspark: a command that did not start Spark gets None.
-    """
-    context = sys.modules.get("pyspark.core.context")
-    gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
-    proc = getattr(gateway, "proc", None)
-    code = proc.poll() if proc is not None else None
-    if code is None:
-        return None
-    if code == SPARK_OOM_EXIT:
-        return (f"the Spark JVM (pid {proc.pid}) ran out of Java heap (java.lang.OutOfMemoryError; exit code 52): "
-                "give it more with spark.conf's spark.driver.memory (Spark's default 1g; in local mode that one JVM "
-                "runs every task), e.g. --set spark.conf.spark.driver.memory=4g; its log above names the stage")
-    if code < 0:
-        import signal
-
-        killer = (": often the machine's or container's memory limit (the kernel's out-of-memory killer, which "
-                  "its log names: dmesg)") if -code == signal.SIGKILL else ""
-        return f"the Spark JVM (pid {proc.pid}) was killed by signal {-code}{killer}"
-    return f"the Spark JVM (pid {proc.pid}) exited with code {code} while the job ran: its log above says why"

@@ -1,0 +1,74 @@
+"""Spark's "gave up on a task" errors read into one line (recsys.spark.failures.infrastructure_failure).
+
+The messages are Spark 4's own, as a driver received them from a standalone cluster on loopback (a Master and
+a Worker from the pip package, ``spark.task.maxFailures=2``, 512m executors): an executor whose heap ran out, an
+executor JVM killed with SIGKILL (as a container's memory limit does) in a stage without and with a shuffle
+before it, and a Python worker killed in a pandas UDF. The job's own path, a Python worker killed on every
+attempt in local mode, runs end to end in tests/test_job_faults.py.
+"""
+from __future__ import annotations
+
+import pytest
+
+from recsys.spark.failures import infrastructure_failure
+
+PREFIX = "An error occurred while calling o48.collectToPython.\n: org.apache.spark.SparkException: "
+STACK = "\n\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:3122)\n"
+
+HEAP = ("Job aborted due to stage failure: Task 0 in stage 0.0 failed 2 times, most recent failure: Lost task 0.2 in "
+        "stage 0.0 (TID 4) (127.0.0.1 executor 2): java.lang.OutOfMemoryError: Java heap space")
+KILLED = ("Job aborted due to stage failure: Task 0 in stage 0.0 failed 2 times, most recent failure: Lost task 0.1 in "
+          "stage 0.0 (TID 1) (127.0.0.1 executor 1): ExecutorLostFailure (executor 1 exited caused by one of the "
+          "running tasks) Reason: Command exited with code 137")
+SHUFFLE_LOST = ("Job aborted due to stage failure: ResultStage 2 (collect at /tmp/exdie.py:21) has failed the maximum "
+                "allowable number of times: 4. Most recent failure reason: org.apache.spark.shuffle."
+                "MetadataFetchFailedException: Missing an output location for shuffle 0 partition 0")
+PYTHON_WORKER = ("Job aborted due to stage failure: Task 0 in stage 0.0 failed 2 times, most recent failure: Lost task "
+                 "0.1 in stage 0.0 (TID 2) (127.0.0.1 executor 0): org.apache.spark.SparkException: Python worker "
+                 "exited unexpectedly (crashed). Consider setting 'spark.sql.execution.pyspark.udf.faulthandler."
+                 "enabled' or'spark.python.worker.faulthandler.enabled' configuration to 'true' for the better "
+                 "Python traceback.")
+
+
+@pytest.mark.parametrize("message, says, setting", [
+    (HEAP, "Spark gave up on task 0 of stage 0.0 after 2 attempts: executor 2 ran out of Java heap "
+           "(java.lang.OutOfMemoryError)", "spark.executor.memory"),
+    (KILLED, "Spark gave up on task 0 of stage 0.0 after 2 attempts: executor 1 was killed (Command exited with "
+             "code 137), most often by its container's memory limit", "spark.executor.memoryOverhead"),
+    (KILLED.replace("code 137", "code 52"), "Spark gave up on task 0 of stage 0.0 after 2 attempts: executor 1 ran "
+                                            "out of Java heap (exit code 52)", "spark.executor.memory"),
+    (SHUFFLE_LOST, "Spark gave up on stage 2 after 4 attempts: executors were lost while it ran", "exit code 137"),
+    (PYTHON_WORKER, "Spark gave up on task 0 of stage 0.0 after 2 attempts: a Python worker on executor 0 died "
+                    "without an error", "spark.executor.memoryOverhead"),
+])
+def test_a_task_whose_process_died_is_named_with_the_setting_to_raise(message, says, setting):
+    line = infrastructure_failure(RuntimeError(PREFIX + message + STACK))
+    assert line.startswith(says) and setting in line, line
+    assert "\n" not in line
+
+
+def test_an_executor_lost_for_another_reason_points_at_its_log():
+    line = infrastructure_failure(RuntimeError(KILLED.replace("Command exited with code 137", "Worker shutting down")))
+    assert line.endswith("executor 1 was lost (Worker shutting down): its log on the cluster says why")
+
+
+def test_the_cause_is_found_in_the_error_a_wrapper_was_raised_from():
+    try:
+        try:
+            raise RuntimeError(PREFIX + PYTHON_WORKER + STACK)
+        except RuntimeError as inner:
+            raise ValueError("writing the staged output failed") from inner
+    except ValueError as outer:
+        assert infrastructure_failure(outer).startswith("Spark gave up on task 0 of stage 0.0")
+
+
+@pytest.mark.parametrize("message", [
+    # a task that raised an exception of its own: its traceback is the report
+    "Job aborted due to stage failure: Task 1 in stage 3.0 failed 4 times, most recent failure: Lost task 1.3 in "
+    "stage 3.0 (TID 14) (127.0.0.1 executor driver): org.apache.spark.api.python.PythonException: Traceback (most "
+    "recent call last):\n  File \"core.py\", line 9\nValueError: a bug in a UDF",
+    "Connection refused",
+    "",
+])
+def test_anything_else_is_left_to_the_traceback(message):
+    assert infrastructure_failure(RuntimeError(message)) is None
