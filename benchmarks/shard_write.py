@@ -1,15 +1,16 @@
 """Training's shard write (``recsys.learning.shards.write_training_shards``) as it is, against one of its levers off.
 
-    python benchmarks/shard_write.py --data DIR --date D --lever sort|keep [--max-users N] [--rounds 4] [--json PATH]
+    python benchmarks/shard_write.py --data DIR --date D --lever sort [--max-users N] [--rounds 4] [--json PATH]
 
 ``--data``: a dataset root with ``events/`` (``benchmarks/night.py`` writes one per scale under its ``--work``).
 In one local[2] session, the window is read and kept (as a night keeps it) before the clock starts; each round
 writes the shards twice, alternating which point goes first:
 
 - ``--lever sort``: each shard file sorted by a seeded hash of the user (the code) against the rows in the order
-  Spark's shuffle delivers them (``sortWithinPartitions`` patched to a no-op);
-- ``--lever keep`` (with ``--max-users``, a sample): every user's histories built once and kept for the stage (the
-  code) against built for each of the sample's three passes (``persist`` patched to a no-op).
+  Spark's shuffle delivers them (``sortWithinPartitions`` patched to a no-op).
+
+``--max-users``: ``train.max_users``, a sample's write. (A ``keep`` lever measured the sample's every-user
+histories kept against built three times, until only the sample's histories were built: docs/performance.md.)
 
 The first round pays the JVM's warm-up for whichever point runs first; read the medians. Prints seconds per write.
 """
@@ -29,7 +30,7 @@ from unittest import mock
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-METHOD = {"sort": "sortWithinPartitions", "keep": "persist"}
+METHOD = {"sort": "sortWithinPartitions"}
 
 
 def main() -> int:
@@ -37,12 +38,10 @@ def main() -> int:
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--date", type=dt.date.fromisoformat, required=True, help="the night: reads the days before")
     parser.add_argument("--lever", choices=sorted(METHOD), required=True)
-    parser.add_argument("--max-users", type=int, help="train.max_users (required by --lever keep)")
+    parser.add_argument("--max-users", type=int, help="train.max_users: a sample's write")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.lever == "keep" and args.max_users is None:
-        parser.error("--lever keep needs --max-users: only a sample keeps every user's histories")
 
     # the class a classic session's DataFrames are: it defines the methods itself, so patching
     # pyspark.sql.DataFrame would change nothing

@@ -12,6 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+import jobkit
 from recsys.config import load_config
 from recsys.errors import TrainingProcessFailed
 from recsys.hooks import Hooks
@@ -89,16 +90,20 @@ def test_training_never_collects_the_histories_to_the_driver(spark, data_root, t
     assert max(rows for _, _, rows in no_histories_on_the_driver) <= ITEMS + 10
 
 
-def test_max_users_trains_on_a_seeded_sample(spark, data_root, tmp_path):
+def test_max_users_trains_on_a_seeded_sample_and_builds_only_its_histories(spark, data_root, tmp_path,
+                                                                           monkeypatch):
+    from recsys.data import history
     from recsys.learning.shards import write_training_shards
 
     cfg = _config(data_root, tmp_path, "train.max_users=100")
     kept_before = spark.sparkContext._jsc.getPersistentRDDs().size()
+    built = jobkit.record_calls(monkeypatch, history, "build_histories")
     first = write_training_shards(spark, cfg, DATE, str(tmp_path / "a"), shards=4)
     again = write_training_shards(spark, cfg, DATE, str(tmp_path / "b"), shards=4)
     assert first.sampled_from > 300 and 70 <= first.users <= 130
     assert (first.users, first.interactions) == (again.users, again.interactions)   # the same users, seeded
-    # every user's histories are kept for the sample's passes over them, and released once the shards are written
+    # histories are built from the sample's events only, not every user's, and nothing is left kept
+    assert len(built) == 2 and built[0][0][0].select("user_id").distinct().count() == first.users
     assert spark.sparkContext._jsc.getPersistentRDDs().size() == kept_before
 
 
@@ -141,11 +146,22 @@ def test_a_sample_of_users_trains_with_the_whole_populations_vocabulary(spark, d
     trained_on = {i for (i,) in spark.read.parquet(str(tmp_path / "sample")).selectExpr("explode(history)").collect()}
     assert sample.users < 20 and len(trained_on) < len(everyone.items.item_ids), "the sample touches every item"
     assert sample.items.item_ids.tolist() == everyone.items.item_ids.tolist()
-    assert sample.items.all_events.tolist() == everyone.items.all_events.tolist()
     assert (sample.items.vocabulary(1, held_out=False).item_ids.tolist()
             == everyone.items.vocabulary(1, held_out=False).item_ids.tolist())
     # only the sample's users hold their newest item out
     assert 0 < sample.held_out_users <= sample.users < everyone.held_out_users
+
+    # a minimum above 1 counts every item's users exactly, as every user's histories do; at 1 the counts are lower
+    # bounds (only the ids outside the sample are read) that give the same vocabularies as the exact counts
+    exact = write_training_shards(spark, _config(data_root, tmp_path, "train.max_users=8", "train.min_item_count=2"),
+                                  DATE, str(tmp_path / "exact"), shards=2)
+    assert exact.items.all_events.tolist() == everyone.items.all_events.tolist()
+    assert (sample.items.all_events <= exact.items.all_events).all()
+    assert (sample.items.all_events < exact.items.all_events).any()
+    for held_out in (False, True):
+        assert (sample.items.vocabulary(1, held_out=held_out).item_ids.tolist()
+                == exact.items.vocabulary(1, held_out=held_out).item_ids.tolist())
+    assert set(sample.items.vocabulary(1, held_out=True).item_ids.tolist()) - trained_on     # widened there too
 
 
 def test_two_processes_train_to_the_validation_ndcg_of_one(spark, data_root, tmp_path):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from pyspark.sql import DataFrame, SparkSession
@@ -31,7 +31,7 @@ from recsys import fs as rfs
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.data.contracts import partition_name
-from recsys.data.readers import KeptWindow, events_window_once, keep
+from recsys.data.readers import KeptWindow, events_window_once
 from recsys.model.stream import (HASH_BUCKETS, HELD_OUT_BUCKET, HISTORY, MIN_HELD_OUT_LEN, NEWEST_FIRST_US, NEWEST_US,
                                  USER_ID, ShardFiles, held_out_below)
 from recsys.sequences import Vocabulary
@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ItemCounts:
-    """Each item's occurrences in the histories: all of them (the refit's) and without the held-out users' newest."""
+    """Each item's occurrences in the histories: all of them (the refit's) and without the held-out users' newest.
+    Widened from a sample to every user, lower bounds where that decides alike (:func:`_population_items`)."""
 
     item_ids: np.ndarray       # [I] sorted
     all_events: np.ndarray     # [I]
@@ -135,24 +136,27 @@ def write_training_shards(spark: SparkSession, cfg: Config, date: dt.date, direc
                           shards: int, events: DataFrame | None = None) -> TrainingShards:
     """Write the training histories of ``date`` as ``shards`` Parquet files under ``directory`` and read
     back the item counts and totals (aggregates only: nothing per user is collected). ``events``: as
-    :func:`training_histories`."""
-    population = training_histories(spark, cfg, date, events)
+    :func:`training_histories`.
+
+    With ``train.max_users``, only the sample's histories are built: the users are counted and drawn, and the
+    items outside the sample found, from the events themselves, so a night at a million users does not build a
+    million histories (shuffles and all) to keep a fortieth of them."""
+    if events is None:
+        events = training_events(spark, cfg, date)
     if cfg.train.max_users is None:
-        return _write_shards(spark, cfg, directory, shards, population, None, population)
-    # A sample passes over every user's history three times (counting them, writing the sample, counting every
-    # user's items): built once (shuffles and all) and kept until the shards are written, not built three times
-    population = keep(population)
-    try:
-        histories, sampled_from = _sample_users(population, cfg.train.max_users, cfg.train.seed)
-        return _write_shards(spark, cfg, directory, shards, histories, sampled_from, population)
-    finally:
-        population.unpersist()
+        return _write_shards(spark, cfg, directory, shards, training_histories(spark, cfg, date, events), None)
+    sample = _sample_users(events, cfg.train.max_users, cfg.train.seed)
+    written = _write_shards(spark, cfg, directory, shards, training_histories(spark, cfg, date, sample.events),
+                            sample.users)
+    if sample.others is None:
+        return written
+    return replace(written, items=_population_items(written.items, events, sample.others, cfg.train.min_item_count))
 
 
 def _write_shards(spark: SparkSession, cfg: Config, directory: str, shards: int, histories: DataFrame,
-                  sampled_from: int | None, population: DataFrame) -> TrainingShards:
+                  sampled_from: int | None) -> TrainingShards:
     """:func:`write_training_shards`'s write and statistics: ``histories`` (the users trained on) as the shard
-    files, the vocabularies' counts from ``population`` (every user) when it is not ``histories``."""
+    files, the item counts and totals read back from them."""
     # Training reads each file's rows in order (the users' window offsets and the shuffle buffer follow it), and
     # the order a shuffle delivers rows in is Spark's: it changes with the partitioning upstream and, on a
     # cluster, with the order the executors' blocks arrive. A seeded hash of the user orders each file instead,
@@ -163,36 +167,57 @@ def _write_shards(spark: SparkSession, cfg: Config, directory: str, shards: int,
     written = spark.read.parquet(directory)
     files = parquet_files(directory)
     totals, below, items = _statistics(written, cfg.train.held_out_share, cfg.train.held_out_min_users)
-    if histories is not population:
-        items = _population_items(items, population)
     return TrainingShards(directory, files, items, users=int(totals["users"] or 0),
                           interactions=int(totals["interactions"] or 0),
                           held_out_users=int((items.all_events - items.selection).sum()), sampled_from=sampled_from,
                           held_out_below=below, eligible_users=int(totals["eligible_users"] or 0))
 
 
-def _sample_users(histories: DataFrame, max_users: int, seed: int) -> tuple[DataFrame, int | None]:
-    """About ``max_users`` users chosen by a seeded hash of their id (all of them when there are fewer)."""
-    users = histories.count()
+@dataclass(frozen=True)
+class _Sample:
+    events: DataFrame              # the sampled users' events (all of ``events`` when there are no more users)
+    others: DataFrame | None       # the other users' events (None: every user is in the sample)
+    users: int                     # users before the sample
+
+
+def _sample_users(events: DataFrame, max_users: int, seed: int) -> _Sample:
+    """The events of about ``max_users`` users chosen by a seeded hash of their id (all of them when there are
+    fewer), the others' events, and how many users there were."""
+    users = events.select(USER_ID).distinct().count()
     if users <= max_users:
-        return histories, users
+        return _Sample(events, None, users)
     share = int(HASH_BUCKETS * max_users / users)
-    bucket = F.pmod(F.xxhash64(F.col(USER_ID), F.lit(seed), F.lit("max_users")), F.lit(HASH_BUCKETS))
+    drawn = F.pmod(F.xxhash64(F.col(USER_ID), F.lit(seed), F.lit("max_users")), F.lit(HASH_BUCKETS)) < share
     log.info("train.max_users=%d: training on a seeded sample of about %d of %d users", max_users, max_users, users)
-    return histories.filter(bucket < share), users
+    return _Sample(events.filter(drawn), events.filter(~drawn), users)
 
 
-def _population_items(sample: ItemCounts, population: DataFrame) -> ItemCounts:
-    """The sample's counts widened to every item of every user's history (one small collect, one row per item).
+def _population_items(sample: ItemCounts, events: DataFrame, others: DataFrame, min_count: int) -> ItemCounts:
+    """The sample's counts widened to every item of every user (one small collect, one row per item).
 
     The vocabularies come from the whole population, not from the users trained on: an item only users outside
     the sample touched must stay recommendable, above all to those users, whose lists offer it back as one of
     their own (a repeat). Training still reaches its embedding: the full softmax pushes every item down as a
-    negative in every step. The held-out newest items are the sample's (only trained users are held out)."""
-    table = (population.select(F.explode(HISTORY).alias("item_id")).groupBy("item_id")
-             .agg(F.count(F.lit(1)).alias("all_events")).orderBy("item_id").toArrow())
-    item_ids = table.column("item_id").to_numpy().astype(np.int64)
-    all_events = table.column("all_events").to_numpy().astype(np.int64)
+    negative in every step. The held-out newest items are the sample's (only trained users are held out).
+
+    The counts decide only which items reach ``train.min_item_count``. At 1 (the default), an item reaches it
+    if the sample's count does or anyone outside the sample touched it: the sample's counts plus one for each
+    item found among the ``others``' events (a catalog-sized aggregation of their item ids), a lower bound of
+    the population's count that decides as the exact one does. A higher minimum counts each item's users
+    exactly, as the histories count them (once per user: histories collapse repeats; ``train.history_items``
+    cuts only a user with more distinct items than that): the distinct (user, item) pairs of ``events``, at a
+    million users about as costly as building every user's history."""
+    if min_count <= 1:
+        outside = others.select("item_id").distinct().toArrow().column("item_id").to_numpy().astype(np.int64)
+        item_ids = np.union1d(sample.item_ids, outside)
+        all_events = np.zeros_like(item_ids)
+        all_events[np.searchsorted(item_ids, sample.item_ids)] += sample.all_events
+        all_events[np.searchsorted(item_ids, outside)] += 1
+    else:
+        table = (events.select(USER_ID, "item_id").distinct().groupBy("item_id")
+                 .agg(F.count(F.lit(1)).alias("all_events")).orderBy("item_id").toArrow())
+        item_ids = table.column("item_id").to_numpy().astype(np.int64)
+        all_events = table.column("all_events").to_numpy().astype(np.int64)
     held_out = np.zeros_like(all_events)
     held_out[np.searchsorted(item_ids, sample.item_ids)] = sample.all_events - sample.selection
     return ItemCounts(item_ids, all_events, all_events - held_out)
