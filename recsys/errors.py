@@ -6,6 +6,7 @@ a bug or an infrastructure fault and exits with UNEXPECTED_ERROR and a traceback
 """
 from __future__ import annotations
 
+import re
 from enum import Enum, IntEnum
 
 from recsys.redaction import redact_text
@@ -45,17 +46,35 @@ class RunStatus(str, Enum):
         return self.value
 
 
+_PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.?")   # py4j.protocol.Py4JJavaError's first line
+
+
 def first_line(exc: BaseException, *, with_type: bool = False, limit: int = 500) -> str:
-    """The first non-empty line of an error's message, credentials redacted, at most ``limit`` characters.
+    """The first non-empty line of an error's message (:func:`first_line_of`), credentials redacted, at most
+    ``limit`` characters.
 
     The one way an error is quoted in a log line, a tag, an HTTP answer or another error's message:
     Spark and MLflow errors run to pages, and the first line is the one that says what happened.
     An empty message gives the error's type name; ``with_type`` puts ``Type: `` in front.
     """
-    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    line = first_line_of(str(exc))
     name = type(exc).__name__
     text = (f"{name}: {line}" if line else name) if with_type else (line or name)
     return redact_text(text)[:limit]
+
+
+def first_line_of(text: str) -> str:
+    r"""The first non-empty line of an error's text, stripped; "" for none. Py4J's errors from the JVM open with
+    the call that failed and give the JVM's error on the next line: that one is the first line here.
+
+    >>> first_line_of("An error occurred while calling o48.collectToPython.\n: org.apache.spark.SparkException: "
+    ...               "Job aborted due to stage failure: ...\n\tat org.apache.spark.scheduler...")
+    'org.apache.spark.SparkException: Job aborted due to stage failure: ...'
+    """
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if len(lines) > 1 and _PY4J_CALL.fullmatch(lines[0]):
+        return lines[1].removeprefix(":").strip() or lines[0]
+    return lines[0] if lines else ""
 
 
 class RecsysError(Exception):

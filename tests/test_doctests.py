@@ -9,7 +9,7 @@ import pytest
 
 CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream",
                 "recsys.model.warm", "recsys.model.base")
-OTHER_MODULES = ("recsys.data.contracts", "recsys.data.readers", "recsys.learning.split",
+OTHER_MODULES = ("recsys.errors", "recsys.data.contracts", "recsys.data.readers", "recsys.learning.split",
                  "recsys.pipelines.nightly_stages", "recsys.pipelines.train", "recsys.spark.failures")
 
 

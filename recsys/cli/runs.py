@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from recsys.config import Config
-from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line
+from recsys.errors import ConfigError, ExitCode, RunStatus, TrackingUnavailable, first_line, first_line_of
 from recsys.publish.lock import BEST_EFFORT
 from recsys.publish.manifest import Manifest
 from recsys.publish.manifest import parse as parse_manifest
@@ -103,7 +103,7 @@ def summarise(run: Any, manifest: Manifest | None = None) -> dict[str, Any]:
         "stages_s": {k.removeprefix("stage_").removesuffix("_s"): round(v, 1) for k, v in sorted(metrics.items())
                      if k.startswith("stage_") and k.endswith("_s")},
         "problems": {k: _int(metrics[k]) for k in PROBLEM_METRICS if metrics.get(k)},
-        "error": next(iter((run_tags.get(tags.ERROR) or "").splitlines()), "")[:300] or None,
+        "error": first_line_of(run_tags.get(tags.ERROR) or "")[:300] or None,
         "note": run_tags.get(tags.NOTE),
         "found_dead_by": run_tags.get(tags.FOUND_DEAD_BY),   # a killed run: the run key that found it dead, and when
         "found_dead_at": run_tags.get(tags.FOUND_DEAD_AT),
