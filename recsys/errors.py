@@ -46,7 +46,8 @@ class RunStatus(str, Enum):
         return self.value
 
 
-_PY4J_CALL = re.compile(r"An error occurred while calling [\w.$]+\.?")   # py4j.protocol.Py4JJavaError's first line
+# py4j.protocol.Py4JJavaError's first line: "... calling o48.collectToPython." or, static, "... calling z:org.apache..."
+_PY4J_CALL = re.compile(r"An error occurred while calling [\w.$:]+\.?")
 
 
 def first_line(exc: BaseException, *, with_type: bool = False, limit: int = 500) -> str:

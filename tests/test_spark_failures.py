@@ -62,6 +62,27 @@ def test_the_cause_is_found_in_the_error_a_wrapper_was_raised_from():
         assert infrastructure_failure(outer).startswith("Spark gave up on task 0 of stage 0.0")
 
 
+def test_an_error_translated_from_none_stays_the_translation():
+    """``raise InputDataError(...) from None`` (a read failure the job explains): its hidden context is not read."""
+    from recsys.errors import InputDataError
+
+    try:
+        try:
+            raise RuntimeError(PREFIX + PYTHON_WORKER + STACK)
+        except RuntimeError:
+            raise InputDataError("events: Spark cannot read part-0.parquet") from None
+    except InputDataError as translated:
+        assert translated.__context__ is not None and infrastructure_failure(translated) is None
+
+
+def test_py4j_s_first_line_gives_way_to_the_jvm_s_error_in_quotes():
+    from recsys.errors import first_line
+
+    for call in ("o48.collectToPython", "z:org.apache.spark.api.python.PythonRDD.collectAndServe"):
+        text = f"An error occurred while calling {call}.\n: org.apache.spark.SparkException: " + HEAP + STACK
+        assert first_line(RuntimeError(text)) == "org.apache.spark.SparkException: " + HEAP
+
+
 @pytest.mark.parametrize("message", [
     # a task that raised an exception of its own: its traceback is the report
     "Job aborted due to stage failure: Task 1 in stage 3.0 failed 4 times, most recent failure: Lost task 1.3 in "

@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ItemCounts:
     """Each item's occurrences in the histories: all of them (the refit's) and without the held-out users' newest.
-    Widened from a sample to every user, lower bounds where that decides alike (:func:`_population_items`)."""
+    Widened from a sample to every user by :func:`_population_items`: there, at ``train.min_item_count`` 1, the
+    counts outside the sample are lower bounds (enough to decide which items reach the minimum)."""
 
     item_ids: np.ndarray       # [I] sorted
     all_events: np.ndarray     # [I]

@@ -84,7 +84,8 @@ def infrastructure_failure(exc: BaseException) -> str | None:
     found = None
     while exc is not None and found is None:     # the error, or one it was raised from or while handling
         found = _ABORTED.search(str(exc))
-        exc = exc.__cause__ or exc.__context__
+        # `raise ... from None` hides the context: an error we translated (a read failure: bad input) stays ours
+        exc = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
     if found is None:
         return None
     line = found.group(1)
