@@ -93,3 +93,21 @@ def test_py4j_s_first_line_gives_way_to_the_jvm_s_error_in_quotes():
 ])
 def test_anything_else_is_left_to_the_traceback(message):
     assert infrastructure_failure(RuntimeError(message)) is None
+
+
+def test_an_error_of_ours_keeps_its_exit_code_and_words_whatever_spark_text_it_quotes():
+    """A failure the job explains (bad input: exit 2) may quote Spark's message; it is not turned into exit 1."""
+    from types import SimpleNamespace
+
+    from recsys.cli.main import run_command
+    from recsys.errors import ExitCode, InputDataError
+
+    said = f"events: Spark cannot read part-0.parquet ({PYTHON_WORKER})"
+
+    def fails(args):
+        raise InputDataError(said)
+
+    args = SimpleNamespace()
+    assert run_command(fails, args) == ExitCode.BAD_INPUT
+    assert args.outcome == said
+    assert infrastructure_failure(InputDataError(said)) is not None     # the text alone would have been read so

@@ -333,8 +333,9 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
         from recsys.spark.failures import infrastructure_failure, jvm_gone
 
         # a dead JVM comes back as any error, one of ours too (a read that failed); a task whose process died, as
-        # the driver's stack of an aborted job: either is said in one line, the error kept for --verbose
-        gone = jvm_gone() or infrastructure_failure(exc)
+        # the driver's stack of an aborted job (an error of ours already says what it is): either is said in one
+        # line, the error kept for --verbose
+        gone = jvm_gone() or (None if isinstance(exc, RecsysError) else infrastructure_failure(exc))
         if gone is not None:
             log.error("%s", gone)
             log.debug("the error it caused", exc_info=True)
