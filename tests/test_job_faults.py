@@ -74,6 +74,8 @@ def test_a_python_worker_killed_on_every_attempt_fails_the_job_in_one_line_and_p
         spark, base, tmp_path, monkeypatch, caplog):
     """A worker that a memory limit kills each time: Spark gives up on the task with the driver's JVM stack, which
     names nothing an operator can act on. The job says which process died and what to raise, in one line."""
+    from mlflow import MlflowClient
+
     from recsys.cli.runs import list_runs
 
     before = _with_old_partition(base, tmp_path)
@@ -95,10 +97,13 @@ def test_a_python_worker_killed_on_every_attempt_fails_the_job_in_one_line_and_p
     assert f"finished with exit code 1 (unexpected error, a retry may help): {errors[0]}" in last
     assert jobkit.partitions(out) == [PART] and jobkit.snapshot(out / PART) == before
     assert not (out / "_locks" / f"{PART}.lock").exists()
-    # `recsys runs` quotes Spark's error, not py4j's "An error occurred while calling oNN.method"
+    # `recsys runs` and the MLflow run say the same line first (not py4j's "An error occurred while calling oNN")
     [failed] = [r for r in list_runs(jobkit.config(tmp_path, base.store, inputs=base.data), date=RUN_DATE)
                 if r["status"] == "failed"]
-    assert failed["error"].startswith("org.apache.spark.SparkException: Job aborted due to stage failure: "), failed
+    assert failed["error"] == errors[0][:300], failed
+    tags = MlflowClient(base.store.tracking_uri).get_run(failed["run_id"]).data.tags
+    assert tags["recsys.error"].splitlines()[1].startswith("An error occurred while calling")   # Spark's error below
+    assert tags["mlflow.note.content"].endswith(f"nothing published: {errors[0]}")
 
 
 def _recommend_paused_at_writing(base, root: Path) -> subprocess.Popen:

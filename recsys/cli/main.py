@@ -330,12 +330,11 @@ def run_command(func: Callable[[argparse.Namespace], int], args: argparse.Namesp
         log.error("interrupted")
         return int(ExitCode.INTERRUPTED)
     except Exception as exc:
-        from recsys.spark.failures import infrastructure_failure, jvm_gone
+        from recsys.spark.failures import spark_cause
 
         # a dead JVM comes back as any error, one of ours too (a read that failed); a task whose process died, as
-        # the driver's stack of an aborted job (an error of ours already says what it is): either is said in one
-        # line, the error kept for --verbose
-        gone = jvm_gone() or (None if isinstance(exc, RecsysError) else infrastructure_failure(exc))
+        # the driver's stack of an aborted job: either is said in one line, the error kept for --verbose
+        gone = spark_cause(exc)
         if gone is not None:
             log.error("%s", gone)
             log.debug("the error it caused", exc_info=True)

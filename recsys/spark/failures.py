@@ -19,6 +19,8 @@ import re
 import signal
 import sys
 
+from recsys.errors import RecsysError
+
 SPARK_OOM_EXIT = 52   # org.apache.spark.util.SparkExitCode.OOM: a JVM's uncaught java.lang.OutOfMemoryError
 
 
@@ -126,3 +128,16 @@ def _cause(line: str) -> str | None:
         return ("executors were lost while it ran, and the shuffle files they held with them: the cluster manager's "
                 "and the executors' logs say why (exit code 137: a memory limit, 52: the heap)")
     return None
+
+
+def spark_cause(exc: BaseException) -> str | None:
+    """The one line for a failed command whose cause Spark hid (:func:`jvm_gone`, :func:`infrastructure_failure`);
+    None for the rest. An error of ours already says what it is, whatever Spark text it quotes."""
+    return jvm_gone() or (None if isinstance(exc, RecsysError) else infrastructure_failure(exc))
+
+
+def recorded_error(exc: BaseException) -> str:
+    """The error's text as a run records it (MLflow's error tag, whose first line ``recsys runs`` shows): the line
+    of :func:`spark_cause` first where Spark hid the cause, then the error."""
+    cause = spark_cause(exc)
+    return f"{cause}\n{exc}" if cause else str(exc)

@@ -24,9 +24,9 @@ from typing import Any, Mapping
 from recsys import fs as rfs
 from recsys.config import HistoryConfig, PathsConfig
 from recsys.data.contracts import partition_name
-from recsys.errors import first_line
+from recsys.errors import first_line, first_line_of
 from recsys.tracking import tags
-from recsys.redaction import redact_uri
+from recsys.redaction import redact_text, redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,16 @@ def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
     return text + " " + "; ".join(t for t in tail if t) + ". Validation passed."
 
 
-def failure_tags(date: dt.date, exc: BaseException) -> dict[str, str]:
-    """The exit code the run ends with and a note saying why, for a run that failed before publishing."""
+def failure_tags(date: dt.date, exc: BaseException, said: str | None = None) -> dict[str, str]:
+    """The exit code the run ends with and a note saying why, for a run that failed before publishing. ``said``:
+    the error as the run records it (``recsys.spark.failures.recorded_error``: a cause Spark hid, said first)."""
     from recsys.errors import ExitCode, RecsysError
 
     code = int(exc.exit_code) if isinstance(exc, RecsysError) else int(ExitCode.UNEXPECTED_ERROR)
-    first = first_line(exc, with_type=not isinstance(exc, RecsysError), limit=1000)
+    if said is None or first_line_of(said) == first_line_of(str(exc)):
+        first = first_line(exc, with_type=not isinstance(exc, RecsysError), limit=1000)
+    else:          # a cause Spark hid, said before the error
+        first = redact_text(first_line_of(said))[:1000]
     return {tags.EXIT_CODE: str(code),
             tags.NOTE: f"Failed for {date} with exit code {code} ({ExitCode(code).name.lower()}), nothing "
                       f"published: {first}"}
