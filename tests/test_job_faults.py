@@ -242,6 +242,31 @@ def test_a_jvm_that_ran_out_of_heap_is_named_with_the_setting_and_a_live_one_cha
     assert jobkit.errors_logged(caplog) == [args.outcome]         # one line, no traceback
 
 
+def test_a_jvm_still_dying_when_its_connection_is_refused_is_waited_for_and_named(spark, monkeypatch):
+    """A killed process closes its sockets before its parent can see it end: the refused connection can reach the
+    job first. The job waits for the JVM's exit (here a process killed a moment after the error) and names it."""
+    import threading
+
+    from pyspark import SparkContext
+
+    from recsys.spark.failures import jvm_gone
+
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(SparkContext._gateway, "proc", dying)
+    killer = threading.Timer(0.3, dying.kill)
+    refused = ConnectionRefusedError(111, "Connection refused")
+    try:
+        killer.start()
+        assert jvm_gone(refused) == (f"the Spark JVM (pid {dying.pid}) was killed by signal 9: often the machine's or "
+                                     "container's memory limit (the kernel's out-of-memory killer, which its log "
+                                     "names: dmesg)")
+    finally:
+        killer.cancel()
+        dying.kill()
+        dying.wait()
+    assert jvm_gone(RuntimeError("a bug")).startswith("the Spark JVM")    # ended: named whatever the error
+
+
 def test_an_unreachable_mlflow_still_publishes_with_the_remembered_model_and_exits_5(
         spark, base, tmp_path, monkeypatch, caplog, capsys):
     from recsys.tracking.last_model import recall, remember

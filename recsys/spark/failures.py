@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import sys
 
 from recsys.errors import RecsysError
@@ -24,19 +25,31 @@ from recsys.errors import RecsysError
 SPARK_OOM_EXIT = 52   # org.apache.spark.util.SparkExitCode.OOM: a JVM's uncaught java.lang.OutOfMemoryError
 
 
-def jvm_gone() -> str | None:
+JVM_EXIT_WAIT_S = 5.0   # how long a refused gateway connection waits for the JVM's process to be seen ending
+
+
+def jvm_gone(exc: BaseException | None = None) -> str | None:
     """Why the Spark JVM this process launched is gone, in one line; None while it runs, or where this process
     launched none (under ``spark-submit`` the JVM is the parent: ``spark-submit.sh`` says why it ended).
 
     A local JVM that dies (its heap exhausted: Spark exits it with code 52; killed, often by the kernel's
     out-of-memory killer) leaves Python with errors that hide the cause: ``Connection refused``,
     ``Py4JJavaError: <exception str() failed>``. Asked once a command has failed, this names the cause and the
-    setting.
+    setting. ``exc``: that failure. A killed process closes its sockets before its parent can see it end, so a
+    failure that is a refused or broken gateway connection waits up to ``JVM_EXIT_WAIT_S`` for the JVM's exit
+    (a JVM that lives on costs that wait, once, on a command that failed anyway).
     """
     context = sys.modules.get("pyspark.core.context")
     gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
     proc = getattr(gateway, "proc", None)
-    code = proc.poll() if proc is not None else None
+    if proc is None:
+        return None
+    code = proc.poll()
+    if code is None and exc is not None and _lost_connection(exc):
+        try:
+            code = proc.wait(timeout=JVM_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
     if code is None:
         return None
     if code == SPARK_OOM_EXIT:
@@ -48,6 +61,16 @@ def jvm_gone() -> str | None:
                   "its log names: dmesg)") if -code == signal.SIGKILL else ""
         return f"the Spark JVM (pid {proc.pid}) was killed by signal {-code}{killer}"
     return f"the Spark JVM (pid {proc.pid}) exited with code {code} while the job ran: its log above says why"
+
+
+def _lost_connection(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it was raised from or while handling, is a refused or broken connection (what
+    py4j meets when the JVM is gone: ``ConnectionRefusedError``, its ``Py4JNetworkError``)."""
+    while exc is not None:
+        if isinstance(exc, ConnectionError) or type(exc).__name__ == "Py4JNetworkError":
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 _ABORTED = re.compile(r"Job aborted due to stage failure: ([^\n]*)")
@@ -133,7 +156,7 @@ def _cause(line: str) -> str | None:
 def spark_cause(exc: BaseException) -> str | None:
     """The one line for a failed command whose cause Spark hid (:func:`jvm_gone`, :func:`infrastructure_failure`);
     None for the rest. An error of ours already says what it is, whatever Spark text it quotes."""
-    return jvm_gone() or (None if isinstance(exc, RecsysError) else infrastructure_failure(exc))
+    return jvm_gone(exc) or (None if isinstance(exc, RecsysError) else infrastructure_failure(exc))
 
 
 def recorded_error(exc: BaseException) -> str:
