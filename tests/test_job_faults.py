@@ -243,10 +243,12 @@ def test_a_jvm_that_ran_out_of_heap_is_named_with_the_setting_and_a_live_one_cha
 
 
 def test_a_jvm_still_dying_when_its_connection_is_refused_is_waited_for_and_named(spark, monkeypatch):
-    """A killed process closes its sockets before its parent can see it end: the refused connection can reach the
-    job first. The job waits for the JVM's exit (here a process killed a moment after the error) and names it."""
+    """A killed process closes its sockets before its parent can see it end: py4j's refused connection can reach
+    the job first. The job waits for the JVM's exit (here a process killed a moment after the error) and names it;
+    another server's refused connection (an unreachable MLflow) does not wait."""
     import threading
 
+    from py4j.protocol import Py4JNetworkError
     from pyspark import SparkContext
 
     from recsys.spark.failures import jvm_gone
@@ -255,11 +257,13 @@ def test_a_jvm_still_dying_when_its_connection_is_refused_is_waited_for_and_name
     monkeypatch.setattr(SparkContext._gateway, "proc", dying)
     killer = threading.Timer(0.3, dying.kill)
     refused = ConnectionRefusedError(111, "Connection refused")
+    py4j_refused = Py4JNetworkError("An error occurred while trying to connect to the Java server", cause=refused)
     try:
         killer.start()
-        assert jvm_gone(refused) == (f"the Spark JVM (pid {dying.pid}) was killed by signal 9: often the machine's or "
-                                     "container's memory limit (the kernel's out-of-memory killer, which its log "
-                                     "names: dmesg)")
+        assert jvm_gone(refused) is None            # not py4j's: answered at once, the process still running
+        assert jvm_gone(py4j_refused) == (f"the Spark JVM (pid {dying.pid}) was killed by signal 9: often the "
+                                          "machine's or container's memory limit (the kernel's out-of-memory "
+                                          "killer, which its log names: dmesg)")
     finally:
         killer.cancel()
         dying.kill()

@@ -15,10 +15,12 @@ Neither imports pyspark: a command that did not start Spark gets None from both.
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import sys
+import traceback
 
 from recsys.errors import RecsysError
 
@@ -64,13 +66,19 @@ def jvm_gone(exc: BaseException | None = None) -> str | None:
 
 
 def _lost_connection(exc: BaseException | None) -> bool:
-    """Whether ``exc``, or an error it was raised from or while handling, is a refused or broken connection (what
-    py4j meets when the JVM is gone: ``ConnectionRefusedError``, its ``Py4JNetworkError``)."""
+    """Whether ``exc``, or an error it was raised from or while handling, is py4j's refused or broken connection
+    to the JVM (its ``Py4JNetworkError``, or a ``ConnectionError`` raised inside py4j): not another server's, such
+    as an unreachable MLflow's, which has nothing to wait for."""
     while exc is not None:
-        if isinstance(exc, ConnectionError) or type(exc).__name__ == "Py4JNetworkError":
+        if type(exc).__name__ == "Py4JNetworkError" or (isinstance(exc, ConnectionError) and _raised_in_py4j(exc)):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _raised_in_py4j(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f"{os.sep}py4j{os.sep}" in frame.filename for frame in frames)
 
 
 _ABORTED = re.compile(r"Job aborted due to stage failure: ([^\n]*)")
