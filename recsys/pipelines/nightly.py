@@ -43,7 +43,7 @@ from recsys.publish.publisher import (PartitionLayout, check_output_location, di
                                       register_dates)
 from recsys.publish.table import OutputTable, open_table
 from recsys.spark import metastore
-from recsys.spark.failures import recorded_error
+from recsys.spark.failures import recorded_error, spark_cause
 from recsys.spark.session import job_description
 from recsys.spark.task_progress import LiveProgress
 from recsys.spark.workdir import check_executors_can_write
@@ -198,9 +198,10 @@ def publish_nightly(spark: SparkSession, cfg: Config, date: dt.date | str, *, fo
         except BaseException as exc:
             discard_staging(layout, table)
             _cleanup(run.work_dir)
-            said = recorded_error(exc)
-            recorder.set_tags({tags.STATUS: RunStatus.FAILED.value, tags.ERROR: redact_text(said)[:4000],
-                               **run_record.failure_tags(date, exc, said)})
+            cause = spark_cause(exc)
+            recorder.set_tags({tags.STATUS: RunStatus.FAILED.value,
+                               tags.ERROR: redact_text(recorded_error(exc, cause))[:4000],
+                               **run_record.failure_tags(date, exc, cause)})
             if isinstance(exc, GuardRefused):
                 compare.record_refusal(recorder, cfg, date, exc, table)
             elif isinstance(exc, ValidationFailed):

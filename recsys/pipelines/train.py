@@ -54,7 +54,7 @@ from recsys.model.repeats import RepeatBlend
 from recsys.model.stream import ShardFiles
 from recsys.pipelines.timing import StageTimer
 from recsys.sequences import Vocabulary
-from recsys.spark.failures import recorded_error
+from recsys.spark.failures import recorded_error, spark_cause
 from recsys.spark.session import job_description
 from recsys.tracking import run_notes as run_record
 from recsys.tracking import store as tracking
@@ -205,7 +205,7 @@ def run_training(spark: SparkSession, cfg: Config, date: dt.date | str, *, force
                                                                   version, decision, plan.kind, plan.reason))
             run.recorder.end("FINISHED")
         except BaseException as exc:
-            run.recorder.set_tags({tags.ERROR: redact_text(recorded_error(exc))[:4000]})
+            run.recorder.set_tags({tags.ERROR: redact_text(recorded_error(exc, spark_cause(exc)))[:4000]})
             run.recorder.end("FAILED")
             raise
         finally:

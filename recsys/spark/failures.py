@@ -167,8 +167,7 @@ def spark_cause(exc: BaseException) -> str | None:
     return jvm_gone(exc) or (None if isinstance(exc, RecsysError) else infrastructure_failure(exc))
 
 
-def recorded_error(exc: BaseException) -> str:
-    """The error's text as a run records it (MLflow's error tag, whose first line ``recsys runs`` shows): the line
-    of :func:`spark_cause` first where Spark hid the cause, then the error."""
-    cause = spark_cause(exc)
+def recorded_error(exc: BaseException, cause: str | None) -> str:
+    """The error's text as a run records it (MLflow's error tag, whose first line ``recsys runs`` shows): ``cause``,
+    :func:`spark_cause`'s line, first where Spark hid the cause, then the error."""
     return f"{cause}\n{exc}" if cause else str(exc)

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from recsys import fs as rfs
 from recsys.config import HistoryConfig, PathsConfig
 from recsys.data.contracts import partition_name
-from recsys.errors import first_line, first_line_of
+from recsys.errors import first_line
 from recsys.tracking import tags
 from recsys.redaction import redact_text, redact_uri
 
@@ -86,16 +86,14 @@ def note(manifest: Mapping[str, Any], metrics: Mapping[str, float]) -> str:
     return text + " " + "; ".join(t for t in tail if t) + ". Validation passed."
 
 
-def failure_tags(date: dt.date, exc: BaseException, said: str | None = None) -> dict[str, str]:
-    """The exit code the run ends with and a note saying why, for a run that failed before publishing. ``said``:
-    the error as the run records it (``recsys.spark.failures.recorded_error``: a cause Spark hid, said first)."""
+def failure_tags(date: dt.date, exc: BaseException, cause: str | None = None) -> dict[str, str]:
+    """The exit code the run ends with and a note saying why, for a run that failed before publishing. ``cause``:
+    the one line for a cause Spark hid (``recsys.spark.failures.spark_cause``), said instead of the error's."""
     from recsys.errors import ExitCode, RecsysError
 
     code = int(exc.exit_code) if isinstance(exc, RecsysError) else int(ExitCode.UNEXPECTED_ERROR)
-    if said is None or first_line_of(said) == first_line_of(str(exc)):
-        first = first_line(exc, with_type=not isinstance(exc, RecsysError), limit=1000)
-    else:          # a cause Spark hid, said before the error
-        first = redact_text(first_line_of(said))[:1000]
+    first = (redact_text(cause)[:1000] if cause
+             else first_line(exc, with_type=not isinstance(exc, RecsysError), limit=1000))
     return {tags.EXIT_CODE: str(code),
             tags.NOTE: f"Failed for {date} with exit code {code} ({ExitCode(code).name.lower()}), nothing "
                       f"published: {first}"}
