@@ -1,5 +1,6 @@
-"""Losses: the sampled softmax tends to the full one under a skewed proposal, masks accidental hits,
-repeats for a seed, and trains a model as well as the full softmax on a small catalog."""
+"""Losses: the full softmax's block-wise gradient is cross-entropy's; the sampled softmax tends to the full one
+under a skewed proposal, masks accidental hits, repeats for a seed, and trains a model as well as the full
+softmax on a small catalog."""
 from __future__ import annotations
 
 import logging
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from cores import SHARE
+from recsys.model import losses
 from recsys.model.losses import (full_softmax_loss, item_log_q, sampled_softmax_loss, training_loss,
                                  vocabulary_counts)
 from recsys.model.sasrec import SASRecConfig
@@ -35,6 +37,47 @@ def skewed_problem(num_items: int = 1000, rows: int = 64, dim: int = 16, seed: i
 def test_an_uninformed_model_s_full_softmax_loss_is_log_of_the_catalog_size():
     hidden, items = torch.zeros(5, 8), torch.randn(300, 8)
     assert full_softmax_loss(hidden, items, torch.tensor([0, 1, 2, 3, 299])).item() == pytest.approx(math.log(300))
+
+
+def _loss_and_gradients(loss, hidden, items, targets, *, bf16=False, dtype=torch.float32, upstream=1.0):
+    hidden = hidden.to(dtype).clone().requires_grad_()
+    items = items.to(dtype).clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        value = loss(hidden, items, targets)
+    (value * upstream).backward()
+    return value.item(), hidden.grad.double(), items.grad.double()
+
+
+def _cross_entropy(hidden, items, targets):
+    return torch.nn.functional.cross_entropy(hidden @ items.T, targets)
+
+
+def test_the_full_softmax_s_blockwise_loss_and_gradients_are_cross_entropy_s(monkeypatch):
+    # blocks of 64 rows over 200 rows: three full blocks and a short one, each with its own targets
+    monkeypatch.setattr(losses, "CHUNK_LOGITS", 1)
+    g = torch.Generator().manual_seed(3)
+    hidden, items = torch.randn(200, 16, generator=g), torch.randn(500, 16, generator=g)
+    targets = torch.randint(0, 500, (200,), generator=g)
+    exact = _loss_and_gradients(_cross_entropy, hidden, items, targets, dtype=torch.float64, upstream=3.0)
+    value, grad_hidden, grad_items = _loss_and_gradients(full_softmax_loss, hidden, items, targets, upstream=3.0)
+    assert value == pytest.approx(exact[0], rel=1e-6)
+    assert torch.allclose(grad_hidden, exact[1], rtol=1e-4, atol=1e-7)       # scaled by the upstream gradient
+    assert torch.allclose(grad_items, exact[2], rtol=1e-4, atol=1e-7)
+    with torch.no_grad():                                                    # no gradient wanted: plain value
+        assert full_softmax_loss(hidden, items, targets).item() == pytest.approx(exact[0], rel=1e-6)
+
+
+def test_the_full_softmax_in_bf16_is_as_close_to_the_exact_gradient_as_autocast_s_cross_entropy():
+    g = torch.Generator().manual_seed(4)
+    hidden, items = torch.randn(300, 32, generator=g), torch.randn(3000, 32, generator=g) * 0.1
+    targets = torch.randint(0, 3000, (300,), generator=g)
+    exact = _loss_and_gradients(_cross_entropy, hidden, items, targets, dtype=torch.float64)
+    ours = _loss_and_gradients(full_softmax_loss, hidden, items, targets, bf16=True)
+    autocast = _loss_and_gradients(_cross_entropy, hidden, items, targets, bf16=True)
+    for i in (1, 2):
+        error = ((ours[i] - exact[i]).norm() / exact[i].norm()).item()
+        assert 1e-4 < error < 1.5 * ((autocast[i] - exact[i]).norm() / exact[i].norm()).item()   # bf16, no worse
+    assert ours[0] == pytest.approx(exact[0], rel=1e-3)
 
 
 def test_the_corrected_sampled_loss_tends_to_the_full_loss_and_its_gradient_as_negatives_grow():

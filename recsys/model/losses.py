@@ -43,8 +43,78 @@ def full_softmax_loss(hidden: torch.Tensor, items: torch.Tensor, targets: torch.
 
     ``hidden`` [T, D] hidden states, ``items`` [N, D] item embeddings (padding row left out),
     ``targets`` [T] 0-based item indices into ``items``.
+
+    On CPU, when a gradient is wanted, the loss and its gradient are computed together, a block of rows
+    at a time (:class:`_ChunkedSoftmaxCrossEntropy`): the same values as ``F.cross_entropy(hidden @
+    items.T, targets)`` up to rounding, without the ``[T, N]`` logits, their log-softmax and the backward
+    pass's ``[T, N]`` gradient ever held whole, which is most of the loss's time there (a training epoch
+    a fifth to a quarter shorter: docs/performance.md). On a GPU the one-kernel-per-step form stays: many
+    small blocks would launch many kernels, and that trade was not measured on one.
     """
+    if hidden.device.type == "cpu" and torch.is_grad_enabled() and (hidden.requires_grad or items.requires_grad):
+        return _ChunkedSoftmaxCrossEntropy.apply(hidden, items, targets)
     return F.cross_entropy(hidden @ items.T, targets)                            # [T, N] logits
+
+
+CHUNK_LOGITS = 1 << 20      # logits per block of rows (4 MB in fp32: within a core's share of the cache)
+MIN_CHUNK_ROWS = 64         # at huge catalogs, still enough rows that each block's products read the items once for
+                            # many rows
+
+
+class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
+    """The full softmax's mean cross-entropy, its gradient computed in the forward pass, block by block.
+
+    For one row, the gradient of ``logsumexp(s) - s_y`` with respect to the logits ``s`` is
+    ``softmax(s) - onehot(y)``; the hidden state's and the items' gradients follow by two products with
+    it. So each block's logits are computed, turned into that gradient in place and multiplied back at
+    once, and only the ``[T, D]`` and ``[N, D]`` gradients are kept for :meth:`backward`, which scales
+    them by the incoming gradient (the loss is a scalar). Autocast applies to the products as it would
+    to ``hidden @ items.T`` (bf16 where training chose it); the softmax runs in fp32, as autocast runs
+    ``cross_entropy``. Not twice differentiable (training never asks).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, items: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        device = hidden.device
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
+        rows = max(MIN_CHUNK_ROWS, CHUNK_LOGITS // max(1, items.shape[0]))
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=device)
+        grad_items = torch.zeros(items.shape, dtype=torch.float32, device=device)
+        with torch.autocast(device.type, enabled=False):       # cast once here, not per product as autocast would
+            weights, states = items.to(dtype), hidden.to(dtype)                  # [N, D], [T, D]
+            # one [c, N] buffer for every block (two in bf16): a fresh 4 MB array is a fresh mapping from the
+            # allocator, whose first touch (page faults) costs more than the arithmetic that fills it
+            fp32 = dtype == torch.float32
+            scores = torch.empty((min(rows, hidden.shape[0]), items.shape[0]), dtype=dtype, device=device)
+            floats = scores if fp32 else torch.empty_like(scores, dtype=torch.float32)     # where the softmax runs
+            for start in range(0, hidden.shape[0], rows):
+                block = states[start:start + rows]                               # [c, D]
+                c = len(block)
+                target = targets[start:start + rows, None]                       # [c, 1]
+                logits = torch.mm(block, weights.T, out=scores[:c])              # [c, N] in the products' dtype
+                probs = floats[:c] if fp32 else floats[:c].copy_(logits)           # [c, N] fp32
+                top = probs.amax(1, keepdim=True)                                # [c, 1] for a stable exp
+                picked = probs.gather(1, target)                                 # [c, 1] the targets' logits
+                probs.sub_(top).exp_()                                           # in place
+                norm = probs.sum(1, keepdim=True)
+                total += (norm.log() + top - picked).sum(dtype=torch.float64)    # sum of logsumexp - s_y
+                probs.div_(norm).scatter_add_(1, target, torch.full_like(picked, -1.0))   # softmax - onehot
+                delta = probs if fp32 else scores[:c].copy_(probs)               # back in the products'
+                grad_hidden[start:start + rows] = delta @ weights                # dtype, through both products
+                if fp32:
+                    grad_items.addmm_(delta.T, block)
+                else:
+                    grad_items += delta.T @ block
+        count = max(1, hidden.shape[0])
+        ctx.save_for_backward(grad_hidden.div_(count), grad_items.div_(count))
+        ctx.dtypes = (hidden.dtype, items.dtype)
+        return (total / count).float()
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_hidden, grad_items = ctx.saved_tensors
+        return ((grad_hidden * grad_loss).to(ctx.dtypes[0]), (grad_items * grad_loss).to(ctx.dtypes[1]), None)
 
 
 def item_log_q(counts: torch.Tensor | np.ndarray, power: float = PROPOSAL_POWER,
