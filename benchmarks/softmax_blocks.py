@@ -1,7 +1,7 @@
 """The full softmax computed block by block with its gradient, against one cross-entropy over the whole logits.
 
     PYTHONPATH=. python benchmarks/softmax_blocks.py --data .bench/ml-small [--rounds 2] [--epochs 3]
-        [--items 1000,9725,50000] [--json .bench/softmax_blocks.json]
+        [--items 1000,5000,9725,50000] [--json .bench/softmax_blocks.json]
 
 On CPU, ``recsys.model.losses.full_softmax_loss`` computes the loss and its gradient together, a block of
 rows at a time, instead of ``F.cross_entropy(hidden @ items.T, targets)`` and autograd's backward through
@@ -74,7 +74,7 @@ def main() -> None:
     p.add_argument("--data", required=True, help="dataset root in the input layout (recsys import-movielens --out)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--epochs", type=int, default=3, help="epochs of each timed training run (default 3)")
-    p.add_argument("--items", default="1000,9725,50000", help="catalog sizes of the per-step comparison")
+    p.add_argument("--items", default="1000,5000,9725,50000", help="catalog sizes of the per-step comparison")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     forms = {"one piece": one_piece, "blocks": losses.full_softmax_loss}

@@ -67,7 +67,8 @@ def test_the_full_softmax_s_blockwise_loss_and_gradients_are_cross_entropy_s(mon
         assert full_softmax_loss(hidden, items, targets).item() == pytest.approx(exact[0], rel=1e-6)
 
 
-def test_the_full_softmax_in_bf16_is_as_close_to_the_exact_gradient_as_autocast_s_cross_entropy():
+def test_the_full_softmax_in_bf16_is_as_close_to_the_exact_gradient_as_autocast_s_cross_entropy(monkeypatch):
+    monkeypatch.setattr(losses, "CHUNK_LOGITS", 100_000)                     # blocks of 64 rows
     g = torch.Generator().manual_seed(4)
     hidden, items = torch.randn(300, 32, generator=g), torch.randn(3000, 32, generator=g) * 0.1
     targets = torch.randint(0, 3000, (300,), generator=g)
@@ -78,6 +79,16 @@ def test_the_full_softmax_in_bf16_is_as_close_to_the_exact_gradient_as_autocast_
         error = ((ours[i] - exact[i]).norm() / exact[i].norm()).item()
         assert 1e-4 < error < 1.5 * ((autocast[i] - exact[i]).norm() / exact[i].norm()).item()   # bf16, no worse
     assert ours[0] == pytest.approx(exact[0], rel=1e-3)
+
+
+def test_logits_that_fit_one_block_train_exactly_as_one_cross_entropy():
+    # a small catalog (the sample data's 1,000 items at a full batch): nothing to gain from blocks, same bits
+    g = torch.Generator().manual_seed(5)
+    hidden, items = torch.randn(800, 64, generator=g), torch.randn(1000, 64, generator=g)
+    targets = torch.randint(0, 1000, (800,), generator=g)
+    ours = _loss_and_gradients(full_softmax_loss, hidden, items, targets, bf16=True)
+    plain = _loss_and_gradients(_cross_entropy, hidden, items, targets, bf16=True)
+    assert ours[0] == plain[0] and torch.equal(ours[1], plain[1]) and torch.equal(ours[2], plain[2])
 
 
 def test_the_corrected_sampled_loss_tends_to_the_full_loss_and_its_gradient_as_negatives_grow():

@@ -44,19 +44,23 @@ def full_softmax_loss(hidden: torch.Tensor, items: torch.Tensor, targets: torch.
     ``hidden`` [T, D] hidden states, ``items`` [N, D] item embeddings (padding row left out),
     ``targets`` [T] 0-based item indices into ``items``.
 
-    On CPU, when a gradient is wanted, the loss and its gradient are computed together, a block of rows
-    at a time (:class:`_ChunkedSoftmaxCrossEntropy`): the same values as ``F.cross_entropy(hidden @
-    items.T, targets)`` up to rounding, without the ``[T, N]`` logits, their log-softmax and the backward
-    pass's ``[T, N]`` gradient ever held whole, which is most of the loss's time there (a training epoch
-    a fifth to a quarter shorter: docs/performance.md). On a GPU the one-kernel-per-step form stays: many
-    small blocks would launch many kernels, and that trade was not measured on one.
+    On CPU, when a gradient is wanted and the logits are more than one block (``CHUNK_LOGITS``), the loss
+    and its gradient are computed together, a block of rows at a time (:class:`_ChunkedSoftmaxCrossEntropy`):
+    the same values as ``F.cross_entropy(hidden @ items.T, targets)`` up to rounding, without the
+    ``[T, N]`` logits, their log-softmax and the backward pass's ``[T, N]`` gradient ever held whole,
+    which is most of the loss's time there (at 9.7k items an epoch a quarter to a third shorter:
+    docs/performance.md). Logits that fit one block (a catalog of up to about 2,500 items at the default
+    batch) gain nothing from it and keep the one-piece form, as a GPU does: there many small blocks would
+    launch many kernels, and that trade was not measured on one.
     """
-    if hidden.device.type == "cpu" and torch.is_grad_enabled() and (hidden.requires_grad or items.requires_grad):
+    if (hidden.device.type == "cpu" and hidden.shape[0] * items.shape[0] > CHUNK_LOGITS
+            and torch.is_grad_enabled() and (hidden.requires_grad or items.requires_grad)):
         return _ChunkedSoftmaxCrossEntropy.apply(hidden, items, targets)
     return F.cross_entropy(hidden @ items.T, targets)                            # [T, N] logits
 
 
-CHUNK_LOGITS = 1 << 20      # logits per block of rows (4 MB in fp32: within a core's share of the cache)
+CHUNK_LOGITS = 1 << 21      # logits per block of rows (8 MB in fp32); 1M and 4M were within the noise of it at 9.7k and
+                            # 50k items, and a smaller block's dozen or so operations cost more than they save below ~5k
 MIN_CHUNK_ROWS = 64         # at huge catalogs, still enough rows that each block's products read the items once for
                             # many rows
 
