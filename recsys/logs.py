@@ -41,6 +41,11 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+def in_py4j(path: str) -> bool:
+    """Whether a source file is py4j's (a log record's pathname, a traceback frame's filename)."""
+    return f"{os.sep}py4j{os.sep}" in path
+
+
 class Py4jRootRecordsFilter(logging.Filter):
     """Holds py4j's records below WARNING that it logs through the root logger, past the level its own logger has.
 
@@ -50,8 +55,7 @@ class Py4jRootRecordsFilter(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.name == "root" and record.levelno < logging.WARNING
-                    and f"{os.sep}py4j{os.sep}" in record.pathname)
+        return not (record.name == "root" and record.levelno < logging.WARNING and in_py4j(record.pathname))
 
 
 class _RedactingFactory:

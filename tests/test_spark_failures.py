@@ -1,4 +1,5 @@
-"""Spark's "gave up on a task" errors read into one line (recsys.spark.failures.infrastructure_failure).
+"""Spark's "gave up on a task" errors read into one line (recsys.spark.failures.infrastructure_failure), and
+py4j's refused connection told from a metastore's.
 
 The messages are Spark 4's own, as a driver received them from a standalone cluster on loopback (a Master and
 a Worker from the pip package, ``spark.task.maxFailures=2``, 512m executors): an executor whose heap ran out, an
@@ -9,8 +10,12 @@ attempt in local mode, runs end to end in tests/test_job_faults.py.
 from __future__ import annotations
 
 import pytest
+from py4j.clientserver import ClientServer, JavaParameters, PythonParameters
+from py4j.java_gateway import GatewayParameters, JavaGateway
 
-from recsys.spark.failures import infrastructure_failure
+from recsys.processes import free_port
+from recsys.publish.table import is_metastore_failure
+from recsys.spark.failures import infrastructure_failure, lost_jvm_connection
 
 PREFIX = "An error occurred while calling o48.collectToPython.\n: org.apache.spark.SparkException: "
 STACK = "\n\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:3122)\n"
@@ -111,3 +116,31 @@ def test_an_error_of_ours_keeps_its_exit_code_and_words_whatever_spark_text_it_q
     assert run_command(fails, args) == ExitCode.BAD_INPUT
     assert args.outcome == said
     assert infrastructure_failure(InputDataError(said)) is not None     # the text alone would have been read so
+
+
+def _py4j_refused(make_client) -> Exception:
+    """The error py4j itself raises when the JVM's port refuses it: what every call meets once the JVM is gone."""
+    client = make_client(free_port())
+    try:
+        client.jvm.java.lang.System.currentTimeMillis()
+    except Exception as exc:
+        return exc
+    finally:
+        client.shutdown()
+    raise AssertionError("a closed port answered")
+
+
+@pytest.mark.parametrize("make_client", [
+    lambda port: ClientServer(java_parameters=JavaParameters(port=port), python_parameters=PythonParameters(port=0)),
+    lambda port: JavaGateway(gateway_parameters=GatewayParameters(port=port)),
+], ids=["pinned-thread client (pyspark's)", "gateway"])
+def test_py4j_s_refused_connection_is_the_jvm_gone_not_the_metastore(make_client):
+    refused = _py4j_refused(make_client)
+    assert "refused" in f"{refused} {refused.__context__}"
+    assert lost_jvm_connection(refused)
+    assert not is_metastore_failure(refused)       # the words "Connection refused" alone no longer make it one
+    # a metastore that refuses says so through the JVM, in its own words: still the metastore
+    thrift = RuntimeError("org.apache.hadoop.hive.metastore.api.MetaException: Could not connect to meta store "
+                          "using any of the URIs provided. Most recent failure: java.net.ConnectException: "
+                          "Connection refused")
+    assert is_metastore_failure(thrift) and not lost_jvm_connection(thrift)

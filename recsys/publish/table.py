@@ -22,6 +22,7 @@ from recsys.data.contracts import OUTPUT_SPARK_DDL
 from recsys.errors import ConfigError, RecsysError, first_line
 from recsys.uris import is_local_path, local_path, pyarrow_uri
 from recsys.redaction import redact_uri
+from recsys.spark.failures import lost_jvm_connection
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +141,10 @@ class OutputTable:
 
 
 def is_metastore_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` says the metastore cannot be reached or opened (not that a statement is wrong)."""
-    return bool(_METASTORE_FAILURE.search(str(exc)))
+    """Whether ``exc`` says the metastore cannot be reached or opened (not that a statement is wrong). py4j's own
+    refused connection is the Spark JVM gone, not the metastore: left as it is, for
+    :func:`recsys.spark.failures.jvm_gone` to name."""
+    return bool(_METASTORE_FAILURE.search(str(exc))) and not lost_jvm_connection(exc)
 
 
 def open_table(spark, name: str | None, output_root: str, metastore_hint: str = "") -> OutputTable | None:

@@ -15,7 +15,6 @@ Neither imports pyspark: a command that did not start Spark gets None from both.
 """
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -23,6 +22,7 @@ import sys
 import traceback
 
 from recsys.errors import RecsysError
+from recsys.logs import in_py4j
 
 SPARK_OOM_EXIT = 52   # org.apache.spark.util.SparkExitCode.OOM: a JVM's uncaught java.lang.OutOfMemoryError
 
@@ -47,7 +47,7 @@ def jvm_gone(exc: BaseException | None = None) -> str | None:
     if proc is None:
         return None
     code = proc.poll()
-    if code is None and exc is not None and _lost_connection(exc):
+    if code is None and exc is not None and lost_jvm_connection(exc):
         try:
             code = proc.wait(timeout=JVM_EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -65,10 +65,10 @@ def jvm_gone(exc: BaseException | None = None) -> str | None:
     return f"the Spark JVM (pid {proc.pid}) exited with code {code} while the job ran: its log above says why"
 
 
-def _lost_connection(exc: BaseException | None) -> bool:
+def lost_jvm_connection(exc: BaseException | None) -> bool:
     """Whether ``exc``, or an error it was raised from or while handling, is py4j's refused or broken connection
     to the JVM (its ``Py4JNetworkError``, or a ``ConnectionError`` raised inside py4j): not another server's, such
-    as an unreachable MLflow's, which has nothing to wait for."""
+    as an unreachable MLflow's or metastore's, which says nothing about the JVM."""
     while exc is not None:
         if type(exc).__name__ == "Py4JNetworkError" or (isinstance(exc, ConnectionError) and _raised_in_py4j(exc)):
             return True
@@ -77,8 +77,7 @@ def _lost_connection(exc: BaseException | None) -> bool:
 
 
 def _raised_in_py4j(exc: BaseException) -> bool:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return any(f"{os.sep}py4j{os.sep}" in frame.filename for frame in frames)
+    return any(in_py4j(frame.filename) for frame in traceback.extract_tb(exc.__traceback__))
 
 
 _ABORTED = re.compile(r"Job aborted due to stage failure: ([^\n]*)")
