@@ -5,8 +5,9 @@
 
 On CPU, ``recsys.model.losses.full_softmax_loss`` computes the loss and its gradient together, a block of
 rows at a time, instead of ``F.cross_entropy(hidden @ items.T, targets)`` and autograd's backward through
-it (the code before). Both give the same values up to rounding (tests/test_losses.py); this measures what
-the blocks save:
+it (the code before), where the logits are more than one block (``CHUNK_LOGITS``; fewer run the one piece,
+so at 1,000 items both columns below run the same code). Both give the same values up to rounding
+(tests/test_losses.py); this measures what the blocks save:
 
 1. one training step's loss, forward and backward, on random states at the default batch's targets
    (800 = 16 windows of 50) and ``--items`` catalog sizes, in fp32 and in bf16 autocast;
