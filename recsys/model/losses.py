@@ -81,14 +81,14 @@ class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, items: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         device = hidden.device
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
-        rows = max(MIN_CHUNK_ROWS, CHUNK_LOGITS // max(1, items.shape[0]))
+        rows = max(MIN_CHUNK_ROWS, CHUNK_LOGITS // items.shape[0])        # called with more than one block's logits
         total = torch.zeros((), dtype=torch.float64, device=device)
         grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=device)
         grad_items = torch.zeros(items.shape, dtype=torch.float32, device=device)
         with torch.autocast(device.type, enabled=False):       # cast once here, not per product as autocast would
             weights, states = items.to(dtype), hidden.to(dtype)                  # [N, D], [T, D]
-            # one [c, N] buffer for every block (two in bf16): a fresh 4 MB array is a fresh mapping from the
-            # allocator, whose first touch (page faults) costs more than the arithmetic that fills it
+            # one [c, N] buffer for every block (two in bf16): a fresh array of megabytes is a fresh mapping from
+            # the allocator, whose first touch (page faults) costs more than the arithmetic that fills it
             fp32 = dtype == torch.float32
             scores = torch.empty((min(rows, hidden.shape[0]), items.shape[0]), dtype=dtype, device=device)
             floats = scores if fp32 else torch.empty_like(scores, dtype=torch.float32)     # where the softmax runs
@@ -97,7 +97,7 @@ class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
                 c = len(block)
                 target = targets[start:start + rows, None]                       # [c, 1]
                 logits = torch.mm(block, weights.T, out=scores[:c])              # [c, N] in the products' dtype
-                probs = floats[:c] if fp32 else floats[:c].copy_(logits)           # [c, N] fp32
+                probs = floats[:c] if fp32 else floats[:c].copy_(logits)         # [c, N] fp32
                 top = probs.amax(1, keepdim=True)                                # [c, 1] for a stable exp
                 picked = probs.gather(1, target)                                 # [c, 1] the targets' logits
                 probs.sub_(top).exp_()                                           # in place
@@ -110,7 +110,7 @@ class _ChunkedSoftmaxCrossEntropy(torch.autograd.Function):
                     grad_items.addmm_(delta.T, block)
                 else:
                     grad_items += delta.T @ block
-        count = max(1, hidden.shape[0])
+        count = hidden.shape[0]
         ctx.save_for_backward(grad_hidden.div_(count), grad_items.div_(count))
         ctx.dtypes = (hidden.dtype, items.dtype)
         return (total / count).float()
