@@ -34,12 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from loo_validation import load
-
-
-def cpu_model() -> str:
-    """The CPU's model name, for the record (not train_speed's: importing it sets OMP_WAIT_POLICY)."""
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+from train_speed import cpu_model
 
 
 def one_piece(hidden: torch.Tensor, items: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,6 @@ from unittest import mock
 
 from loo_validation import load
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # no spinning OpenMP threads between steps and trainings
-
 # recsys/default.yaml's train section before issue 21 (the model section is unchanged)
 OLD = {"epochs": 40, "batch_size": 16, "learning_rate": 1e-3, "weight_decay": 0.1, "patience": 10,
        "warmup_epochs": 0.0, "lr_decay": "constant", "window_offsets": "random", "precision": "fp32"}
@@ -81,7 +79,9 @@ def adamw(fused: bool) -> contextlib.AbstractContextManager:
 
 
 def main() -> None:
-    import torch
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch starts OpenMP: no spinning threads between
+    import torch                                          # steps and trainings (here, not at import: other scripts
+                                                          # import cpu_model)
 
     from recsys.evaluation.ranking import SequenceModelScorer, rank_phase
     from recsys.learning.settings import model_config, train_settings
