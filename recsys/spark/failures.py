@@ -39,7 +39,8 @@ def jvm_gone(exc: BaseException | None = None) -> str | None:
     ``Py4JJavaError: <exception str() failed>``. Asked once a command has failed, this names the cause and the
     setting. ``exc``: that failure. A killed process closes its sockets before its parent can see it end, so a
     failure that is a refused or broken gateway connection waits up to ``JVM_EXIT_WAIT_S`` for the JVM's exit
-    (a JVM that lives on costs that wait, once, on a command that failed anyway).
+    (a JVM that lives on costs that wait on a command that failed anyway: twice for a night or a training, asked
+    once when the failed run is recorded and once when the command exits).
     """
     context = sys.modules.get("pyspark.core.context")
     gateway = getattr(getattr(context, "SparkContext", None), "_gateway", None)
