@@ -2,6 +2,7 @@
 
     python benchmarks/new_page_prior.py [--log ../shared/data/wikipedia-edits/edits.csv.gz] [--seed 42]
         [--from-day 24] [--to-day 30] [--json PATH]
+    python benchmarks/new_page_prior.py --events DATA/events --from-day 33 --to-day 39   # the job's input layout
 
 Why: on Wikipedia edits the job's lists hold fewer pages new to the user than masked Spark ALS's, and with all
 ten places the default SASRec orders new pages about as well as masked ALS (docs/quality.md, "Where the gap on new
@@ -15,7 +16,8 @@ night, its epoch count chosen on that day's new pages (the users with an edit be
 user's newest item instead, which this log's repeats make a poor stand-in); then the night's returning users with a
 page new to them, their histories (distinct pages, newest last, as the job builds them) and a list of 10 from
 which every page they edited before is masked. A hit is a list holding any of the night's new pages (the
-backtest's "HR@10, new"; 1,552 user-nights, as there).
+backtest's "HR@10, new"; 1,552 user-nights, as there). ``--events`` reads a log in the job's input layout
+instead (the sample generator's, ``recsys sample-data``; day 0 is its first date's), the same way.
 
 The prior: per user, the model's scores over the pages they do not know and log(1 + users per page in the 7 days
 before the day), each standardised over the pages, added with weight w (w = 0: the model alone); and w chosen on
@@ -40,6 +42,17 @@ from new_page_rankers import DAY_S, DEFAULT_LOG, K
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
 BIASES = (0.25, 0.5, 1.0, 2.0)    # the additive form: scores + b * log(1 + users), in the model's own units
 WINDOWS = (1, 3, 7, 28)           # ... with the users of this many days before the night (7 for the standardised form)
+
+
+def read_events(path: Path) -> pd.DataFrame:
+    """The job's input layout as the CSV's columns: user_id, page_id (the item) and seconds since the first date."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=["user_id", "item_id", "ts"])
+    frame = table.to_pandas().rename(columns={"item_id": "page_id"})
+    origin = frame.ts.min().normalize()
+    frame["seconds"] = ((frame.ts - origin).dt.total_seconds()).astype(np.int64)
+    return frame.drop(columns="ts").sort_values(["user_id", "seconds"], kind="stable").reset_index(drop=True)
 
 
 def histories(past: pd.DataFrame) -> dict[int, np.ndarray]:
@@ -114,6 +127,8 @@ def ndcg(scores: np.ndarray, news: list[set[int]]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG)
+    parser.add_argument("--events", type=Path, help="events in the job's input layout (dt=YYYY-MM-DD/*.parquet) "
+                                                    "instead of the Wikipedia CSV")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--from-day", type=int, default=24, help="first night, days since the log's first edit")
     parser.add_argument("--to-day", type=int, default=30)
@@ -129,7 +144,7 @@ def main() -> int:
     from recsys.sequences import Sequences
 
     cfg = load_config()
-    edits = pd.read_csv(args.log)
+    edits = read_events(args.events) if args.events else pd.read_csv(args.log)
     edits["day"] = edits.seconds // DAY_S
     pages = np.sort(edits.page_id.unique())
     edits["item"] = np.searchsorted(pages, edits.page_id.to_numpy()) + 1   # model indices 1..N, 0 is padding
