@@ -51,8 +51,14 @@ def read_figures(work: Path, system: str) -> pa.Table:
 
 def compare(a: pa.Table, b: pa.Table, resamples: int, seed: int) -> dict:
     """Means of A and B over the (user, night) pairs both measured, and B - A with its interval, per figure."""
+    # two runs with a different scoring.top_n measure recall@N at different N: the figures both hold are compared,
+    # the others named
+    in_a, in_b = set(a.column_names) - set(KEYS), set(b.column_names) - set(KEYS)
+    figures = sorted(in_a & in_b)
+    if not figures:
+        raise SystemExit("the two backtests share no figure: were they run by the same version of recsys?")
+    a, b = a.select([*KEYS, *figures]), b.select([*KEYS, *figures])
     joined = a.join(b, KEYS, join_type="inner", left_suffix="_a", right_suffix="_b")
-    figures = sorted(c for c in a.column_names if c not in KEYS)
     draws = TwoWayDraws(joined.column("user_id").to_numpy(), joined.column("dt").to_numpy(zero_copy_only=False),
                         resamples, seed)
 
@@ -61,7 +67,8 @@ def compare(a: pa.Table, b: pa.Table, resamples: int, seed: int) -> dict:
 
     out = {"pairs": joined.num_rows, "only_a": a.num_rows - joined.num_rows, "only_b": b.num_rows - joined.num_rows,
            "users": len(np.unique(joined.column("user_id").to_numpy())),
-           "nights": sorted(set(joined.column("dt").to_pylist())), "figures": {}}
+           "nights": sorted(set(joined.column("dt").to_pylist())), "figures": {},
+           "figures_only_a": sorted(in_a - in_b), "figures_only_b": sorted(in_b - in_a)}
     for figure in figures:
         va, vb = values(f"{figure}_a"), values(f"{figure}_b")
         both = np.isfinite(va) & np.isfinite(vb)
@@ -89,6 +96,9 @@ def table(result: dict, label_a: str, label_b: str) -> str:
         lo, hi = f["interval"]
         lines.append(f"| {name} | {f['a']:.4f} | {f['b']:.4f} | {f['b_minus_a']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
                      f"{f['pairs']:,} |")
+    for side, label in (("a", label_a), ("b", label_b)):
+        if result[f"figures_only_{side}"]:
+            lines.append(f"\nonly {label} measured: {', '.join(result[f'figures_only_{side}'])}")
     lines += ["", f"{result['by_night_figure']} by night ({label_a} / {label_b}): " + ", ".join(
         f"{n} {v['a']:.3f} / {v['b']:.3f}" for n, v in result["by_night"].items())]
     return "\n".join(lines)
