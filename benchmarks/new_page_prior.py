@@ -38,6 +38,8 @@ import numpy as np
 import pandas as pd
 
 from new_page_rankers import DAY_S, DEFAULT_LOG, K
+from recsys.model.list_metrics import Lists, Realized, realized
+from recsys.sequences import Sequences, pad_left
 
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
 BIASES = (0.25, 0.5, 1.0, 2.0)    # the additive form: scores + b * log(1 + users), in the model's own units
@@ -56,13 +58,14 @@ def read_events(path: Path) -> pd.DataFrame:
 
 
 def histories(past: pd.DataFrame) -> dict[int, np.ndarray]:
-    """Each user's distinct pages (model indices), ordered by their latest edit, newest last: the job's order."""
+    """Each user's distinct pages (model indices), ordered by their latest edit, newest last: the job's order (ties
+    by page here, by a seeded hash in the job)."""
     latest = past.groupby(["user_id", "item"], sort=False).seconds.max().reset_index()
     latest = latest.sort_values(["user_id", "seconds", "item"], kind="stable")
     return {u: g.item.to_numpy() for u, g in latest.groupby("user_id", sort=False)}
 
 
-def night(edits: pd.DataFrame, day: int, max_len: int) -> tuple[np.ndarray, list[set[int]], list[np.ndarray]]:
+def night(edits: pd.DataFrame, day: int, max_len: int) -> tuple[np.ndarray, Lists, list[np.ndarray]]:
     """The day's returning users with a new page: their histories as [U, max_len] (left-padded), new pages, known."""
     past, today = edits[edits.day < day], edits[edits.day == day]
     seqs = histories(past)
@@ -70,15 +73,12 @@ def night(edits: pd.DataFrame, day: int, max_len: int) -> tuple[np.ndarray, list
     for user, pages in today.groupby("user_id").item:
         if user not in seqs:
             continue
-        new = set(pages.tolist()) - set(seqs[user].tolist())
+        new = sorted(set(pages.tolist()) - set(seqs[user].tolist()))
         if new:
-            rows.append(seqs[user][-max_len:])
+            rows.append(seqs[user])
             news.append(new)
             known.append(seqs[user])
-    padded = np.zeros((len(rows), max_len), dtype=np.int64)
-    for r, seq in enumerate(rows):
-        padded[r, max_len - len(seq):] = seq
-    return padded, news, known
+    return pad_left(Sequences.from_lists(rows), max_len), Lists.of(news), known
 
 
 def popularity(edits: pd.DataFrame, day: int, n_items: int, days: int = 7) -> np.ndarray:
@@ -98,30 +98,28 @@ def model_scores(model, padded: np.ndarray, known: list[np.ndarray]) -> np.ndarr
     return scores
 
 
-def hits(scores: np.ndarray, news: list[set[int]], pop: np.ndarray, weight: float) -> np.ndarray:
+def listed(scores: np.ndarray, news: Lists) -> Realized:
+    """HR@K and NDCG@K of each user's top K by ``scores`` against the day's new pages: the backtest's own figures
+    (:func:`recsys.model.list_metrics.realized`)."""
+    top = np.argpartition(-scores, K, axis=1)[:, :K]
+    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable"), 1)
+    return realized(Lists(np.arange(len(top) + 1, dtype=np.int64) * K, top.ravel().astype(np.int64)), news, (K,))[K]
+
+
+def hits(scores: np.ndarray, news: Lists, pop: np.ndarray, weight: float) -> np.ndarray:
     """1 for each user whose top K of the blended scores holds a new page of the day."""
     finite = np.isfinite(scores)
     z = np.where(finite, scores, np.nan)
     z = (z - np.nanmean(z, axis=1, keepdims=True)) / (np.nanstd(z, axis=1, keepdims=True) + 1e-9)
     prior = np.log1p(pop[1:])
     prior = np.concatenate([[0.0], (prior - prior.mean()) / (prior.std() + 1e-9)])
-    blended = np.where(finite, z + weight * prior[None, :], -np.inf)
-    top = np.argpartition(-blended, K, axis=1)[:, :K]
-    return np.array([float(bool(news[r] & set(top[r].tolist()))) for r in range(len(news))])
+    return listed(np.where(finite, z + weight * prior[None, :], -np.inf), news).hit.astype(np.float64)
 
 
-def hits_additive(scores: np.ndarray, news: list[set[int]], pop: np.ndarray, bias: float) -> np.ndarray:
+def hits_additive(scores: np.ndarray, news: Lists, pop: np.ndarray, bias: float) -> np.ndarray:
     """As :func:`hits`, the prior added in the scores' own units (no standardising per user): what an item bias
     folded into the model's item vectors would give."""
-    top = np.argpartition(-(scores + bias * np.log1p(pop)[None, :]), K, axis=1)[:, :K]
-    return np.array([float(bool(news[r] & set(top[r].tolist()))) for r in range(len(news))])
-
-
-def ndcg(scores: np.ndarray, news: list[set[int]]) -> float:
-    top = np.argsort(-scores, axis=1)[:, :K]
-    gains = [sum(1 / np.log2(k + 2) for k, page in enumerate(top[r]) if page in news[r]) /
-             sum(1 / np.log2(k + 2) for k in range(min(len(news[r]), K))) for r in range(len(news))]
-    return float(np.mean(gains))
+    return listed(scores + bias * np.log1p(pop)[None, :], news).hit.astype(np.float64)
 
 
 def main() -> int:
@@ -140,7 +138,6 @@ def main() -> int:
     from recsys.config import load_config
     from recsys.learning.settings import model_config, train_settings
     from recsys.model.training import fit
-    from recsys.sequences import Sequences
 
     cfg = load_config()
     edits = read_events(args.events) if args.events else pd.read_csv(args.log)
@@ -158,7 +155,7 @@ def main() -> int:
         valid_seq, valid_new, valid_known = night(edits, day - 1, config.max_len)
 
         def validate(model) -> dict[str, float]:
-            return {"ndcg@10": ndcg(model_scores(model, valid_seq, valid_known), valid_new)}
+            return {"ndcg@10": float(listed(model_scores(model, valid_seq, valid_known), valid_new).ndcg.mean())}
 
         model = fit(train, config, settings, valid=validate).model
         valid_scores, valid_pop = model_scores(model, valid_seq, valid_known), popularity(edits, day - 1, len(pages))
@@ -173,7 +170,7 @@ def main() -> int:
             for b in BIASES:
                 by_bias[(d, b)].append(hits_additive(scores, new, pop_d, b))
         chosen_hits.append(hits(scores, new, pop, chosen))
-        print(f"night {day}: {len(new)} users with a new page; w chosen on the day before: {chosen:g}; "
+        print(f"night {day}: {new.n_rows} users with a new page; w chosen on the day before: {chosen:g}; "
               f"HR@{K} new at w=0 {by_weight[0.0][-1].mean():.3f}, chosen {chosen_hits[-1].mean():.3f}", flush=True)
 
     rng = np.random.default_rng(0)
