@@ -1,7 +1,7 @@
-"""CPU time of choosing the repeat blend (``recsys.model.repeats.blend_sums`` over the default grid of 826
-candidates) on synthetic validation rows shaped like the 10,000-user night's (docs/performance.md), beside the
-reference: every candidate scored on its own over every new target (the one-candidate-at-a-time loop the grid
-replaced). The two must give the same sums; the run checks that before it reports.
+"""CPU time of choosing the repeat blend (``recsys.model.repeats.blend_sums`` over the default grid of 4,130
+candidates: 826 per popularity weight) on synthetic validation rows shaped like the 10,000-user night's
+(docs/performance.md), beside the reference: every candidate scored on its own over every new target (the
+one-candidate-at-a-time loop the grid replaced). The two must give the same sums; the run checks that before it reports.
 
 CPU time (``time.process_time``), the median of 3 interleaved runs, so figures from a loaded machine compare.
 
@@ -15,12 +15,13 @@ import time
 
 import numpy as np
 
-from recsys.model.repeats import NDCG_K, BlendValidation, _ideal_dcg, _score, blend_grid, blend_sums
+from recsys.model.repeats import (NDCG_K, POPULARITY_WEIGHTS, BlendValidation, _ideal_dcg, _score, blend_grid,
+                                  blend_sums)
 
 
 def synthetic_rows(rows: int, items: int, seed: int = 0) -> BlendValidation:
     """Known items 1-50 a row (counts geometric, ages 0-30 days), 0-3 known targets; 0-36 new targets whose model
-    ranks fall mostly far down the catalog, as a day's new items do."""
+    ranks fall mostly far down the catalog, as a day's new items do, drawn again for each popularity weight."""
     rng = np.random.default_rng(seed)
     width = 50
     lengths = rng.integers(1, width + 1, rows)
@@ -30,10 +31,12 @@ def synthetic_rows(rows: int, items: int, seed: int = 0) -> BlendValidation:
     known_target = present & (rng.random((rows, width)) < 1.5 / lengths[:, None])
     new_width = 36
     new_counts = np.minimum(rng.geometric(0.35, rows) - 1, new_width)
-    ranks = np.minimum(rng.geometric(1 / 300, (rows, new_width)) - 1, items - 1).astype(float)
-    new_ranks = np.where(np.arange(new_width)[None, :] < new_counts[:, None], ranks, np.inf)
+    weights = len(POPULARITY_WEIGHTS)
+    ranks = np.minimum(rng.geometric(1 / 300, (weights, rows, new_width)) - 1, items - 1).astype(float)
+    new_ranks = np.where(np.arange(new_width)[None, None, :] < new_counts[None, :, None], ranks, np.inf)
     targets = known_target.sum(1) + new_counts
-    return BlendValidation(counts, ages, known_target, new_ranks, targets.astype(np.int64))
+    return BlendValidation(counts, ages, known_target, new_ranks, targets.astype(np.int64),
+                           popularity_weights=POPULARITY_WEIGHTS)
 
 
 def reference_sums(valid: BlendValidation, candidates) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +54,8 @@ def reference_sums(valid: BlendValidation, candidates) -> tuple[np.ndarray, np.n
             order = np.argsort(-base, axis=1, kind="stable")[:, :NDCG_K]
             ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
         top_base, top_target = ordered[age_weight]
-        n, h = _score((top_base + blend.repeat_bias)[None], top_target, valid.new_target_ranks, blend.new_rank_weight,
-                      ideal)
+        ranks = valid.new_target_ranks[valid.popularity_weights.index(blend.popularity_weight)]
+        n, h = _score((top_base + blend.repeat_bias)[None], top_target, ranks, blend.new_rank_weight, ideal)
         ndcg[g], hits[g] = n[0], h[0]
     return ndcg, hits
 

@@ -36,8 +36,9 @@ class Store:
     model_dir: Path
 
 
-def make_store(root: Path, model_name: str = "recsys-test") -> Store:
-    """A sqlite MLflow store with one registered version of a small random SASRec under ``@champion``.
+def make_store(root: Path, model_name: str = "recsys-test", blend=None) -> Store:
+    """A sqlite MLflow store with one registered version of a small random SASRec under ``@champion``, saved with
+    ``blend`` (a :class:`recsys.model.repeats.RepeatBlend`; None: known items masked, no popularity prior).
 
     Scoring needs a model, not a good one: no training, so a store costs about a second.
     """
@@ -50,7 +51,7 @@ def make_store(root: Path, model_name: str = "recsys-test") -> Store:
 
     torch.manual_seed(0)
     model_dir = save_model(SASRec(SASRecConfig(num_items=N_ITEMS, dim=8, layers=1, heads=1, max_len=8, dropout=0.0)),
-                           np.arange(1, N_ITEMS + 1), root / "model")
+                           np.arange(1, N_ITEMS + 1), root / "model", blend=blend)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = load_config(overrides=[f"mlflow.tracking_uri={uri}", f"mlflow.model_name={model_name}"])
     tracking.point_at(cfg.mlflow)

@@ -14,8 +14,8 @@ import torch
 
 from recsys.data.contracts import SOURCE_POPULARITY
 from recsys.model.io import load_model, save_model
-from recsys.model.repeats import (MASK_KNOWN, BlendValidation, RepeatBlend, ValidationDays, fit_blend, merge_known,
-                                  rank_validation_days)
+from recsys.model.repeats import (MASK_KNOWN, BlendValidation, RecentUsers, RepeatBlend, ValidationDays, fit_blend,
+                                  merge_known, rank_validation_days)
 from recsys.scoring.core import Candidates, Fallback, KnownItems, Scorer
 from recsys.sequences import Sequences, Vocabulary
 from toy_model import random_model
@@ -25,11 +25,11 @@ ITEM_IDS = np.arange(500, 500 + NUM_ITEMS, dtype=np.int64)
 DAY_US = 86_400 * 1_000_000
 
 
-def _scorer(model, blend, top_n=5):
+def _scorer(model, blend, top_n=5, recent_users=None, cls=Scorer, dtype="float32"):
     index = np.arange(1, NUM_ITEMS + 1)
-    return Scorer(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(index, ITEM_IDS),
-                  fallback=Fallback(SOURCE_POPULARITY, ITEM_IDS[:top_n], np.ones(top_n, np.float32)),
-                  top_n=top_n, device=torch.device("cpu"), blend=blend)
+    return cls(model=model, vocab=Vocabulary(ITEM_IDS), candidates=Candidates(index, ITEM_IDS),
+               fallback=Fallback(SOURCE_POPULARITY, ITEM_IDS[:top_n], np.ones(top_n, np.float32)),
+               top_n=top_n, device=torch.device("cpu"), blend=blend, recent_users=recent_users, dtype=dtype)
 
 
 def test_merge_puts_each_known_item_where_its_blended_score_ranks_it_among_the_new_ones():
@@ -66,19 +66,21 @@ def test_a_blend_survives_saving_and_loading_with_the_model_and_an_old_model_mas
     from recsys.model.sasrec import SASRec, SASRecConfig
 
     sasrec = SASRec(SASRecConfig(num_items=NUM_ITEMS, dim=8, layers=1, heads=1, max_len=4, dropout=0.0))
-    blend = RepeatBlend(1.5, 0.5, 2.0, figures={"validation_rows": 10})
+    blend = RepeatBlend(1.5, 0.5, 2.0, 0.25, figures={"validation_rows": 10})
     loaded = load_model(save_model(sasrec, ITEM_IDS, tmp_path / "m", blend=blend))
     assert loaded.blend == blend and loaded.blend.figures == {"validation_rows": 10}
     assert load_model(save_model(sasrec, ITEM_IDS, tmp_path / "old")).blend.masks_known
     masked = RepeatBlend.from_json(MASK_KNOWN.to_json())
     assert masked.masks_known and masked == MASK_KNOWN
+    saved_before_the_prior = '{"age_weight": 0.5, "new_rank_weight": 2.0, "repeat_bias": 1.5}'
+    assert RepeatBlend.from_json(saved_before_the_prior) == RepeatBlend(1.5, 0.5, 2.0, popularity_weight=0.0)
     del model
 
 
 def _validation(known_counts, known_target, new_ranks, targets, ages=None):
     known_counts = np.asarray(known_counts, dtype=float)
     return BlendValidation(known_counts, np.zeros_like(known_counts) if ages is None else np.asarray(ages, float),
-                           np.asarray(known_target, bool), np.asarray(new_ranks, float), np.asarray(targets))
+                           np.asarray(known_target, bool), np.asarray(new_ranks, float)[None], np.asarray(targets))
 
 
 def test_the_fit_masks_known_items_on_a_log_without_repeats_and_lets_them_in_on_a_log_of_repeats():
@@ -131,13 +133,16 @@ def test_validation_ranks_are_the_model_s_ranks_among_the_items_the_user_does_no
         scores = (emb @ user).detach().numpy()
         others = [i for i in range(1, NUM_ITEMS + 1) if i not in hist_idx]
         expected = sum(scores[i] > scores[target_idx] for i in others)
-        assert valid.new_target_ranks[row][np.isfinite(valid.new_target_ranks[row])].tolist() == [expected]
+        for ranks in valid.new_target_ranks:   # no recent popularity given: every weight ranks as the model alone
+            assert ranks[row][np.isfinite(ranks[row])].tolist() == [expected]
 
 
 @pytest.mark.parametrize("targets_per_day", [2, 14])
 def test_every_list_the_blend_makes_is_exactly_what_the_fit_scored(targets_per_day):
     """The fit's positions without lists and the core's merge agree: HR@10 from both is the same, for each bias
-    of a grid scored at once (14 items a day: most of them new and ranked past 10, which the fit leaves out)."""
+    and popularity weight of a grid scored at once (14 items a day: most of them new and ranked past 10, which the
+    fit leaves out). The fit's prior comes from the day before's users per item, the core's from the counts the
+    night passes it: the same counts, so the same lists."""
     from recsys.model.repeats import blend_grid, blend_sums
 
     rng = np.random.default_rng(1)
@@ -150,12 +155,19 @@ def test_every_list_the_blend_makes_is_exactly_what_the_fit_scored(targets_per_d
     days = ValidationDays(hist, counts, np.full(len(counts), 5 * DAY_US), np.full(len(lists), 10 * DAY_US),
                           Sequences.from_lists([ITEM_IDS[rng.choice(NUM_ITEMS, size=targets_per_day, replace=False)]
                                                 for _ in lists]))
-    sums = blend_sums(rank_validation_days(model, ITEM_IDS, days), blend_grid((-math.inf, -1.0, 0.5, 3.0), (0.0,), (1.0,)))
-    assert len(sums.candidates) == 4
+    users = rng.integers(0, 30, size=NUM_ITEMS)
+    recent = RecentUsers(np.full(NUM_ITEMS + 2, 9 * DAY_US), np.r_[ITEM_IDS, 1, 2], np.r_[users, 99, 99])
+    # the day before the day before: must not count
+    recent = RecentUsers(np.r_[recent.day_us, 8 * DAY_US], np.r_[recent.item_ids, ITEM_IDS[0]],
+                         np.r_[recent.users, 999])
+    valid = rank_validation_days(model, ITEM_IDS, days, recent=recent, popularity_weights=(0.0, 1.0))
+    sums = blend_sums(valid, blend_grid((-math.inf, -1.0, 0.5, 3.0), (0.0,), (1.0,), (0.0, 1.0)))
+    assert len(sums.candidates) == 8
+    assert not np.array_equal(valid.new_target_ranks[0], valid.new_target_ranks[1])
     for g, candidate in enumerate(sums.candidates):
-        blend = MASK_KNOWN if candidate.masks_known else RepeatBlend(candidate.repeat_bias, 0.0, 1.0)
-        ids, _, _, _ = _scorer(model, blend, top_n=10).topn(hist, KnownItems(counts, np.full(len(counts), 5 * DAY_US),
-                                                                               10 * DAY_US))
+        blend = RepeatBlend(candidate.repeat_bias, 0.0, 1.0, candidate.popularity_weight)
+        ids, _, _, _ = _scorer(model, blend, top_n=10, recent_users=users).topn(
+            hist, KnownItems(counts, np.full(len(counts), 5 * DAY_US), 10 * DAY_US))
         day = [set(days.targets.items[days.targets.offsets[r]:days.targets.offsets[r + 1]]) for r in range(len(lists))]
         hits = [bool(set(ids[r]) & day[r]) for r in range(len(lists))]
         ndcg = [sum(1 / np.log2(p + 2) for p, item in enumerate(ids[r][:10]) if item in day[r]) /
@@ -193,3 +205,61 @@ def test_rows_ranked_a_chunk_at_a_time_add_up_to_the_fit_on_all_of_them():
     assert chunked.figures == pytest.approx(whole.figures)
     with pytest.raises(ValueError, match="different grids"):
         sums.add(blend_sums(BlendValidation.empty(), grid[:3]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "reference", "bfloat16"])
+def test_the_core_ranks_new_items_by_the_model_s_score_plus_the_weighted_popularity_of_the_day_before(dtype):
+    """By hand: score = the model's + popularity_weight * log1p(users of the last day), known items masked; the
+    fast core (fp32, and bf16's preselection rescored in fp32) and the reference core list exactly that. No counts
+    given, or a weight of 0: the model's lists."""
+    from recsys.scoring.core import ReferenceScorer, cpu_bf16_supported
+    from recsys.sequences import pad_left
+
+    if dtype == "bfloat16" and not cpu_bf16_supported():
+        pytest.skip("this CPU has no native bf16")
+    model = random_model(NUM_ITEMS, seed=6)
+    users = np.random.default_rng(6).integers(0, 50, size=NUM_ITEMS)
+    hist = Sequences.from_lists([ITEM_IDS[[2, 7, 4]], ITEM_IDS[[9]], ITEM_IDS[[0, 1]]])
+    emb = model.item_embeddings().detach().numpy()
+    cls, run_dtype = (ReferenceScorer, "float32") if dtype == "reference" else (Scorer, dtype)
+
+    def expected(weight: float) -> list[list[int]]:
+        out = []
+        for r in range(len(hist)):
+            known = hist.items[hist.offsets[r]:hist.offsets[r + 1]]
+            seq = torch.as_tensor(pad_left(Sequences.from_lists([known - 499]), model.max_len))
+            scores = emb[1:] @ model.encode(seq)[0].detach().numpy() + weight * np.log1p(users)
+            scores[known - 500] = -np.inf
+            out.append(ITEM_IDS[np.argsort(-scores, kind="stable")[:5]].tolist())
+        return out
+
+    blend = RepeatBlend(popularity_weight=3.0)
+    with_prior, _, _, _ = _scorer(model, blend, recent_users=users, cls=cls, dtype=run_dtype).topn(hist)
+    assert with_prior.tolist() == expected(3.0)
+    assert expected(3.0) != expected(0.0)
+    for scorer in (_scorer(model, blend, cls=cls, dtype=run_dtype),
+                   _scorer(model, MASK_KNOWN, recent_users=users, cls=cls, dtype=run_dtype)):
+        assert scorer.topn(hist)[0].tolist() == expected(0.0)
+
+
+def test_the_fit_takes_the_popularity_prior_where_tomorrow_s_new_items_were_popular_the_day_before_and_not_else():
+    """Each day's new item is the most popular of the day before (the model has no idea: random weights): a
+    prior weight wins. The same days with the counts turned upside down (the new item the least popular): none."""
+    rng = np.random.default_rng(7)
+    model = random_model(NUM_ITEMS, seed=7, max_len=8)
+    n = 120
+    lists = [ITEM_IDS[rng.choice(NUM_ITEMS, size=3, replace=False)] for _ in range(n)]
+    day = rng.integers(10, 14, size=n)
+    users = {d: 2 ** rng.permutation(NUM_ITEMS) for d in range(9, 14)}   # a ranking of the items per day, far apart
+    targets = [[ITEM_IDS[[i for i in np.argsort(-users[d - 1]) if ITEM_IDS[i] not in h][0]]]   # the most popular new
+               for h, d in zip(lists, day)]
+    hist = Sequences.from_lists(lists)
+    days = ValidationDays(hist, np.ones(len(hist.items), int), np.full(len(hist.items), 5 * DAY_US), day * DAY_US,
+                          Sequences.from_lists(targets))
+    per_day = np.repeat(np.arange(9, 14), NUM_ITEMS) * DAY_US
+    popular = RecentUsers(per_day, np.tile(ITEM_IDS, 5), np.concatenate([users[d] for d in range(9, 14)]))
+    chosen = fit_blend(rank_validation_days(model, ITEM_IDS, days, recent=popular))
+    assert chosen.popularity_weight > 0 and chosen.masks_known
+    assert chosen.figures["hr_at_10"] == 1.0 and chosen.figures["no_prior_ndcg_at_10"] < chosen.figures["ndcg_at_10"]
+    unpopular = RecentUsers(per_day, popular.item_ids, 2 ** (NUM_ITEMS - 1) // popular.users)
+    assert fit_blend(rank_validation_days(model, ITEM_IDS, days, recent=unpopular)).popularity_weight == 0.0

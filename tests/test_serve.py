@@ -52,7 +52,10 @@ def _output_section(root):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, metastore_service):
     root = tmp_path_factory.mktemp("serve")
-    store = make_store(root)
+    from recsys.model.repeats import RepeatBlend
+
+    # new items' popularity prior on: a request must rank them by the same last day's counts as the night did
+    store = make_store(root, blend=RepeatBlend(popularity_weight=0.5))
     write_dataset(root)
     conf = root / "serve.yaml"
     conf.write_text(yaml.safe_dump({

@@ -10,7 +10,12 @@ a seeded sample by user (the fit needs a few thousand, never everyone). When tra
 of the users (``train.held_out_share``), the rows are theirs: the model ranking the new items has trained on
 every other user's newest item, which falls in these very days and would make new items look better.
 
-They are written as Parquet under the training's work directory and streamed back a chunk at a time,
+Beside them, over every user (the rows are a sample), how many users had each item on each day from the day
+before the first validation day on: the new items' recent-popularity prior on each validation day
+(:func:`recsys.model.repeats.popularity_prior`), the count the night takes from its histories. A few numbers
+per (day, item), collected to the driver.
+
+The rows are written as Parquet under the training's work directory and streamed back a chunk at a time,
 as the held-out users of training are: nothing per user is collected to the driver, and the memory the
 fit takes is a chunk's whatever ``max_rows`` is. Each chunk is ranked by the model and added to the grid's
 sums (:class:`recsys.model.repeats.BlendSums`); the choice is made once, on the totals.
@@ -20,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,8 +36,8 @@ from pyspark.sql import functions as F
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.learning.shards import held_out_bucket, parquet_files
-from recsys.model.repeats import (BlendValidation, RepeatBlend, ValidationDays, blend_grid, blend_sums, choose_blend,
-                                  rank_validation_days)
+from recsys.model.repeats import (BlendValidation, RecentUsers, RepeatBlend, ValidationDays, blend_grid, blend_sums,
+                                  choose_blend, rank_validation_days)
 from recsys.model.stream import HASH_BUCKETS, ShardFiles, read_batches
 from recsys.sequences import Sequences
 
@@ -44,14 +50,26 @@ ROWS_PER_FILE = 100_000   # (user, day) rows per written file
 ROWS_PER_CHUNK = 2048     # (user, day) rows ranked at once: a [chunk, items] score matrix in memory
 
 
+@dataclass(frozen=True)
+class BlendDays:
+    """What training's read stage wrote for the blend: the (user, day) rows' files and the days' popularity."""
+
+    rows: ShardFiles
+    recent: RecentUsers
+
+
 def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directory: str, *,
-                          held_out_below: int = HASH_BUCKETS) -> ShardFiles:
+                          held_out_below: int = HASH_BUCKETS) -> BlendDays:
     """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
-    docstring) and return the files written; below ``HASH_BUCKETS``, only the held-out users' rows.
+    docstring), count the users per item of those days and the day before, and return both; below
+    ``HASH_BUCKETS``, only the held-out users' rows (the counts are everyone's, as the night's are).
     ``events``: :func:`recsys.learning.shards.training_events`, the read training's shards are written from."""
     settings = cfg.train.repeats
     first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
     day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
+    recent = (events.filter(F.col("ts") >= F.lit(first - dt.timedelta(days=1)))
+              .groupBy(day.alias(DAY), "item_id").agg(F.countDistinct("user_id").alias("users"))
+              .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), "item_id", "users").toArrow())
     targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")
                .groupBy("user_id", DAY).agg(F.array_sort(F.collect_set("item_id")).alias(TARGETS)))
     if held_out_below < HASH_BUCKETS:
@@ -67,7 +85,9 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
      .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
              hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS)
      .write.mode("overwrite").parquet(directory))
-    return parquet_files(directory)
+    return BlendDays(parquet_files(directory), RecentUsers(
+        day_us=recent.column(DAY).to_numpy().astype(np.int64), item_ids=recent.column("item_id").to_numpy(),
+        users=recent.column("users").to_numpy().astype(np.int64)))
 
 
 def _sample(targets: DataFrame, max_rows: int, seed: int) -> tuple[DataFrame, int]:
@@ -105,25 +125,29 @@ class Ranker(Protocol):
     item_ids: np.ndarray
 
 
-def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, files: ShardFiles) -> RepeatBlend:
+def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: BlendDays) -> RepeatBlend:
     """The blend chosen on the held-out days' rows (:func:`write_validation_days`), with the model that ranks
     the new items."""
     model, item_ids = ranker.model, ranker.item_ids
     candidates = blend_grid()
     sums = blend_sums(BlendValidation.empty(), candidates)
-    for days in validation_chunks(files):
-        sums = sums.add(blend_sums(rank_validation_days(model, item_ids, days, device=device), candidates))
+    for chunk in validation_chunks(days.rows):
+        sums = sums.add(blend_sums(rank_validation_days(model, item_ids, chunk, recent=days.recent, device=device),
+                                   candidates))
     blend = choose_blend(sums)
-    log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days: %s (NDCG@10 %.4f, masked %.4f; "
-             "HR@10 %.4f, masked %.4f; %.0f%% of the day's items were known)", date, sums.rows,
-             cfg.train.repeats.validation_days, describe(blend), blend.figures.get("ndcg_at_10", float("nan")),
-             blend.figures.get("masked_ndcg_at_10", float("nan")), blend.figures.get("hr_at_10", float("nan")),
-             blend.figures.get("masked_hr_at_10", float("nan")), 100 * blend.figures.get("known_target_share", 0.0))
+    nan = float("nan")
+    log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days: %s (NDCG@10 %.4f, masked %.4f, "
+             "without the popularity prior %.4f; HR@10 %.4f, masked %.4f; %.0f%% of the day's items were known)",
+             date, sums.rows, cfg.train.repeats.validation_days, describe(blend), blend.figures.get("ndcg_at_10", nan),
+             blend.figures.get("masked_ndcg_at_10", nan), blend.figures.get("no_prior_ndcg_at_10", nan),
+             blend.figures.get("hr_at_10", nan), blend.figures.get("masked_hr_at_10", nan),
+             100 * blend.figures.get("known_target_share", 0.0))
     return blend
 
 
 def describe(blend: RepeatBlend) -> str:
+    prior = f", new items' popularity_weight {blend.popularity_weight:g}" if blend.popularity_weight else ""
     if blend.masks_known:
-        return "known items masked"
+        return f"known items masked{prior}"
     return (f"known items compete (repeat_bias {blend.repeat_bias:g}, age_weight {blend.age_weight:g}, "
-            f"new_rank_weight {blend.new_rank_weight:g})")
+            f"new_rank_weight {blend.new_rank_weight:g}{prior})")

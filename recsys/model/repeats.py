@@ -14,7 +14,13 @@ Each candidate gets a blended score on one log scale, and the list is the top N 
   ``-new_rank_weight * log1p(r)`` — the model orders the new items, the blend says what a rank is worth
   against a known item.
 
-The three weights are chosen at training (:func:`fit_blend`) on held-out days: for each validation day,
+The model's ranking of new items may carry a recent-popularity prior: each new item's score plus
+``popularity_weight * log1p(users)``, ``users`` the users who had the item on the day before the lists' day
+(:func:`popularity_prior`). On a log where what is new to a user tomorrow is what many had today (edits of a
+page in the news), that ranks new items better than the model alone; on another it ranks them worse, so the
+weight is chosen with the others, 0 (no prior) among the choices.
+
+The four weights are chosen at training (:func:`fit_blend`) on held-out days: for each validation day,
 the users active that day, their history before it, and what they did that day; the weights that give the
 best NDCG@10 of those lists win. A log without repeats chooses ``repeat_bias = -inf``: known items are
 masked, and the lists are the model's alone, exactly as without a blend.
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,10 +46,24 @@ SECONDS_PER_DAY = 86_400.0
 NDCG_K = 10
 
 # The grid :func:`fit_blend` searches. repeat_bias: the gate (-inf: mask); age_weight: how much an old
-# interaction counts less; new_rank_weight: how fast a new item's worth falls with its rank.
+# interaction counts less; new_rank_weight: how fast a new item's worth falls with its rank; popularity_weight:
+# how much the new items' recent popularity adds to the model's scores (0: none; the weights where the
+# Wikipedia edits' new pages gained in benchmarks/new_page_prior.py lie inside, 2 past where they lost again).
 REPEAT_BIASES = (-math.inf, *np.arange(-6.0, 10.01, 0.5).round(2).tolist())
 AGE_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 NEW_RANK_WEIGHTS = (0.5, 1.0, 1.5, 2.0, 3.0)
+POPULARITY_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
+
+
+def popularity_prior(users: np.ndarray) -> np.ndarray:
+    """The recent-popularity prior of new items from the users who had each on the day before the lists' day:
+    ``log1p(users)``, added to the model's scores times the blend's ``popularity_weight``. One definition for
+    the fit's validation days and the night's lists, so what was chosen is what is applied.
+
+    >>> popularity_prior(np.array([0, 1, 9])).round(3).tolist()
+    [0.0, 0.693, 2.303]
+    """
+    return np.log1p(np.clip(np.asarray(users, dtype=np.float64), 0, None))
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,7 @@ class RepeatBlend:
     repeat_bias: float = -math.inf
     age_weight: float = 0.0
     new_rank_weight: float = 1.0
+    popularity_weight: float = 0.0   # 0: new items ranked by the model alone (and in every model saved before it)
     figures: dict = field(default_factory=dict, compare=False)   # what the fit measured (validation users, NDCG)
 
     @property
@@ -90,7 +111,8 @@ class RepeatBlend:
         data = json.loads(text)
         bias = data.get("repeat_bias")
         return cls(repeat_bias=-math.inf if bias is None else float(bias), age_weight=float(data.get("age_weight", 0.0)),
-                   new_rank_weight=float(data.get("new_rank_weight", 1.0)), figures=dict(data.get("figures") or {}))
+                   new_rank_weight=float(data.get("new_rank_weight", 1.0)),
+                   popularity_weight=float(data.get("popularity_weight", 0.0)), figures=dict(data.get("figures") or {}))
 
 
 MASK_KNOWN = RepeatBlend()
@@ -144,16 +166,24 @@ class BlendValidation:
 
     One row per (user, validation day): the user's known items before that day (their counts and ages in
     days), which of them the user had on that day (``known_target``), and the model's ranks (0 = best,
-    among the items the user did not know) of the new items the user had on that day.
+    among the items the user did not know) of the new items the user had on that day, once per popularity
+    weight (the model's scores plus that weight times :func:`popularity_prior`).
     """
 
     known_counts: np.ndarray      # [S, K] float, 0 where padded
     known_ages: np.ndarray        # [S, K] float days
     known_target: np.ndarray      # [S, K] bool
-    new_target_ranks: np.ndarray  # [S, T] float model ranks of the day's new items; inf: padded or not rankable
+    new_target_ranks: np.ndarray  # [P, S, T] float ranks of the day's new items under each popularity weight;
+                                  # inf: padded or not rankable
     targets: np.ndarray           # [S] int: how many distinct items the user had that day (the NDCG's ideal)
     known_index: np.ndarray | None = None   # [S, K] the known items' model indices: equal blended scores rank by
                                             # it, as the core's lists do (by candidate column); None: history order
+    popularity_weights: tuple[float, ...] = (0.0,)   # [P] the weights new_target_ranks was ranked under
+
+    def __post_init__(self) -> None:
+        if self.new_target_ranks.ndim != 3 or len(self.new_target_ranks) != len(self.popularity_weights):
+            raise ValueError(f"new_target_ranks has shape {self.new_target_ranks.shape}; expected one [S, T] slice "
+                             f"per popularity weight {self.popularity_weights}")
 
     @property
     def samples(self) -> int:
@@ -163,7 +193,7 @@ class BlendValidation:
     def empty(cls) -> "BlendValidation":
         """No rows: the start of a sum over chunks."""
         none = np.zeros((0, 1))
-        return cls(none, none, none.astype(bool), np.full((0, 1), np.inf), np.zeros(0, dtype=np.int64))
+        return cls(none, none, none.astype(bool), np.full((1, 0, 1), np.inf), np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -185,11 +215,15 @@ class BlendSums:
                          self.known_targets + other.known_targets, self.targets + other.targets)
 
 
-def blend_grid(biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS, rank_weights=NEW_RANK_WEIGHTS) -> tuple[RepeatBlend, ...]:
-    """The candidate blends, masking first (it does not depend on the other two weights: listed once)."""
-    grid = [RepeatBlend()] if any(not math.isfinite(b) for b in biases) else []
-    grid += [RepeatBlend(float(b), float(a), float(w)) for a in age_weights for b in biases if math.isfinite(b)
-             for w in rank_weights]
+def blend_grid(biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS, rank_weights=NEW_RANK_WEIGHTS,
+               popularity_weights=POPULARITY_WEIGHTS) -> tuple[RepeatBlend, ...]:
+    """The candidate blends, in the order ties go: without the popularity prior first, then by its weight;
+    within one, masking first (it does not depend on the age and rank weights: listed once)."""
+    grid = []
+    for p in popularity_weights:
+        grid += [RepeatBlend(popularity_weight=float(p))] if any(not math.isfinite(b) for b in biases) else []
+        grid += [RepeatBlend(float(b), float(a), float(w), float(p)) for a in age_weights for b in biases
+                 if math.isfinite(b) for w in rank_weights]
     return tuple(grid)
 
 
@@ -209,14 +243,20 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
         log_ages = np.log1p(np.clip(valid.known_ages, 0, None))
         # only a new item ranked under 10 can reach a top-10 place: each row's smallest ranks, as many columns as
         # the row with the most such items needs (exact; a day with dozens of new items costs no more)
-        useful = int((valid.new_target_ranks < NDCG_K).sum(1).max(initial=0))
-        new_ranks = np.sort(valid.new_target_ranks, axis=1)[:, :max(1, useful)]
+        useful = int((valid.new_target_ranks < NDCG_K).sum(2).max(initial=0))
+        new_ranks = np.sort(valid.new_target_ranks, axis=2)[:, :, :max(1, useful)]      # [P, S, T']
+        slice_of = {float(p): i for i, p in enumerate(valid.popularity_weights)}
+        missing = sorted({c.popularity_weight for c in candidates} - set(slice_of))
+        if missing:
+            raise ValueError(f"the validation rows were ranked under popularity weights {valid.popularity_weights}, "
+                             f"not {missing}: rank them under every weight of the grid")
         # candidates that differ only in repeat_bias share everything else: scored together, one bias per slice
-        groups: dict[tuple[float, float], list[int]] = {}
+        groups: dict[tuple[float, float, float], list[int]] = {}
         for g, blend in enumerate(candidates):
-            groups.setdefault((0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight), []).append(g)
+            key = (0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight, blend.popularity_weight)
+            groups.setdefault(key, []).append(g)
         ordered: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-        for (age_weight, rank_weight), members in groups.items():
+        for (age_weight, rank_weight, popularity_weight), members in groups.items():
             if age_weight not in ordered:
                 base = np.where(present, log_counts - age_weight * log_ages, -np.inf)
                 # the 10 best known items per row in this weight's order (ties as the core breaks them): the others
@@ -226,13 +266,14 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
                 ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
             top_base, top_target = ordered[age_weight]
             biases = np.array([candidates[g].repeat_bias for g in members])
-            ndcg[members], hits[members] = _score(top_base[None] + biases[:, None, None], top_target, new_ranks,
-                                                  rank_weight, ideal)
+            ndcg[members], hits[members] = _score(top_base[None] + biases[:, None, None], top_target,
+                                                  new_ranks[slice_of[popularity_weight]], rank_weight, ideal)
     return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
 
 
 def choose_blend(sums: BlendSums) -> RepeatBlend:
-    """The candidate with the best mean NDCG@10 (ties: the earlier, masking first), its figures attached."""
+    """The candidate with the best mean NDCG@10 (ties: the earlier: no prior, masking first), its figures attached:
+    the chosen one's, masking's and the best without the popularity prior's (what the prior added)."""
     if sums.rows == 0:
         return RepeatBlend(figures={"validation_rows": 0, "why": "no validation rows: known items masked"})
     mean_ndcg, mean_hr = sums.ndcg / sums.rows, sums.hits / sums.rows
@@ -240,22 +281,25 @@ def choose_blend(sums: BlendSums) -> RepeatBlend:
     for g in range(1, len(sums.candidates)):
         if mean_ndcg[g] > mean_ndcg[best] + 1e-12:
             best = g
-    masked = next((g for g, c in enumerate(sums.candidates) if c.masks_known), None)
+    masked = next((g for g, c in enumerate(sums.candidates) if c.masks_known and not c.popularity_weight), None)
+    no_prior = [g for g, c in enumerate(sums.candidates) if not c.popularity_weight]
     nan = float("nan")
     figures = {"validation_rows": sums.rows, "ndcg_at_10": round(float(mean_ndcg[best]), 6),
                "hr_at_10": round(float(mean_hr[best]), 6),
                "masked_ndcg_at_10": nan if masked is None else round(float(mean_ndcg[masked]), 6),
                "masked_hr_at_10": nan if masked is None else round(float(mean_hr[masked]), 6),
+               "no_prior_ndcg_at_10": round(float(mean_ndcg[no_prior].max()), 6) if no_prior else nan,
                "known_target_share": round(sums.known_targets / max(1, sums.targets), 6)}
-    chosen = sums.candidates[best]
-    return RepeatBlend(chosen.repeat_bias, chosen.age_weight, chosen.new_rank_weight, figures=figures)
+    return replace(sums.candidates[best], figures=figures)
 
 
 def fit_blend(valid: BlendValidation, *, biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS,
-              rank_weights=NEW_RANK_WEIGHTS) -> RepeatBlend:
+              rank_weights=NEW_RANK_WEIGHTS, popularity_weights: tuple[float, ...] | None = None) -> RepeatBlend:
     """The weights with the best NDCG@10 over the validation rows (ties: the more cautious, masking first):
-    :func:`blend_sums` over the grid, then :func:`choose_blend`."""
-    return choose_blend(blend_sums(valid, blend_grid(biases, age_weights, rank_weights)))
+    :func:`blend_sums` over the grid, then :func:`choose_blend`. ``popularity_weights``: None, the ones the rows
+    were ranked under."""
+    weights = valid.popularity_weights if popularity_weights is None else popularity_weights
+    return choose_blend(blend_sums(valid, blend_grid(biases, age_weights, rank_weights, weights)))
 
 
 def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
@@ -303,13 +347,38 @@ class ValidationDays:
         return len(self.day_start_us)
 
 
+@dataclass(frozen=True)
+class RecentUsers:
+    """How many users had each item on each day: the popularity prior's counts on the days before the validation
+    days, over every user of the log (the validation rows are a sample). One entry per (day, item) with users."""
+
+    day_us: np.ndarray     # [R] int64 the day's first instant, epoch microseconds
+    item_ids: np.ndarray   # [R] int64
+    users: np.ndarray      # [R] int64 distinct users with the item that day
+
+    def prior_by_day(self, day_starts_us: np.ndarray, vocab) -> np.ndarray:
+        """[D, N + 1] :func:`popularity_prior` of each model index (column 0: padding, 0) on the day before each
+        of the days ``day_starts_us`` [D]: what a night's lists for that day would add."""
+        out = np.zeros((len(day_starts_us), len(vocab) + 1))
+        before = np.asarray(day_starts_us, dtype=np.int64) - int(SECONDS_PER_DAY * 1e6)
+        for d, start in enumerate(before):
+            on_day = self.day_us == start
+            index = vocab.index_of(self.item_ids[on_day])
+            known = index > 0
+            out[d, index[known]] = popularity_prior(self.users[on_day][known])
+        return out
+
+
 def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: ValidationDays, *,
+                         recent: RecentUsers | None = None, popularity_weights=POPULARITY_WEIGHTS,
                          device: torch.device | str = "cpu", batch: int = 512) -> BlendValidation:
     """The model's ranks of each day's new items, and the known items' counts and ages: what the fit needs.
 
     A known item is one in the history that the model knows (only those can be listed); a new target's rank
-    counts the items the model scores higher among those the user does not know (0 = best). A target the
-    model does not know cannot be ranked (inf), but still counts in the day's ideal.
+    counts the items scored higher among those the user does not know (0 = best), once per popularity weight:
+    the model's score plus the weight times the day's prior from ``recent`` (None: no prior, every weight ranks
+    as the model alone). A target the model does not know cannot be ranked (inf), but still counts in the day's
+    ideal.
     """
     from recsys.sequences import Vocabulary
 
@@ -339,26 +408,39 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     new_at = np.flatnonzero(~is_known_target)
     new_counts = np.bincount(target_row[new_at], minlength=days.rows)
     new_width = max(1, int(new_counts.max(initial=0)))
-    new_ranks = np.full((days.rows, new_width), np.inf)
+    weights = tuple(float(w) for w in popularity_weights)
+    new_ranks = np.full((len(weights), days.rows, new_width), np.inf)
     new_place = np.arange(len(new_at)) - (np.cumsum(new_counts) - new_counts)[target_row[new_at]]
-    ranks = _new_target_ranks(model, histories, target_idx, target_row, new_at, device=device, batch=batch)
-    new_ranks[target_row[new_at], new_place] = ranks
+    if recent is None:   # no prior: every weight ranks as the model alone, ranked once
+        ranked = _new_target_ranks(model, histories, target_row[new_at], target_idx[new_at], device=device,
+                                   batch=batch)
+        ranked = np.broadcast_to(ranked, (len(weights), len(new_at)))
+    else:
+        day_starts, day_of_row = np.unique(days.day_start_us, return_inverse=True)
+        prior = (recent.prior_by_day(day_starts, vocab), day_of_row, weights)
+        ranked = _new_target_ranks(model, histories, target_row[new_at], target_idx[new_at], device=device,
+                                   batch=batch, prior=prior)
+    new_ranks[:, target_row[new_at], new_place] = ranked
     return BlendValidation(known_counts, known_ages, known_target, new_ranks, days.targets.lengths.astype(np.int64),
-                           known_index)
+                           known_index, weights)
 
 
-def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", target_idx: np.ndarray, target_row: np.ndarray,
-                      new_at: np.ndarray, *, device, batch: int) -> np.ndarray:
-    """For each new target (``new_at`` into the flat targets): items scored above it among those its user
-    does not know (inf: the model does not know the target, or the user has no known item to be encoded)."""
+def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: np.ndarray, targets: np.ndarray, *,
+                      device, batch: int, prior: tuple[np.ndarray, np.ndarray, tuple[float, ...]] | None = None
+                      ) -> np.ndarray:
+    """For each popularity weight and each new target (its row, its model index): items scored above it among those
+    its user does not know (inf: the model does not know the target, or the user has no known item to be encoded)
+    -> [P, targets]. ``prior``: ([D, N + 1] each day's prior, [rows] each row's day, the P weights); None: none,
+    one weight."""
     from recsys.sequences import pad_left
 
-    out = np.full(len(new_at), np.inf)
-    rows_all = target_row[new_at]
-    usable = (target_idx[new_at] > 0) & (histories.lengths[rows_all] > 0)
+    weights = (0.0,) if prior is None else prior[2]
+    out = np.full((len(weights), len(rows_all)), np.inf)
+    usable = (targets > 0) & (histories.lengths[rows_all] > 0)
     model = model.to(device).eval()
     with torch.inference_mode():
         items = model.item_embeddings().detach().to(device).float()           # [N + 1, D]
+        day_prior = None if prior is None else torch.as_tensor(prior[0], dtype=torch.float32, device=device)
         for lo in range(0, histories.__len__(), batch):
             rows = np.arange(lo, min(lo + batch, len(histories)))
             pick = np.flatnonzero(usable & (rows_all >= lo) & (rows_all < rows[-1] + 1))
@@ -372,8 +454,12 @@ def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", target_idx
             scores.scatter_(1, known, float("-inf"))                                  # the user's known items
             scores[:, 0] = float("-inf")
             local = torch.as_tensor(rows_all[pick] - lo, device=device)
-            target = torch.as_tensor(target_idx[new_at[pick]], device=device)
-            own = scores[local, target]                                               # [t]
-            above = (scores[local] > own[:, None]).sum(1)                             # [t]
-            out[pick] = above.cpu().numpy().astype(np.float64)
+            target = torch.as_tensor(targets[pick], device=device)
+            row_prior = (None if day_prior is None else
+                         day_prior[torch.as_tensor(prior[1][rows], device=device)])   # [b, N + 1] each row's day's
+            for p, weight in enumerate(weights):
+                ranked = scores if row_prior is None or not weight else scores + weight * row_prior   # [b, N + 1]
+                own = ranked[local, target]                                           # [t]
+                above = (ranked[local] > own[:, None]).sum(1)                         # [t]
+                out[p, pick] = above.cpu().numpy().astype(np.float64)
     return out

@@ -316,8 +316,10 @@ def _run(run: stages.NightlyRun) -> NightlyResult:
         c.update(history.figures)
 
     with timer.stage("fallback", "popularity fallback") as c:
-        fallback = stages.popularity_fallback_stage(history.histories, catalog.candidates, cfg.scoring.top_n)
-        c.update(items=len(fallback.fallback.item_ids))
+        fallback = stages.popularity_fallback_stage(history.histories, catalog.candidates, cfg.scoring.top_n,
+                                                    lists_for=date)
+        c.update(items=len(fallback.fallback.item_ids),
+                 items_of_the_last_day=int((fallback.recent_users > 0).sum()))
 
     with timer.stage("score", "score users", expected_users=history.figures["users_in_window"]) as c:
         scored = stages.score(run, catalog, history, fallback, previous)

@@ -257,14 +257,26 @@ class FallbackStage:
 
     fallback: Fallback
     popularity: np.ndarray            # [C] users per candidate in the window, aligned with candidates.item_ids
+    recent_users: np.ndarray | None = None   # [C] of them, those who had it on the day before the lists' day
 
 
-def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_n: int) -> FallbackStage:
-    """Users per item in ``histories``, restricted to the candidates -> the popularity fallback."""
-    counted = histories.select(F.explode(HISTORY_COLUMN).alias("item_id")).groupBy("item_id").count().toArrow()
-    per_candidate = counts_per_candidate(candidates.item_ids, counted.column("item_id").to_numpy(),
-                                         counted.column("count").to_numpy())
-    return FallbackStage(popularity_fallback(candidates.item_ids, per_candidate, top_n), per_candidate)
+def popularity_fallback_stage(histories: DataFrame, candidates: Candidates, top_n: int,
+                              lists_for: dt.date | None = None) -> FallbackStage:
+    """Users per item in ``histories``, restricted to the candidates -> the popularity fallback. With
+    ``lists_for``, in the same pass, the users whose latest event with the item falls on the day before it or
+    later: the new items' recent-popularity prior (:func:`recsys.model.repeats.popularity_prior`), counted as the
+    repeat blend's fit counted it on its validation days (:mod:`recsys.learning.repeats`)."""
+    entry = F.explode(F.zip_with(HISTORY_COLUMN, hist.HISTORY_LAST_US_COLUMN,
+                                 lambda item, last: F.struct(item.alias("item_id"), last.alias("last_us"))))
+    since = None if lists_for is None else start_of_day_us(lists_for - dt.timedelta(days=1))
+    recent = F.lit(0) if since is None else (F.col("e.last_us") >= F.lit(since)).cast("long")
+    counted = (histories.select(entry.alias("e")).groupBy(F.col("e.item_id").alias("item_id"))
+               .agg(F.count(F.lit(1)).alias("count"), F.sum(recent).alias("recent")).toArrow())
+    item_ids = counted.column("item_id").to_numpy()
+    per_candidate = counts_per_candidate(candidates.item_ids, item_ids, counted.column("count").to_numpy())
+    recent_users = (None if since is None else
+                    counts_per_candidate(candidates.item_ids, item_ids, counted.column("recent").to_numpy()))
+    return FallbackStage(popularity_fallback(candidates.item_ids, per_candidate, top_n), per_candidate, recent_users)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -294,6 +306,7 @@ def scoring_spec(model: ShippedModel, catalog: CatalogStage, fallback: FallbackS
         lists_for_us=None if lists_for is None else start_of_day_us(lists_for),
         rules=RuleParams.from_config(cfg.recommend),
         popularity=np.asarray(fallback.popularity, dtype=np.int64),
+        recent_users=None if fallback.recent_users is None else np.asarray(fallback.recent_users, dtype=np.int64),
     )
 
 

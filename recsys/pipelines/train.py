@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyspark.sql import SparkSession
@@ -51,7 +51,6 @@ from recsys.learning.shards import (TrainingShards, remove_stale_attempts, train
 from recsys.learning.split import SplitData, StreamedHeldOut, mean_gain
 from recsys.model.metrics import SELECTION_METRIC, validation_name
 from recsys.model.repeats import RepeatBlend
-from recsys.model.stream import ShardFiles
 from recsys.pipelines.timing import StageTimer
 from recsys.sequences import Vocabulary
 from recsys.spark.failures import recorded_error, spark_cause
@@ -60,6 +59,9 @@ from recsys.tracking import run_notes as run_record
 from recsys.tracking import store as tracking
 from recsys.tracking import tags
 from recsys.redaction import redact_text, redact_uri
+
+if TYPE_CHECKING:
+    from recsys.learning.repeats import BlendDays
 
 log = logging.getLogger(__name__)
 NO_HOOKS = Hooks()
@@ -128,7 +130,7 @@ class _Inputs:
     """What training's one read of the events wrote: the histories' shards and the repeat blend's days."""
 
     shards: TrainingShards
-    blend_days: ShardFiles | None     # None without train.repeats.learn
+    blend_days: BlendDays | None      # None without train.repeats.learn
 
 
 @dataclass
@@ -143,7 +145,7 @@ class _Training:
     vocab: Vocabulary                 # the selection fit's: items without each user's held-out newest
     full_vocab: Vocabulary            # the refit's: every item before the date, newest items included
     held_out: StreamedHeldOut         # each user's newest item, streamed from the shards (the gate's users)
-    blend_days: ShardFiles | None = None   # the repeat blend's held-out days, written with the shards
+    blend_days: BlendDays | None = None   # the repeat blend's held-out days, written with the shards
     work_dir: str = ""                # this attempt's shards/ and the training processes' logs/, removed at the end
     hooks: Hooks = NO_HOOKS
     device: Any = None
@@ -452,7 +454,8 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
         blend = fit_repeat_blend(run.cfg, run.date, ranker, run.device, run.blend_days)
         c.update(blend=describe(blend), rows=blend.figures.get("validation_rows", 0))
     run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
-                             "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight})
+                             "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight,
+                             "repeat_popularity_weight": blend.popularity_weight})
     run.recorder.log_metrics({f"repeats_{k}": v for k, v in blend.figures.items() if isinstance(v, (int, float))
                               and math.isfinite(v)})
     return blend

@@ -34,6 +34,10 @@ the known items a list holds (``min_new_items``) and fills lists left short from
 with items not off limits for the user (``fill``). The fallback's rows are filled from the fallback list the same
 way, so an excluded item reaches no list.
 
+The repeat blend may weigh new items' recent popularity (``RepeatBlend.popularity_weight``): the weighted prior of
+each candidate (``recent_users``: users of the last day) is added to the product's scores before the selection
+(and to the fp32 rescoring), so it orders the new items at no cost beyond one add per score.
+
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
 """
@@ -51,7 +55,7 @@ from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPU
 from recsys.model import int8 as int8_kernels
 from recsys.model.base import SequenceRecommender
 from recsys.model.precision import cpu_bf16_supported, cpu_int8_refusal
-from recsys.model.repeats import MASK_KNOWN, SECONDS_PER_DAY, RepeatBlend, merge_known
+from recsys.model.repeats import MASK_KNOWN, SECONDS_PER_DAY, RepeatBlend, merge_known, popularity_prior
 from recsys.scoring.params import DEFAULT_RULES, RuleParams
 from recsys.sequences import Sequences, Vocabulary, lookup_sorted
 
@@ -449,6 +453,9 @@ class Scorer:
     # users per candidate in the window, aligned with ``candidates``: the popularity ranking short lists are
     # filled from (rules.fill); None: the fallback list's ranking
     popularity: np.ndarray | None = field(default=None, repr=False)
+    # users per candidate on the last day before the lists' day, aligned with ``candidates``: the new items'
+    # recent-popularity prior, added to their scores times ``blend.popularity_weight``; None: no prior
+    recent_users: np.ndarray | None = field(default=None, repr=False)
     _cand_emb: torch.Tensor = field(init=False, repr=False)
     _int8_tiles: list | None = field(init=False, repr=False)
     _cand_emb32: torch.Tensor = field(init=False, repr=False)
@@ -460,6 +467,7 @@ class Scorer:
     _fallback_scores: torch.Tensor = field(init=False, repr=False)
     _fill_cols: torch.Tensor = field(init=False, repr=False)
     _fill_scores: torch.Tensor = field(init=False, repr=False)
+    _prior: torch.Tensor | None = field(init=False, repr=False)   # [C] fp32 weighted prior, None: none
     _staging: "_HostStaging" = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -505,6 +513,13 @@ class Scorer:
             order = np.lexsort((self.candidates.item_ids, -counts))   # as popularity_fallback ranks: count, then id
             self._fill_cols = torch.as_tensor(order, dtype=torch.long).to(dev)
             self._fill_scores = torch.as_tensor((counts[order] / (counts.sum() or 1.0)).astype(np.float32)).to(dev)
+        self._prior = None
+        if self.blend.popularity_weight and self.recent_users is not None:
+            if len(self.recent_users) != len(self.candidates.item_ids):
+                raise ValueError(f"recent_users has {len(self.recent_users)} counts for "
+                                 f"{len(self.candidates.item_ids)} candidates")
+            prior = self.blend.popularity_weight * popularity_prior(self.recent_users)
+            self._prior = torch.as_tensor(prior, dtype=torch.float32).to(dev)
         self._staging = _HostStaging(dev)
 
     @property
@@ -538,14 +553,14 @@ class Scorer:
              excluded: Sequences | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, ChunkStats]:
         """-> (item ids [U, k], scores [U, k] float32, fallback rows [U] bool, stats); k = min(N, candidates).
 
-        With a blend that masks known items (or the ``touched`` rule), the scores are the model's and known items
-        never appear; with one that lets them compete, known and new items are merged by blended score
-        (:mod:`recsys.model.repeats`), at most ``k - rules.min_new_items`` of them known. ``excluded``: each
-        user's items the rules exclude, aligned with ``history_ids``: masked in the selection, dropped from the
-        known items, never in the user's list (the fallback's included). With ``rules.fill`` popularity, a list
-        left short takes the most popular items neither masked for the user nor listed, each scored its
-        popularity share capped at the score before it (so lists stay ordered). Slots that could not be filled
-        (fewer eligible candidates than k) hold a -inf score.
+        With a blend that masks known items (or the ``touched`` rule), the scores are the model's (plus the new
+        items' popularity prior where the blend weighs it) and known items never appear; with one that lets them
+        compete, known and new items are merged by blended score (:mod:`recsys.model.repeats`), at most ``k -
+        rules.min_new_items`` of them known. ``excluded``: each user's items the rules exclude, aligned with
+        ``history_ids``: masked in the selection, dropped from the known items, never in the user's list (the
+        fallback's included). With ``rules.fill`` popularity, a list left short takes the most popular items neither
+        masked for the user nor listed, each scored its popularity share capped at the score before it (so lists
+        stay ordered). Slots that could not be filled (fewer eligible candidates than k) hold a -inf score.
         """
         n_users = len(history_ids)
         k = min(self.top_n, self.num_candidates)
@@ -765,6 +780,8 @@ class Scorer:
                 scores = int8_kernels.linear(u, packed)                              # [b, T] fp32, int8 product
             else:
                 scores = u @ self._cand_emb[start:stop].T                            # [b, T]
+            if self._prior is not None:                                              # new items' popularity prior
+                scores += self._prior[start:stop].to(scores.dtype)
             if len(cols):
                 in_tile = (cols >= start) & (cols < stop) if stop - start < num_c else slice(None)
                 scores.index_put_((rows[in_tile], cols[in_tile] - start), neg_inf)
@@ -784,6 +801,8 @@ class Scorer:
         # matrix-vector calls to the BLAS, several times slower (measured: docs/performance.md,
         # "Figures that lived in the code")
         exact = (rows32 * user[:, None, :]).sum(2)                              # [b, want]
+        if self._prior is not None:
+            exact += self._prior[best_col]
         exact = torch.where(torch.isneginf(best_val), torch.full_like(exact, float("-inf")), exact)
         return _keyed_topk(exact, best_col, k)
 
@@ -824,6 +843,8 @@ class ReferenceScorer(Scorer):
 
     def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
         scores = user @ self._cand_emb.T                                            # [B, C]
+        if self._prior is not None:
+            scores += self._prior
         if len(cols):
             scores.index_put_((rows, cols), torch.tensor(float("-inf"), device=scores.device))
         return torch.topk(scores, k, dim=1)

@@ -56,6 +56,7 @@ class ScoringSpec:
     lists_for_us: int | None = None   # the instant the lists are for (the night, epoch us): known items' ages
     rules: RuleParams = DEFAULT_RULES  # the operators' rules applied per list (the per-user exclusions: a column)
     popularity: np.ndarray | None = None   # [C] users per candidate in the window: what short lists are filled from
+    recent_users: np.ndarray | None = None   # [C] of them, those of the last day: the new items' popularity prior
 
 
 def make_partition_scorer(spec: ScoringSpec) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -183,6 +184,7 @@ def _get_scorer(spec: ScoringSpec, device):
             blend=blend,
             rules=spec.rules,
             popularity=spec.popularity,
+            recent_users=spec.recent_users,
             **spec.params.scorer_settings(),
         )
 
@@ -195,13 +197,17 @@ def _get_scorer(spec: ScoringSpec, device):
 
 
 def _ranking_digest(spec: ScoringSpec) -> str:
-    """The fallback list and the popularity counts, hashed (a few microseconds per task)."""
+    """The fallback list and the popularity counts (the window's and the last day's), hashed (a few
+    microseconds per task)."""
     import hashlib
 
     digest = hashlib.sha256(np.ascontiguousarray(spec.fallback_item_ids, dtype=np.int64).tobytes())
     digest.update(np.ascontiguousarray(spec.fallback_scores, dtype=np.float32).tobytes())
     if spec.popularity is not None:
         digest.update(np.ascontiguousarray(spec.popularity, dtype=np.int64).tobytes())
+    if spec.recent_users is not None:
+        digest.update(b"recent")
+        digest.update(np.ascontiguousarray(spec.recent_users, dtype=np.int64).tobytes())
     return digest.hexdigest()[:16]
 
 

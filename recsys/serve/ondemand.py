@@ -391,7 +391,7 @@ def build_spec(spark, cfg: Config, window: WarmWindow, model, hooks=None) -> tup
     catalog = stages.read_catalog(spark, cfg.paths, cfg.catalog.max_age_days, window.as_of, vocab, model.version,
                                   cfg.recommend)
     fallback = stages.popularity_fallback_stage(entries_to_histories(window.frame), catalog.candidates,
-                                                cfg.scoring.top_n)
+                                                cfg.scoring.top_n, lists_for=window.as_of)
     shipped = ship_model(spark, model.local_dir, name=model.name, version=model.version,
                          scratch=cfg.paths.driver_dir)   # the backend's executors get the files through Spark
     spec = stages.scoring_spec(shipped, catalog, fallback, cfg, lists_for=window.as_of, hooks=hooks or NO_HOOKS)
