@@ -15,8 +15,10 @@ import time
 
 import numpy as np
 
-from recsys.model.repeats import (NDCG_K, POPULARITY_WEIGHTS, BlendValidation, _ideal_dcg, _score, blend_grid,
-                                  blend_sums)
+from recsys.config import load_config
+from recsys.model.repeats import NDCG_K, BlendValidation, _ideal_dcg, _score, blend_grid, blend_sums
+
+POPULARITY_WEIGHTS = tuple(load_config().train.repeats.popularity_weights)   # the job's default
 
 
 def synthetic_rows(rows: int, items: int, seed: int = 0) -> BlendValidation:
@@ -65,7 +67,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20000, help="validation (user, day) rows (default 20000)")
     parser.add_argument("--items", type=int, default=4742, help="catalog size the ranks fall in (default 4742)")
     args = parser.parse_args()
-    valid, grid = synthetic_rows(args.rows, args.items), blend_grid()
+    valid, grid = synthetic_rows(args.rows, args.items), blend_grid(popularity_weights=POPULARITY_WEIGHTS)
     grouped = blend_sums(valid, grid)
     ndcg, hits = reference_sums(valid, grid)
     assert np.allclose(grouped.ndcg, ndcg, rtol=0, atol=1e-9) and np.array_equal(grouped.hits, hits), \

@@ -258,6 +258,15 @@ class RepeatsConfig(_Section):
     learn: bool
     validation_days: int = Field(ge=1, le=366)
     max_rows: int = Field(ge=100, le=10_000_000)
+    popularity_weights: tuple[float, ...] = Field(min_length=1, max_length=10)
+
+    @field_validator("popularity_weights")
+    @classmethod
+    def _distinct_and_not_negative(cls, weights: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 <= w < 1000 for w in weights) or len(set(weights)) != len(weights):
+            raise ValueError(f"must be distinct weights from 0 (no prior) up to 1000, got {list(weights)}; "
+                             "[0] keeps new items ranked by the model alone")
+        return weights
 
 
 class TrainConfig(_Section):

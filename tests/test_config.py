@@ -29,6 +29,8 @@ def test_file_and_overrides_merge_over_the_default(tmp_path):
         ("scoring.topn=5", "scoring.topn"),
         ("history.window_days=abc", "history.window_days"),
         ("paths.output=../elsewhere", "paths.output"),
+        ("train.repeats.popularity_weights=[0, -1]", "train.repeats.popularity_weights"),
+        ("train.repeats.popularity_weights=[]", "train.repeats.popularity_weights"),
         ("nonsense", "key=value"),
     ],
 )

@@ -258,8 +258,10 @@ def test_the_fit_takes_the_popularity_prior_where_tomorrow_s_new_items_were_popu
                           Sequences.from_lists(targets))
     per_day = np.repeat(np.arange(9, 14), NUM_ITEMS) * DAY_US
     popular = RecentUsers(per_day, np.tile(ITEM_IDS, 5), np.concatenate([users[d] for d in range(9, 14)]))
-    chosen = fit_blend(rank_validation_days(model, ITEM_IDS, days, recent=popular))
+    weights = (0.0, 0.25, 0.5, 1.0, 2.0)
+    chosen = fit_blend(rank_validation_days(model, ITEM_IDS, days, recent=popular, popularity_weights=weights))
     assert chosen.popularity_weight > 0 and chosen.masks_known
     assert chosen.figures["hr_at_10"] == 1.0 and chosen.figures["no_prior_ndcg_at_10"] < chosen.figures["ndcg_at_10"]
     unpopular = RecentUsers(per_day, popular.item_ids, 2 ** (NUM_ITEMS - 1) // popular.users)
-    assert fit_blend(rank_validation_days(model, ITEM_IDS, days, recent=unpopular)).popularity_weight == 0.0
+    unranked = rank_validation_days(model, ITEM_IDS, days, recent=unpopular, popularity_weights=weights)
+    assert fit_blend(unranked).popularity_weight == 0.0

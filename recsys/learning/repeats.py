@@ -129,11 +129,13 @@ def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: B
     """The blend chosen on the held-out days' rows (:func:`write_validation_days`), with the model that ranks
     the new items."""
     model, item_ids = ranker.model, ranker.item_ids
-    candidates = blend_grid()
+    weights = tuple(float(w) for w in cfg.train.repeats.popularity_weights)
+    candidates = blend_grid(popularity_weights=weights)
     sums = blend_sums(BlendValidation.empty(), candidates)
     for chunk in validation_chunks(days.rows):
-        sums = sums.add(blend_sums(rank_validation_days(model, item_ids, chunk, recent=days.recent, device=device),
-                                   candidates))
+        ranked = rank_validation_days(model, item_ids, chunk, recent=days.recent, popularity_weights=weights,
+                                      device=device)
+        sums = sums.add(blend_sums(ranked, candidates))
     blend = choose_blend(sums)
     nan = float("nan")
     log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days: %s (NDCG@10 %.4f, masked %.4f, "

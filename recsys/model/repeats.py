@@ -46,13 +46,13 @@ SECONDS_PER_DAY = 86_400.0
 NDCG_K = 10
 
 # The grid :func:`fit_blend` searches. repeat_bias: the gate (-inf: mask); age_weight: how much an old
-# interaction counts less; new_rank_weight: how fast a new item's worth falls with its rank; popularity_weight:
-# how much the new items' recent popularity adds to the model's scores (0: none; the weights where the
-# Wikipedia edits' new pages gained in benchmarks/new_page_prior.py lie inside, 2 past where they lost again).
+# interaction counts less; new_rank_weight: how fast a new item's worth falls with its rank. The popularity
+# weights (how much the new items' recent popularity adds to the model's scores) are the job's setting,
+# train.repeats.popularity_weights; without them, none (0).
 REPEAT_BIASES = (-math.inf, *np.arange(-6.0, 10.01, 0.5).round(2).tolist())
 AGE_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 NEW_RANK_WEIGHTS = (0.5, 1.0, 1.5, 2.0, 3.0)
-POPULARITY_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
+NO_PRIOR = (0.0,)
 
 
 def popularity_prior(users: np.ndarray) -> np.ndarray:
@@ -216,7 +216,7 @@ class BlendSums:
 
 
 def blend_grid(biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS, rank_weights=NEW_RANK_WEIGHTS,
-               popularity_weights=POPULARITY_WEIGHTS) -> tuple[RepeatBlend, ...]:
+               popularity_weights=NO_PRIOR) -> tuple[RepeatBlend, ...]:
     """The candidate blends, in the order ties go: without the popularity prior first, then by its weight;
     within one, masking first (it does not depend on the age and rank weights: listed once)."""
     grid = []
@@ -370,7 +370,7 @@ class RecentUsers:
 
 
 def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: ValidationDays, *,
-                         recent: RecentUsers | None = None, popularity_weights=POPULARITY_WEIGHTS,
+                         recent: RecentUsers | None = None, popularity_weights=NO_PRIOR,
                          device: torch.device | str = "cpu", batch: int = 512) -> BlendValidation:
     """The model's ranks of each day's new items, and the known items' counts and ages: what the fit needs.
 
