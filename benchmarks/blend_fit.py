@@ -57,8 +57,8 @@ def reference_sums(valid: BlendValidation, candidates) -> tuple[np.ndarray, np.n
             ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
         top_base, top_target = ordered[age_weight]
         ranks = valid.new_target_ranks[valid.popularity_weights.index(blend.popularity_weight)]
-        n, h = _score((top_base + blend.repeat_bias)[None], top_target, ranks, blend.new_rank_weight, ideal)
-        ndcg[g], hits[g] = n[0], h[0]
+        n, h = _score((top_base + blend.repeat_bias)[None], top_target, ranks[None], blend.new_rank_weight, ideal)
+        ndcg[g], hits[g] = n[0, 0], h[0, 0]
     return ndcg, hits
 
 

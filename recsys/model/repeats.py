@@ -250,13 +250,13 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
         if missing:
             raise ValueError(f"the validation rows were ranked under popularity weights {valid.popularity_weights}, "
                              f"not {missing}: rank them under every weight of the grid")
-        # candidates that differ only in repeat_bias share everything else: scored together, one bias per slice
-        groups: dict[tuple[float, float, float], list[int]] = {}
+        # candidates that differ only in repeat_bias and popularity_weight share the known items' places: scored
+        # together, one bias per slice, the new items' places once per popularity weight
+        groups: dict[tuple[float, float], list[int]] = {}
         for g, blend in enumerate(candidates):
-            key = (0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight, blend.popularity_weight)
-            groups.setdefault(key, []).append(g)
+            groups.setdefault((0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight), []).append(g)
         ordered: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-        for (age_weight, rank_weight, popularity_weight), members in groups.items():
+        for (age_weight, rank_weight), members in groups.items():
             if age_weight not in ordered:
                 base = np.where(present, log_counts - age_weight * log_ages, -np.inf)
                 # the 10 best known items per row in this weight's order (ties as the core breaks them): the others
@@ -265,9 +265,14 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
                          np.lexsort((valid.known_index, -base), axis=1))[:, :NDCG_K]
                 ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
             top_base, top_target = ordered[age_weight]
-            biases = np.array([candidates[g].repeat_bias for g in members])
-            ndcg[members], hits[members] = _score(top_base[None] + biases[:, None, None], top_target,
-                                                  new_ranks[slice_of[popularity_weight]], rank_weight, ideal)
+            biases = sorted({candidates[g].repeat_bias for g in members})
+            slices = sorted({slice_of[candidates[g].popularity_weight] for g in members})
+            group_ndcg, group_hits = _score(top_base[None] + np.array(biases)[:, None, None], top_target,
+                                            new_ranks[slices], rank_weight, ideal)               # [P', B] each
+            at = [(slices.index(slice_of[candidates[g].popularity_weight]), biases.index(candidates[g].repeat_bias))
+                  for g in members]
+            ndcg[members] = [group_ndcg[p, b] for p, b in at]
+            hits[members] = [group_hits[p, b] for p, b in at]
     return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
 
 
@@ -310,23 +315,39 @@ def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
 
 def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, rank_weight: float,
            ideal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """([B] sums of NDCG@10, [B] rows with a hit) of the merged lists; ``known`` [B, S, K]: the known items' blended
-    scores, descending along K, under B repeat biases at once; ``new_ranks`` [S, T]."""
+    """([P, B] sums of NDCG@10, [P, B] rows with a hit) of the merged lists; ``known`` [B, S, K]: the known items'
+    blended scores, descending along K, under B repeat biases at once; ``new_ranks`` [P, S, T]: the new items' ranks
+    under P popularity weights (the known items' places do not depend on them: computed once).
+
+    Places are integers under ``2 * NDCG_K``, so each one's gain is looked up (0 from place 10 on)."""
     n_known = known.shape[-1]
     # new ranks whose score beats a known item's: -w log1p(r) > s  <=>  r < exp(-s / w) - 1
     beaten_by_new = np.where(np.isfinite(known), np.ceil(np.clip(np.exp(np.clip(-known / rank_weight, None, 30)) - 1,
-                                                                 0, NDCG_K)), NDCG_K)
-    known_place = np.arange(n_known) + beaten_by_new                              # [B, S, K]
-    listed_known = known_target & (known_place < NDCG_K)
-    known_gain = np.where(listed_known, 1.0 / np.log2(known_place + 2.0), 0.0).sum(-1)
-    useful = new_ranks < NDCG_K                                                    # [S, T]
-    new_score = -rank_weight * np.log1p(np.where(useful, new_ranks, 0.0))         # [S, T]
-    above = (known[:, :, None, :] >= new_score[None, :, :, None]).sum(-1)          # [B, S, T] known items at or above
-    new_place = np.where(useful, new_ranks + above, np.inf)
-    new_gain = np.where(new_place < NDCG_K, 1.0 / np.log2(new_place + 2.0), 0.0).sum(-1)
-    hits = listed_known.any(-1) | (new_place < NDCG_K).any(-1)
-    ndcg = np.where(ideal > 0, (known_gain + new_gain) / np.where(ideal > 0, ideal, 1.0), 0.0)
-    return ndcg.sum(-1), hits.sum(-1).astype(np.float64)
+                                                                 0, NDCG_K)), NDCG_K).astype(np.int64)
+    known_place = np.arange(n_known) + beaten_by_new                              # [B, S, K] under 2 * NDCG_K
+    known_gain = (_GAIN[known_place] * known_target).sum(-1)                      # [B, S]
+    known_hit = (known_target & (known_place < NDCG_K)).any(-1)                   # [B, S]
+    # known items at or above a new item at each rank under 10 (the only ranks that can reach a top-10 place),
+    # counted one known column at a time: a [B, S, 10] sum, not a [B, S, 10, K] temporary
+    rank_score = -rank_weight * np.log1p(np.arange(NDCG_K))                       # [10]
+    above_rank = np.zeros((*known.shape[:2], NDCG_K), dtype=np.int8)              # at most K <= NDCG_K
+    for k in range(n_known):
+        np.add(above_rank, known[:, :, k:k + 1] >= rank_score, out=above_rank, casting="unsafe")
+    scale = np.where(ideal > 0, ideal, 1.0)
+    ndcg, hits = [], []
+    for ranks in new_ranks:                                                       # [S, T] one popularity weight
+        useful = ranks < NDCG_K
+        rank = np.where(useful, ranks, 0).astype(np.int64)
+        above = np.take_along_axis(above_rank, np.broadcast_to(rank, (len(known), *rank.shape)), 2)   # [B, S, T]
+        new_place = np.where(useful, rank + above, 2 * NDCG_K)
+        new_gain = _GAIN[new_place].sum(-1)
+        ndcg.append(np.where(ideal > 0, (known_gain + new_gain) / scale, 0.0).sum(-1))
+        hits.append((known_hit | (new_place < NDCG_K).any(-1)).sum(-1).astype(np.float64))
+    return np.array(ndcg), np.array(hits)
+
+
+# the NDCG gain of each list place under 2 * NDCG_K + 1 (0 from NDCG_K on: not in the top 10)
+_GAIN = np.where(np.arange(2 * NDCG_K + 1) < NDCG_K, 1.0 / np.log2(np.arange(2 * NDCG_K + 1) + 2.0), 0.0)
 
 
 # ------------------------------------------------------------------------------------------------ validation rows
