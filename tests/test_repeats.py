@@ -265,3 +265,24 @@ def test_the_fit_takes_the_popularity_prior_where_tomorrow_s_new_items_were_popu
     unpopular = RecentUsers(per_day, popular.item_ids, 2 ** (NUM_ITEMS - 1) // popular.users)
     unranked = rank_validation_days(model, ITEM_IDS, days, recent=unpopular, popularity_weights=weights)
     assert fit_blend(unranked).popularity_weight == 0.0
+
+
+def test_the_ranks_are_the_same_however_many_rows_a_large_catalog_leaves_to_a_batch(monkeypatch):
+    """Rows are ranked in batches whose [rows, items] scores stay near RANK_BYTES: a byte budget of three rows (as
+    a catalog of millions of items would leave) gives the ranks of one batch of them all, with the prior too."""
+    from recsys.model import repeats as repeats_module
+
+    rng = np.random.default_rng(8)
+    model = random_model(NUM_ITEMS, seed=8, max_len=8)
+    lists = [ITEM_IDS[rng.choice(NUM_ITEMS, size=3, replace=False)] for _ in range(20)]
+    hist = Sequences.from_lists(lists)
+    days = ValidationDays(hist, np.ones(len(hist.items), int), np.full(len(hist.items), 5 * DAY_US),
+                          rng.integers(10, 12, size=20) * DAY_US,
+                          Sequences.from_lists([ITEM_IDS[rng.choice(NUM_ITEMS, size=4, replace=False)] for _ in lists]))
+    recent = RecentUsers(np.repeat([9, 10], NUM_ITEMS) * DAY_US, np.tile(ITEM_IDS, 2),
+                         rng.integers(0, 9, 2 * NUM_ITEMS))
+    whole = rank_validation_days(model, ITEM_IDS, days, recent=recent, popularity_weights=(0.0, 1.0))
+    monkeypatch.setattr(repeats_module, "RANK_BYTES", 3 * 4 * (NUM_ITEMS + 1))
+    batched = rank_validation_days(model, ITEM_IDS, days, recent=recent, popularity_weights=(0.0, 1.0))
+    assert np.isfinite(whole.new_target_ranks).sum() > 20
+    assert np.array_equal(whole.new_target_ranks, batched.new_target_ranks)

@@ -53,6 +53,8 @@ REPEAT_BIASES = (-math.inf, *np.arange(-6.0, 10.01, 0.5).round(2).tolist())
 AGE_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 NEW_RANK_WEIGHTS = (0.5, 1.0, 1.5, 2.0, 3.0)
 NO_PRIOR = (0.0,)
+# ranking validation rows: the bytes of one [rows, items] fp32 score matrix (rows fewer on a large catalog)
+RANK_BYTES = 256 * 2**20
 
 
 def popularity_prior(users: np.ndarray) -> np.ndarray:
@@ -462,6 +464,8 @@ def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: 
     with torch.inference_mode():
         items = model.item_embeddings().detach().to(device).float()           # [N + 1, D]
         day_prior = None if prior is None else torch.as_tensor(prior[0], dtype=torch.float32, device=device)
+        # a [rows, N + 1] score matrix (and, with the prior, its rows' priors and their sum) kept near RANK_BYTES
+        batch = max(1, min(batch, RANK_BYTES // (4 * len(items))))
         for lo in range(0, histories.__len__(), batch):
             rows = np.arange(lo, min(lo + batch, len(histories)))
             pick = np.flatnonzero(usable & (rows_all >= lo) & (rows_all < rows[-1] + 1))
@@ -479,7 +483,7 @@ def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: 
             row_prior = (None if day_prior is None else
                          day_prior[torch.as_tensor(prior[1][rows], device=device)])   # [b, N + 1] each row's day's
             for p, weight in enumerate(weights):
-                ranked = scores if row_prior is None or not weight else scores + weight * row_prior   # [b, N + 1]
+                ranked = scores if row_prior is None or not weight else torch.add(scores, row_prior, alpha=weight)
                 own = ranked[local, target]                                           # [t]
                 above = (ranked[local] > own[:, None]).sum(1)                         # [t]
                 out[p, pick] = above.cpu().numpy().astype(np.float64)
