@@ -12,8 +12,8 @@ every other user's newest item, which falls in these very days and would make ne
 
 Beside them, over every user (the rows are a sample), how many users had each item on each day from the day
 before the first validation day on: the new items' recent-popularity prior on each validation day
-(:func:`recsys.model.repeats.popularity_prior`), the count the night takes from its histories. A few numbers
-per (day, item), collected to the driver.
+(:func:`recsys.model.repeats.popularity_prior`), the count the night takes from its histories: collected to the
+driver as one row per item (catalog-sized, as the item counts are) holding its days' counts.
 
 The rows are written as Parquet under the training's work directory and streamed back a chunk at a time,
 as the held-out users of training are: nothing per user is collected to the driver, and the memory the
@@ -67,9 +67,11 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
     settings = cfg.train.repeats
     first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
     day = F.to_date(F.col("ts"))                                  # the session's time zone is UTC (runtime_settings)
+    # one row per item (catalog-sized, like the item counts training collects), its (day, users) pairs in a list
     recent = (events.filter(F.col("ts") >= F.lit(first - dt.timedelta(days=1)))
               .groupBy(day.alias(DAY), "item_id").agg(F.countDistinct("user_id").alias("users"))
-              .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), "item_id", "users").toArrow())
+              .groupBy("item_id").agg(F.collect_list(F.struct(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY),
+                                                              "users")).alias("days")).toArrow())
     targets = (events.filter(F.col("ts") >= F.lit(first)).select("user_id", day.alias(DAY), "item_id")
                .groupBy("user_id", DAY).agg(F.array_sort(F.collect_set("item_id")).alias(TARGETS)))
     if held_out_below < HASH_BUCKETS:
@@ -85,9 +87,16 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
      .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
              hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS)
      .write.mode("overwrite").parquet(directory))
-    return BlendDays(parquet_files(directory), RecentUsers(
-        day_us=recent.column(DAY).to_numpy().astype(np.int64), item_ids=recent.column("item_id").to_numpy(),
-        users=recent.column("users").to_numpy().astype(np.int64)))
+    return BlendDays(parquet_files(directory), _recent_users(recent))
+
+
+def _recent_users(per_item: pa.Table) -> RecentUsers:
+    """item_id, days: list<(_day, users)> -> the flat (day, item, users) entries."""
+    days = per_item.column("days").combine_chunks()
+    pairs = days.flatten()
+    return RecentUsers(day_us=pairs.field(DAY).to_numpy(zero_copy_only=False).astype(np.int64),
+                       item_ids=np.repeat(per_item.column("item_id").to_numpy(), days.value_lengths().to_numpy()),
+                       users=pairs.field("users").to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 def _sample(targets: DataFrame, max_rows: int, seed: int) -> tuple[DataFrame, int]:
