@@ -39,6 +39,7 @@ import pandas as pd
 
 from new_page_rankers import DAY_S, DEFAULT_LOG, K
 from recsys.model.list_metrics import Lists, Realized, realized
+from recsys.model.repeats import popularity_prior
 from recsys.sequences import Sequences, pad_left
 
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)
@@ -117,9 +118,9 @@ def hits(scores: np.ndarray, news: Lists, pop: np.ndarray, weight: float) -> np.
 
 
 def hits_additive(scores: np.ndarray, news: Lists, pop: np.ndarray, bias: float) -> np.ndarray:
-    """As :func:`hits`, the prior added in the scores' own units (no standardising per user): what an item bias
-    folded into the model's item vectors would give."""
-    return listed(scores + bias * np.log1p(pop)[None, :], news).hit.astype(np.float64)
+    """As :func:`hits`, the prior added in the scores' own units (no standardising per user): the job's prior
+    (:func:`recsys.model.repeats.popularity_prior`) with ``bias`` as its popularity_weight."""
+    return listed(scores + bias * popularity_prior(pop)[None, :], news).hit.astype(np.float64)
 
 
 def main() -> int:

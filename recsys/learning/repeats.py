@@ -138,7 +138,7 @@ def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: B
     """The blend chosen on the held-out days' rows (:func:`write_validation_days`), with the model that ranks
     the new items."""
     model, item_ids = ranker.model, ranker.item_ids
-    weights = tuple(float(w) for w in cfg.train.repeats.popularity_weights)
+    weights = cfg.train.repeats.popularity_weights
     candidates = blend_grid(popularity_weights=weights)
     sums = blend_sums(BlendValidation.empty(), candidates)
     for chunk in validation_chunks(days.rows):
