@@ -61,7 +61,8 @@ def trained_models(work: Path) -> dict[dt.date, Path]:
     models = {dt.date.fromisoformat(day): work / f"mlartifacts/{run}/artifacts/model" for day, run in runs}
     models = {day: path for day, path in models.items() if (path / "repeats.json").is_file()}
     if len(models) < 2:
-        raise SystemExit(f"{work} holds {len(models)} trained model(s) with a repeat blend; this needs two nights or more")
+        raise SystemExit(f"{work} holds {len(models)} trained model(s) with a repeat blend; this needs two nights "
+                         "or more")
     return dict(sorted(models.items()))
 
 
@@ -176,7 +177,8 @@ def describe(blend: RepeatBlend) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="a finished `recsys backtest`'s --work directory")
-    parser.add_argument("--cache", type=Path, help="where each night's honest rows are kept (default WORK/blend_choice)")
+    parser.add_argument("--cache", type=Path,
+                        help="where each night's honest rows are kept (default WORK/blend_choice)")
     parser.add_argument("--resamples", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
