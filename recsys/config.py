@@ -259,6 +259,7 @@ class RepeatsConfig(_Section):
     validation_days: int = Field(ge=1, le=366)
     max_rows: int = Field(ge=100, le=10_000_000)
     popularity_weights: tuple[float, ...] = Field(min_length=1, max_length=10)
+    objective: Literal["ndcg_at_10", "hr_at_10"]
 
     @field_validator("popularity_weights")
     @classmethod

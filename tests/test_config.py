@@ -31,6 +31,7 @@ def test_file_and_overrides_merge_over_the_default(tmp_path):
         ("paths.output=../elsewhere", "paths.output"),
         ("train.repeats.popularity_weights=[0, -1]", "train.repeats.popularity_weights"),
         ("train.repeats.popularity_weights=[]", "train.repeats.popularity_weights"),
+        ("train.repeats.objective=recall_at_10", "train.repeats.objective"),
         ("nonsense", "key=value"),
     ],
 )

@@ -114,6 +114,33 @@ def test_the_fit_balances_known_and_new_items_by_what_the_days_say():
     assert blend.figures["masked_hr_at_10"] == 0.5
 
 
+def test_the_hr_objective_leaves_a_place_to_a_new_item_where_ndcg_fills_the_list_with_known_ones():
+    """Nine users in ten redo all ten of their known items, one in ten takes the model's first new item. NDCG@10
+    keeps all ten known items (each one pushed out costs the many more than the new item gains the few); HR@10 needs
+    only one known item in the list, so it lets the new one in, low in the list (ties by NDCG@10), and hits
+    everyone."""
+    n = 100
+    counts = np.tile(np.arange(20.0, 10.0, -1.0), (n, 1))
+    target = np.zeros((n, 10), bool)
+    target[: 9 * n // 10] = True
+    ranks = np.full((n, 1), np.inf)
+    ranks[9 * n // 10:, 0] = 0
+    targets = np.where(np.arange(n) < 9 * n // 10, 10, 1)
+    valid = _validation(counts, target, ranks, targets)
+    by_ndcg = fit_blend(valid)
+    by_hr = fit_blend(valid, objective="hr_at_10")
+    assert by_ndcg.figures["objective"] == "ndcg_at_10" and by_hr.figures["objective"] == "hr_at_10"
+    assert by_ndcg.figures["hr_at_10"] == pytest.approx(0.9) and by_ndcg.figures["ndcg_at_10"] == pytest.approx(0.9)
+    assert by_hr.figures["hr_at_10"] == 1.0
+    # ties by NDCG@10 put the new item as low as the grid's biases allow (9th: 9 known items above it would take a
+    # bias between -log 12 and -log 11): the redoing users lose only the 9th place's gain, not their first ones
+    ideal = sum(1 / np.log2(np.arange(2, 12)))
+    assert by_hr.figures["ndcg_at_10"] == pytest.approx(0.9 * (1 - 1 / np.log2(10) / ideal) + 0.1 / np.log2(10),
+                                                        abs=1e-6)
+    with pytest.raises(ValueError, match="unknown blend objective 'recall'"):
+        fit_blend(valid, objective="recall")
+
+
 def test_validation_ranks_are_the_model_s_ranks_among_the_items_the_user_does_not_know():
     model = random_model(NUM_ITEMS, seed=5)
     histories = Sequences.from_lists([ITEM_IDS[[1, 2]], ITEM_IDS[[3]]])

@@ -145,12 +145,14 @@ def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: B
         ranked = rank_validation_days(model, item_ids, chunk, recent=days.recent, popularity_weights=weights,
                                       device=device)
         sums = sums.add(blend_sums(ranked, candidates))
-    blend = choose_blend(sums)
+    blend = choose_blend(sums, cfg.train.repeats.objective)
     nan = float("nan")
-    log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days: %s (NDCG@10 %.4f, masked %.4f, "
-             "without the popularity prior %.4f; HR@10 %.4f, masked %.4f; %.0f%% of the day's items were known)",
-             date, sums.rows, cfg.train.repeats.validation_days, describe(blend), blend.figures.get("ndcg_at_10", nan),
-             blend.figures.get("masked_ndcg_at_10", nan), blend.figures.get("no_prior_ndcg_at_10", nan),
+    log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days, chosen for %s: %s (NDCG@10 %.4f, "
+             "masked %.4f, without the popularity prior %.4f; HR@10 %.4f, masked %.4f; %.0f%% of the day's items "
+             "were known)",
+             date, sums.rows, cfg.train.repeats.validation_days, cfg.train.repeats.objective, describe(blend),
+             blend.figures.get("ndcg_at_10", nan), blend.figures.get("masked_ndcg_at_10", nan),
+             blend.figures.get("no_prior_ndcg_at_10", nan),
              blend.figures.get("hr_at_10", nan), blend.figures.get("masked_hr_at_10", nan),
              100 * blend.figures.get("known_target_share", 0.0))
     return blend

@@ -22,8 +22,9 @@ weight is chosen with the others, 0 (no prior) among the choices.
 
 The four weights are chosen at training (:func:`fit_blend`) on held-out days: for each validation day,
 the users active that day, their history before it, and what they did that day; the weights that give the
-best NDCG@10 of those lists win. A log without repeats chooses ``repeat_bias = -inf``: known items are
-masked, and the lists are the model's alone, exactly as without a blend.
+best NDCG@10 of those lists win (or the best HR@10, ties by NDCG@10: the job's ``train.repeats.objective``).
+A log without repeats chooses ``repeat_bias = -inf``: known items are masked, and the lists are the model's
+alone, exactly as without a blend.
 
 Rank-based scores for new items, rather than the model's own, keep the blend free of the model's scale
 and cheap: the model's top N of new items is what the core selects anyway, and the merge with a few known
@@ -278,20 +279,34 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
     return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
 
 
-def choose_blend(sums: BlendSums) -> RepeatBlend:
-    """The candidate with the best mean NDCG@10 (ties: the earlier: no prior, masking first), its figures attached:
-    the chosen one's, masking's and the best without the popularity prior's (what the prior added)."""
+OBJECTIVES = ("ndcg_at_10", "hr_at_10")
+
+
+def choose_blend(sums: BlendSums, objective: str = "ndcg_at_10") -> RepeatBlend:
+    """The candidate with the best mean of ``objective`` (``ndcg_at_10``; or ``hr_at_10``, ties by NDCG@10; further
+    ties: the earlier, no prior and masking first), its figures attached: the chosen one's, masking's and the best
+    without the popularity prior's (what the prior added).
+
+    HR@10 counts a list that holds any of the day's items wherever it holds it; NDCG@10 also weighs where. On a log
+    with repeats, NDCG@10 fills a list's first places with known items; HR@10 leaves more of them to new items when
+    a known item's hit holds anyway further down (docs/quality.md, "The blend's objective")."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown blend objective {objective!r}; expected one of {OBJECTIVES}")
     if sums.rows == 0:
         return RepeatBlend(figures={"validation_rows": 0, "why": "no validation rows: known items masked"})
     mean_ndcg, mean_hr = sums.ndcg / sums.rows, sums.hits / sums.rows
+    # (first, then) the figures compared, so a tie on the first goes to the second before the earlier candidate
+    keys = (mean_ndcg, mean_ndcg) if objective == "ndcg_at_10" else (mean_hr, mean_ndcg)
     best = 0
     for g in range(1, len(sums.candidates)):
-        if mean_ndcg[g] > mean_ndcg[best] + 1e-12:
+        if keys[0][g] > keys[0][best] + 1e-12 or (abs(keys[0][g] - keys[0][best]) <= 1e-12
+                                                   and keys[1][g] > keys[1][best] + 1e-12):
             best = g
     masked = next((g for g, c in enumerate(sums.candidates) if c.masks_known and not c.popularity_weight), None)
     no_prior = [g for g, c in enumerate(sums.candidates) if not c.popularity_weight]
     nan = float("nan")
-    figures = {"validation_rows": sums.rows, "ndcg_at_10": round(float(mean_ndcg[best]), 6),
+    figures = {"validation_rows": sums.rows, "objective": objective,
+               "ndcg_at_10": round(float(mean_ndcg[best]), 6),
                "hr_at_10": round(float(mean_hr[best]), 6),
                "masked_ndcg_at_10": nan if masked is None else round(float(mean_ndcg[masked]), 6),
                "masked_hr_at_10": nan if masked is None else round(float(mean_hr[masked]), 6),
@@ -301,12 +316,13 @@ def choose_blend(sums: BlendSums) -> RepeatBlend:
 
 
 def fit_blend(valid: BlendValidation, *, biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS,
-              rank_weights=NEW_RANK_WEIGHTS, popularity_weights: tuple[float, ...] | None = None) -> RepeatBlend:
-    """The weights with the best NDCG@10 over the validation rows (ties: the more cautious, masking first):
+              rank_weights=NEW_RANK_WEIGHTS, popularity_weights: tuple[float, ...] | None = None,
+              objective: str = "ndcg_at_10") -> RepeatBlend:
+    """The weights with the best ``objective`` over the validation rows (ties: the more cautious, masking first):
     :func:`blend_sums` over the grid, then :func:`choose_blend`. ``popularity_weights``: None, the ones the rows
     were ranked under."""
     weights = valid.popularity_weights if popularity_weights is None else popularity_weights
-    return choose_blend(blend_sums(valid, blend_grid(biases, age_weights, rank_weights, weights)))
+    return choose_blend(blend_sums(valid, blend_grid(biases, age_weights, rank_weights, weights)), objective)
 
 
 def _ideal_dcg(targets: np.ndarray) -> np.ndarray:

@@ -455,7 +455,8 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
         c.update(blend=describe(blend), rows=blend.figures.get("validation_rows", 0))
     run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
                              "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight,
-                             "repeat_popularity_weight": blend.popularity_weight})
+                             "repeat_popularity_weight": blend.popularity_weight,
+                             "repeat_objective": run.cfg.train.repeats.objective})
     run.recorder.log_metrics({f"repeats_{k}": v for k, v in blend.figures.items() if isinstance(v, (int, float))
                               and math.isfinite(v)})
     return blend
