@@ -173,7 +173,8 @@ def frontier(rows: dict, c: float, floors: tuple[float, ...]) -> dict:
         ok = np.flatnonzero(hr >= floor)
         g = int(ok[np.argmax(hr_new[ok])]) if len(ok) else None
         best[floor] = None if g is None else {"hr_at_10": float(hr[g]), "hr_at_10_new": float(hr_new[g]),
-                                              "blend": repr(replace(grid[g], figures={}))}
+                                              "blend": repr(replace(grid[g], figures={}, popularity_weight=combos[
+                                                  int(grid[g].popularity_weight)][0]))}
     chosen = {objective: np.concatenate(figures) for objective, figures in chosen.items()}
     return {"chosen_for": {objective: {"ndcg_at_10": float(f[:, 0].mean()), "hr_at_10": float(f[:, 1].mean()),
                                        "hr_at_10_new": float(np.nanmean(f[:, 2]))} for objective, f in chosen.items()},
