@@ -36,8 +36,10 @@ import json
 import pickle
 import sqlite3
 import sys
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from recsys.evaluation.report import TwoWayDraws, interval  # noqa: E402
+from recsys.learning.repeats import describe  # noqa: E402  (the training log's words for a blend)
 from recsys.model.repeats import BlendValidation, RepeatBlend, blend_grid, blend_sums, choose_blend  # noqa: E402
 
 POLICIES = ("job", "previous night", "nights before", "the night itself")
@@ -75,32 +78,64 @@ def honest_rows(work: Path, models: dict[dt.date, Path], cache: Path) -> dict[dt
     return {night: pickle.loads((cache / f"{night}.pkl").read_bytes()) for night in models}
 
 
-def _build(work: Path, models: dict[dt.date, Path], nights: list[dt.date], cache: Path) -> None:
+@dataclass(frozen=True)
+class HonestNight:
+    """One backtest night as its lists met it: the night's own (user, day) rows written by the job's
+    ``write_validation_days`` (with the days' user counts), the model trained for the night and its blend, and the
+    night's popularity prior per model index (column 0 padding)."""
+
+    night: dt.date
+    days: Any            # recsys.learning.repeats.BlendDays
+    model: Any           # recsys.model.io.LoadedModel
+    vocab: Any           # recsys.sequences.Vocabulary of the model
+    blend: RepeatBlend
+    prior: np.ndarray    # [N + 1] popularity_prior of the users of the day before the night
+
+
+def run_config(work: Path):
+    """The backtest run's configuration, its blend days narrowed to the one day before the date and every user of it
+    (the night's own rows)."""
     from recsys.config import load_config
-    from recsys.learning.repeats import validation_chunks, write_validation_days
-    from recsys.learning.shards import training_events, training_window
-    from recsys.model.io import load_model
-    from recsys.model.repeats import rank_validation_days
-    from recsys.spark.session import build_session
 
     conf = next(iter(sorted(work.glob("mlartifacts/*/artifacts/config.yaml"))), None)
     if conf is None:
         raise SystemExit(f"{work} holds no run configuration (mlartifacts/*/artifacts/config.yaml)")
-    # one validation day, the day before the date: the night's own day, every user active on it
-    cfg = load_config(conf, ["train.repeats.validation_days=1", "train.repeats.max_rows=10000000"])
+    return load_config(conf, ["train.repeats.validation_days=1", "train.repeats.max_rows=10000000"])
+
+
+def honest_nights(cfg, models: dict[dt.date, Path], nights: list[dt.date], cache: Path) -> Iterator[HonestNight]:
+    """Each of ``nights`` as :class:`HonestNight`, its rows written under ``cache/rows-NIGHT`` by Spark."""
+    from recsys.learning.repeats import write_validation_days
+    from recsys.learning.shards import training_events, training_window
+    from recsys.model.io import load_model
+    from recsys.sequences import Vocabulary
+    from recsys.spark.session import build_session
+
     spark = build_session(cfg.spark)
-    weights = cfg.train.repeats.popularity_weights
     for night in nights:
         after = night + dt.timedelta(days=1)
         with training_window(spark, cfg, after) as kept:
             days = write_validation_days(training_events(spark, cfg, after, kept), cfg, after,
                                          str(cache / f"rows-{night}"))
         loaded = load_model(models[night])
-        blend = RepeatBlend.from_json((models[night] / "repeats.json").read_text())
-        chunks = [rank_validation_days(loaded.model, loaded.item_ids, chunk, recent=days.recent,
-                                       popularity_weights=weights) for chunk in validation_chunks(days.rows)]
-        (cache / f"{night}.pkl").write_bytes(pickle.dumps({"chunks": chunks, "blend": blend}))
-        print(f"{night}: {sum(c.samples for c in chunks):,} rows, the job's blend {blend}", flush=True)
+        vocab = Vocabulary(loaded.item_ids)
+        start_us = int(dt.datetime.combine(night, dt.time(), dt.timezone.utc).timestamp() * 1e6)
+        yield HonestNight(night, days, loaded, vocab,
+                          RepeatBlend.from_json((models[night] / "repeats.json").read_text()),
+                          days.recent.prior_by_day(np.array([start_us]), vocab)[0])
+
+
+def _build(work: Path, models: dict[dt.date, Path], nights: list[dt.date], cache: Path) -> None:
+    from recsys.learning.repeats import validation_chunks
+    from recsys.model.repeats import rank_validation_days
+
+    cfg = run_config(work)
+    weights = cfg.train.repeats.popularity_weights
+    for n in honest_nights(cfg, models, nights, cache):
+        chunks = [rank_validation_days(n.model.model, n.model.item_ids, chunk, recent=n.days.recent,
+                                       popularity_weights=weights) for chunk in validation_chunks(n.days.rows)]
+        (cache / f"{n.night}.pkl").write_bytes(pickle.dumps({"chunks": chunks, "blend": n.blend}))
+        print(f"{n.night}: {sum(c.samples for c in chunks):,} rows, the job's blend {n.blend}", flush=True)
 
 
 def _rows(v: BlendValidation, keep) -> BlendValidation:
@@ -165,13 +200,6 @@ def compare(rows: dict[dt.date, dict], resamples: int, seed: int) -> dict:
             **{f"{name}_minus_job": (float(np.nanmean(values[:, c]) - np.nanmean(per_row["job"][:, c])),
                                      *interval(diff[:, c])) for c, name in enumerate(names)}}
     return result
-
-
-def describe(blend: RepeatBlend) -> str:
-    if blend.masks_known:
-        return f"masked, prior {blend.popularity_weight:g}"
-    return (f"bias {blend.repeat_bias:g}, age {blend.age_weight:g}, rank {blend.new_rank_weight:g}, "
-            f"prior {blend.popularity_weight:g}")
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from blend_choice import trained_models  # noqa: E402
+from blend_choice import honest_nights, run_config, trained_models  # noqa: E402
 from recsys.evaluation.report import TwoWayDraws, interval  # noqa: E402
 from recsys.model.repeats import AGE_WEIGHTS, NEW_RANK_WEIGHTS, REPEAT_BIASES, RepeatBlend  # noqa: E402
 
@@ -59,31 +59,17 @@ def build_rows(work: Path, models: dict[dt.date, Path], cache: Path) -> dict[str
 def _build(work: Path, models: dict[dt.date, Path], nights: list[dt.date], cache: Path) -> None:
     import torch
 
-    from recsys.config import load_config
-    from recsys.learning.repeats import validation_chunks, write_validation_days
-    from recsys.learning.shards import training_events, training_window
-    from recsys.model.io import load_model
+    from recsys.learning.repeats import validation_chunks
     from recsys.model.repeats import SECONDS_PER_DAY
-    from recsys.sequences import Vocabulary, pad_left
-    from recsys.spark.session import build_session
+    from recsys.sequences import pad_left
 
-    conf = next(iter(sorted(work.glob("mlartifacts/*/artifacts/config.yaml"))), None)
-    if conf is None:
-        raise SystemExit(f"{work} holds no run configuration (mlartifacts/*/artifacts/config.yaml)")
-    cfg = load_config(conf, ["train.repeats.validation_days=1", "train.repeats.max_rows=10000000"])
-    spark = build_session(cfg.spark)
+    cfg = run_config(work)
     weights = tuple(cfg.train.repeats.popularity_weights)
-    for night in nights:
-        after = night + dt.timedelta(days=1)
-        with training_window(spark, cfg, after) as kept:
-            days = write_validation_days(training_events(spark, cfg, after, kept), cfg, after,
-                                         str(cache / f"rows-{night}"))
-        loaded = load_model(models[night])
-        model, vocab = loaded.model.eval(), Vocabulary(loaded.item_ids)
-        blend = RepeatBlend.from_json((models[night] / "repeats.json").read_text())
+    for n in honest_nights(cfg, models, nights, cache):
+        night, days, vocab, blend = n.night, n.days, n.vocab, n.blend
+        model = n.model.model.eval()
         items = model.item_embeddings().detach().float()
-        start_us = int(dt.datetime.combine(night, dt.time(), dt.timezone.utc).timestamp() * 1e6)
-        prior = torch.as_tensor(days.recent.prior_by_day(np.array([start_us]), vocab)[0], dtype=torch.float32)
+        prior = torch.as_tensor(n.prior, dtype=torch.float32)
         rows = []
         for chunk in validation_chunks(days.rows):
             hist, _ = vocab.map_sequences(chunk.histories)

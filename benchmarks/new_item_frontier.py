@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from blend_choice import grid_sums, row_figures, trained_models  # noqa: E402
+from blend_choice import grid_sums, honest_nights, row_figures, run_config, trained_models  # noqa: E402
 from recsys.model.repeats import BlendValidation, blend_grid, choose_blend  # noqa: E402
 
 LAMBDA = 200.0
@@ -100,33 +100,19 @@ def build_rows(work: Path, models: dict[dt.date, Path], cs: tuple[float, ...], c
         import pyarrow.dataset as ds
         import torch
 
-        from recsys.config import load_config
-        from recsys.learning.repeats import validation_chunks, write_validation_days
-        from recsys.learning.shards import training_events, training_window
-        from recsys.model.io import load_model
+        from recsys.learning.repeats import validation_chunks
         from recsys.model.repeats import rank_validation_days
-        from recsys.sequences import Vocabulary
-        from recsys.spark.session import build_session
 
-        conf = next(iter(sorted(work.glob("mlartifacts/*/artifacts/config.yaml"))), None)
-        if conf is None:
-            raise SystemExit(f"{work} holds no run configuration (mlartifacts/*/artifacts/config.yaml)")
-        cfg = load_config(conf, ["train.repeats.validation_days=1", "train.repeats.max_rows=10000000"])
+        cfg = run_config(work)
         events = ds.dataset(cfg.paths.events, format="parquet", partitioning="hive").to_table(
             columns=["user_id", "item_id", "ts"]).to_pandas()
         if events.ts.dt.tz is not None:
             events["ts"] = events.ts.dt.tz_convert("UTC").dt.tz_localize(None)
-        spark = build_session(cfg.spark)
         combos = [(float(p), float(c)) for c in cs for p in cfg.train.repeats.popularity_weights]
-        for night in missing:
-            after = night + dt.timedelta(days=1)
-            with training_window(spark, cfg, after) as kept:
-                days = write_validation_days(training_events(spark, cfg, after, kept), cfg, after,
-                                             str(cache / f"rows-{night}"))
-            loaded = load_model(models[night])
-            model, vocab = loaded.model.eval(), Vocabulary(loaded.item_ids)
-            start = int(dt.datetime.combine(night, dt.time(), dt.timezone.utc).timestamp() * 1e6)
-            prior = torch.as_tensor(days.recent.prior_by_day(np.array([start]), vocab)[0], dtype=torch.float32)
+        for n in honest_nights(cfg, models, missing, cache):
+            night, days, vocab, loaded = n.night, n.days, n.vocab, n.model
+            model = loaded.model.eval()
+            prior = torch.as_tensor(n.prior, dtype=torch.float32)
             ease = torch.as_tensor(ease_weights(events, night, vocab), dtype=torch.float32)
             chunks = []
             for chunk in validation_chunks(days.rows):
