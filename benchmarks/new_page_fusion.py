@@ -23,20 +23,16 @@ matrix: this is a measurement, not a design for large catalogs).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from new_page_prior import histories, listed, model_scores, night, popularity, read_events
-from new_page_rankers import DAY_S, DEFAULT_LOG, _ease
+from new_page_prior import arguments, listed, model_scores, popularity, read_log, trained_nights
+from new_page_rankers import _ease
 from recsys.model.repeats import popularity_prior
-from recsys.sequences import Sequences
 
 LAMBDA = 200.0
 ALPHAS = (0.25, 0.5, 1.0)        # EASE's weight against the model's, both standardised per user
@@ -71,43 +67,16 @@ def ease_scores(edits: pd.DataFrame, day: int, n_items: int, known: list[np.ndar
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log", type=Path, default=DEFAULT_LOG)
-    parser.add_argument("--events", type=Path, help="events in the job's input layout (dt=YYYY-MM-DD/*.parquet) "
-                                                    "instead of the Wikipedia CSV")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--from-day", type=int, default=24, help="first night, days since the log's first event")
-    parser.add_argument("--to-day", type=int, default=30)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-
-    import torch
-
-    from recsys.config import load_config
-    from recsys.learning.settings import model_config, train_settings
-    from recsys.model.training import fit
-
-    cfg = load_config()
-    edits = read_events(args.events) if args.events else pd.read_csv(args.log)
-    edits["day"] = edits.seconds // DAY_S
-    pages = np.sort(edits.page_id.unique())
-    edits["item"] = np.searchsorted(pages, edits.page_id.to_numpy()) + 1   # model indices 1..N, 0 is padding
-    config = model_config(cfg.train.model, len(pages), "sasrec")
-    settings = replace(train_settings(cfg.train, torch.device("cpu")), seed=args.seed)
+    args = arguments(__doc__.splitlines()[0])
+    edits, n_items = read_log(args)
     hits: dict[str, list[np.ndarray]] = {}
     started = time.perf_counter()
-    for day in range(args.from_day, args.to_day + 1):
-        train = Sequences.from_lists(list(histories(edits[edits.day < day - 1]).values()))
-        valid_seq, valid_new, valid_known = night(edits, day - 1, config.max_len)
-
-        def validate(model) -> dict[str, float]:
-            return {"ndcg@10": float(listed(model_scores(model, valid_seq, valid_known), valid_new).ndcg.mean())}
-
-        model = fit(train, config, settings, valid=validate).model
-        seq, new, known = night(edits, day, config.max_len)
-        alone = model_scores(model, seq, known)
-        with_prior = alone + PRIOR * popularity_prior(popularity(edits, day, len(pages), 1))[None, :]
-        ease = ease_scores(edits, day, len(pages), known)
+    for n in trained_nights(edits, n_items, args):
+        day = n.day
+        seq, new, known = n.tonight
+        alone = model_scores(n.model, seq, known)
+        with_prior = alone + PRIOR * popularity_prior(popularity(edits, day, n_items, 1))[None, :]
+        ease = ease_scores(edits, day, n_items, known)
         rankings = {"the model alone": alone, f"the model + {PRIOR:g} x log(1 + users of the last day)": with_prior,
                     "EASE alone": ease}
         for name, base in (("the model", alone), ("the model + prior", with_prior)):

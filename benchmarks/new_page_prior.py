@@ -31,7 +31,8 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -123,17 +124,42 @@ def hits_additive(scores: np.ndarray, news: Lists, pop: np.ndarray, bias: float)
     return listed(scores + bias * popularity_prior(pop)[None, :], news).hit.astype(np.float64)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(description: str) -> argparse.Namespace:
+    """The command line this benchmark and :mod:`new_page_fusion` share."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--log", type=Path, default=DEFAULT_LOG)
     parser.add_argument("--events", type=Path, help="events in the job's input layout (dt=YYYY-MM-DD/*.parquet) "
                                                     "instead of the Wikipedia CSV")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--from-day", type=int, default=24, help="first night, days since the log's first edit")
+    parser.add_argument("--from-day", type=int, default=24, help="first night, days since the log's first event")
     parser.add_argument("--to-day", type=int, default=30)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def read_log(args: argparse.Namespace) -> tuple[pd.DataFrame, int]:
+    """The log with each event's day and model index (1..N, 0 is padding), and N."""
+    edits = read_events(args.events) if args.events else pd.read_csv(args.log)
+    edits["day"] = edits.seconds // DAY_S
+    pages = np.sort(edits.page_id.unique())
+    edits["item"] = np.searchsorted(pages, edits.page_id.to_numpy()) + 1
+    return edits, len(pages)
+
+
+@dataclass(frozen=True)
+class Night:
+    """A night of the benchmark: the model trained for it, the day before's rows it chose its epochs on and the
+    night's own rows, each (histories [U, max_len], new items, known items)."""
+
+    day: int
+    model: object
+    valid: tuple[np.ndarray, Lists, list[np.ndarray]]
+    tonight: tuple[np.ndarray, Lists, list[np.ndarray]]
+
+
+def trained_nights(edits: pd.DataFrame, n_items: int, args: argparse.Namespace) -> Iterator[Night]:
+    """For each night ``args.from_day``..``args.to_day``: the default SASRec with the job's training settings, trained
+    on the events before the day before, its epoch count chosen on that day's new items."""
     import torch
 
     from recsys.config import load_config
@@ -141,16 +167,8 @@ def main() -> int:
     from recsys.model.training import fit
 
     cfg = load_config()
-    edits = read_events(args.events) if args.events else pd.read_csv(args.log)
-    edits["day"] = edits.seconds // DAY_S
-    pages = np.sort(edits.page_id.unique())
-    edits["item"] = np.searchsorted(pages, edits.page_id.to_numpy()) + 1   # model indices 1..N, 0 is padding
-    config = model_config(cfg.train.model, len(pages), "sasrec")
+    config = model_config(cfg.train.model, n_items, "sasrec")
     settings = replace(train_settings(cfg.train, torch.device("cpu")), seed=args.seed)
-    by_weight: dict[float, list[np.ndarray]] = {w: [] for w in WEIGHTS}
-    by_bias: dict[tuple[int, float], list[np.ndarray]] = {(d, b): [] for d in WINDOWS for b in BIASES}
-    chosen_hits: list[np.ndarray] = []
-    started = time.perf_counter()
     for day in range(args.from_day, args.to_day + 1):
         train = Sequences.from_lists(list(histories(edits[edits.day < day - 1]).values()))
         valid_seq, valid_new, valid_known = night(edits, day - 1, config.max_len)
@@ -159,15 +177,28 @@ def main() -> int:
             return {"ndcg@10": float(listed(model_scores(model, valid_seq, valid_known), valid_new).ndcg.mean())}
 
         model = fit(train, config, settings, valid=validate).model
-        valid_scores, valid_pop = model_scores(model, valid_seq, valid_known), popularity(edits, day - 1, len(pages))
+        yield Night(day, model, (valid_seq, valid_new, valid_known), night(edits, day, config.max_len))
+
+
+def main() -> int:
+    args = arguments(__doc__.splitlines()[0])
+    edits, n_pages = read_log(args)
+    by_weight: dict[float, list[np.ndarray]] = {w: [] for w in WEIGHTS}
+    by_bias: dict[tuple[int, float], list[np.ndarray]] = {(d, b): [] for d in WINDOWS for b in BIASES}
+    chosen_hits: list[np.ndarray] = []
+    started = time.perf_counter()
+    for n in trained_nights(edits, n_pages, args):
+        day, model = n.day, n.model
+        valid_seq, valid_new, valid_known = n.valid
+        valid_scores, valid_pop = model_scores(model, valid_seq, valid_known), popularity(edits, day - 1, n_pages)
         on_valid = {w: hits(valid_scores, valid_new, valid_pop, w).mean() for w in WEIGHTS}
         chosen = max(WEIGHTS, key=lambda w: (on_valid[w], -w))      # a tie goes to the smaller weight
-        seq, new, known = night(edits, day, config.max_len)
-        scores, pop = model_scores(model, seq, known), popularity(edits, day, len(pages))
+        seq, new, known = n.tonight
+        scores, pop = model_scores(model, seq, known), popularity(edits, day, n_pages)
         for w in WEIGHTS:
             by_weight[w].append(hits(scores, new, pop, w))
         for d in WINDOWS:
-            pop_d = pop if d == 7 else popularity(edits, day, len(pages), d)
+            pop_d = pop if d == 7 else popularity(edits, day, n_pages, d)
             for b in BIASES:
                 by_bias[(d, b)].append(hits_additive(scores, new, pop_d, b))
         chosen_hits.append(hits(scores, new, pop, chosen))
