@@ -252,6 +252,22 @@ class ModelConfig(_Section):
         return getattr(self, model_type or self.type)
 
 
+class ItemToItemConfig(_Section):
+    """Item-to-item (EASE) scores beside the model's for new items (recsys.model.item_to_item), weighed by the blend."""
+
+    weights: tuple[float, ...] = Field(min_length=1, max_length=10)
+    max_items: int = Field(ge=2, le=20_000)
+    l2: float = Field(gt=0)
+
+    @field_validator("weights")
+    @classmethod
+    def _distinct_and_not_negative(cls, weights: tuple[float, ...]) -> tuple[float, ...]:
+        if any(not 0 <= w < 10_000 for w in weights) or len(set(weights)) != len(weights):
+            raise ValueError(f"must be distinct weights from 0 (none) up to 10000, got {list(weights)}; "
+                             "[0] keeps new items ranked without item-to-item scores")
+        return weights
+
+
 class RepeatsConfig(_Section):
     """The repeat blend training chooses (recsys.model.repeats): whether, and on which held-out days."""
 
@@ -260,6 +276,7 @@ class RepeatsConfig(_Section):
     max_rows: int = Field(ge=100, le=10_000_000)
     popularity_weights: tuple[float, ...] = Field(min_length=1, max_length=10)
     objective: Literal["ndcg_at_10", "hr_at_10"]
+    item_to_item: ItemToItemConfig
 
     @field_validator("popularity_weights")
     @classmethod

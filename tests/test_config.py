@@ -32,6 +32,9 @@ def test_file_and_overrides_merge_over_the_default(tmp_path):
         ("train.repeats.popularity_weights=[0, -1]", "train.repeats.popularity_weights"),
         ("train.repeats.popularity_weights=[]", "train.repeats.popularity_weights"),
         ("train.repeats.objective=recall_at_10", "train.repeats.objective"),
+        ("train.repeats.item_to_item.weights=[0, 0]", "train.repeats.item_to_item.weights"),
+        ("train.repeats.item_to_item.max_items=1", "train.repeats.item_to_item.max_items"),
+        ("train.repeats.item_to_item.l2=0", "train.repeats.item_to_item.l2"),
         ("nonsense", "key=value"),
     ],
 )

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 CORE_MODULES = ("recsys.scoring.core", "recsys.model.repeats", "recsys.sequences", "recsys.model.stream",
-                "recsys.model.warm", "recsys.model.base")
+                "recsys.model.warm", "recsys.model.base", "recsys.model.item_to_item")
 OTHER_MODULES = ("recsys.errors", "recsys.data.contracts", "recsys.data.readers", "recsys.learning.split",
                  "recsys.pipelines.nightly_stages", "recsys.pipelines.train", "recsys.spark.failures")
 

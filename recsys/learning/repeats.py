@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 from recsys.config import Config
 from recsys.data import history as hist
 from recsys.learning.shards import held_out_bucket, parquet_files
+from recsys.learning.item_to_item import ItemToItemFits, fit_item_to_item
 from recsys.model.repeats import (BlendValidation, RecentUsers, RepeatBlend, ValidationDays, blend_grid, blend_sums,
                                   choose_blend, rank_validation_days)
 from recsys.model.stream import HASH_BUCKETS, ShardFiles, read_batches
@@ -52,17 +53,20 @@ ROWS_PER_CHUNK = 2048     # (user, day) rows ranked at once: a [chunk, items] sc
 
 @dataclass(frozen=True)
 class BlendDays:
-    """What training's read stage wrote for the blend: the (user, day) rows' files and the days' popularity."""
+    """What training's read stage wrote for the blend: the (user, day) rows' files, the days' popularity, and the
+    item-to-item weights (None: ``train.repeats.item_to_item.weights`` is [0], or the window had no pairs)."""
 
     rows: ShardFiles
     recent: RecentUsers
+    item_to_item: ItemToItemFits | None = None
 
 
 def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directory: str, *,
                           held_out_below: int = HASH_BUCKETS) -> BlendDays:
     """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
     docstring), count the users per item of those days and the day before, and return both; below
-    ``HASH_BUCKETS``, only the held-out users' rows (the counts are everyone's, as the night's are).
+    ``HASH_BUCKETS``, only the held-out users' rows (the counts are everyone's, as the night's are). With item-to-item
+    weights among the choices, their fits too (:mod:`recsys.learning.item_to_item`), split at the first day.
     ``events``: :func:`recsys.learning.shards.training_events`, the read training's shards are written from."""
     settings = cfg.train.repeats
     first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
@@ -87,7 +91,8 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
      .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
              hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS)
      .write.mode("overwrite").parquet(directory))
-    return BlendDays(parquet_files(directory), _recent_users(recent))
+    i2i = (fit_item_to_item(events, cfg, first) if any(settings.item_to_item.weights) else None)
+    return BlendDays(parquet_files(directory), _recent_users(recent), i2i)
 
 
 def _recent_users(per_item: pa.Table) -> RecentUsers:
@@ -137,22 +142,25 @@ class Ranker(Protocol):
 def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: BlendDays) -> RepeatBlend:
     """The blend chosen on the held-out days' rows (:func:`write_validation_days`), with the model that ranks
     the new items."""
-    model, item_ids = ranker.model, ranker.item_ids
+    model, item_ids = ranker.model.to(device), ranker.item_ids   # ranked on this device
     weights = cfg.train.repeats.popularity_weights
-    candidates = blend_grid(popularity_weights=weights)
+    # without fitted weights (none asked for, or no pairs) the grid holds no item-to-item weight: none can be chosen
+    i2i_weights = cfg.train.repeats.item_to_item.weights if days.item_to_item is not None else (0.0,)
+    i2i = days.item_to_item.validation if days.item_to_item is not None else None
+    candidates = blend_grid(popularity_weights=weights, item_to_item_weights=i2i_weights)
     sums = blend_sums(BlendValidation.empty(), candidates)
     for chunk in validation_chunks(days.rows):
         ranked = rank_validation_days(model, item_ids, chunk, recent=days.recent, popularity_weights=weights,
-                                      device=device)
+                                      item_to_item=i2i, item_to_item_weights=i2i_weights)
         sums = sums.add(blend_sums(ranked, candidates))
     blend = choose_blend(sums, cfg.train.repeats.objective)
     nan = float("nan")
     log.info("[train %s] repeat blend on %d (user, day) rows of the last %d days, chosen for %s: %s (NDCG@10 %.4f, "
-             "masked %.4f, without the popularity prior %.4f; HR@10 %.4f, masked %.4f; %.0f%% of the day's items "
-             "were known)",
+             "masked %.4f, without the popularity prior %.4f, without item-to-item scores %.4f; HR@10 %.4f, masked "
+             "%.4f; %.0f%% of the day's items were known)",
              date, sums.rows, cfg.train.repeats.validation_days, cfg.train.repeats.objective, describe(blend),
              blend.figures.get("ndcg_at_10", nan), blend.figures.get("masked_ndcg_at_10", nan),
-             blend.figures.get("no_prior_ndcg_at_10", nan),
+             blend.figures.get("no_prior_ndcg_at_10", nan), blend.figures.get("no_item_to_item_ndcg_at_10", nan),
              blend.figures.get("hr_at_10", nan), blend.figures.get("masked_hr_at_10", nan),
              100 * blend.figures.get("known_target_share", 0.0))
     return blend
@@ -160,6 +168,8 @@ def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: B
 
 def describe(blend: RepeatBlend) -> str:
     prior = f", new items' popularity_weight {blend.popularity_weight:g}" if blend.popularity_weight else ""
+    if blend.item_to_item_weight:
+        prior += f", item_to_item_weight {blend.item_to_item_weight:g}"
     if blend.masks_known:
         return f"known items masked{prior}"
     return (f"known items compete (repeat_bias {blend.repeat_bias:g}, age_weight {blend.age_weight:g}, "

@@ -13,6 +13,8 @@ only numbers are read. A model directory holds:
     new_item_ids.npy      optional: int64, sorted: the items this model knows and the version it was trained
                           to replace (the alias holder then) did not; the nightly job counts how many of them
                           its lists recommend. Absent: no version came before, or saved elsewhere
+    item_to_item.npz      optional: item-to-item weights (:class:`recsys.model.item_to_item.ItemToItem`), saved
+                          when the repeat blend weighs them; absent: none
 
 ``config.json`` is written last, so a directory whose writing was interrupted fails to load with
 "missing config.json" rather than loading half a model.
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from recsys.model import item_to_item as i2i
 from recsys.model.registry import MODEL_TYPES, model_type_of
 from recsys.model.repeats import MASK_KNOWN, RepeatBlend
 
@@ -47,17 +50,18 @@ class LoadedModel:
     config: Any                   # the model type's config dataclass
     metadata: dict = field(default_factory=dict)
     blend: RepeatBlend = MASK_KNOWN   # how known items compete with new ones; masked when the model has none
+    item_to_item: i2i.ItemToItem | None = None   # the item-to-item weights the blend weighs; None: none saved
 
 
 def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
                metadata: dict | None = None, blend: RepeatBlend | None = None,
-               new_item_ids: np.ndarray | None = None) -> Path:
+               new_item_ids: np.ndarray | None = None, item_to_item: i2i.ItemToItem | None = None) -> Path:
     """Write ``model`` and its vocabulary to ``directory`` (created if needed); returns ``directory``.
 
     ``metadata`` must be JSON-serialisable (training figures, data digests, ...); it is returned
     unchanged by :func:`load_model`. ``blend``: the repeat blend fitted with the model (None: none, so
     known items are masked when it scores). ``new_item_ids``: the items of ``item_ids`` the version this one
-    replaces did not know (:func:`read_new_item_ids`).
+    replaces did not know (:func:`read_new_item_ids`). ``item_to_item``: the weights ``blend`` weighs (None: none).
     """
     directory = Path(directory)
     model_type = model_type_of(model)
@@ -84,6 +88,9 @@ def save_model(model: torch.nn.Module, item_ids: np.ndarray, directory: Path, *,
     (directory / NEW_ITEM_IDS_FILE).unlink(missing_ok=True)
     if new_item_ids is not None:
         np.save(directory / NEW_ITEM_IDS_FILE, np.unique(np.asarray(new_item_ids, dtype=np.int64)), allow_pickle=False)
+    (directory / i2i.FILE).unlink(missing_ok=True)
+    if item_to_item is not None:
+        item_to_item.save(directory / i2i.FILE)
     (directory / REPEATS_FILE).unlink(missing_ok=True)
     if blend is not None:
         (directory / REPEATS_FILE).write_text(blend.to_json() + "\n")
@@ -120,8 +127,12 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> LoadedMod
         except (ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"{directory / REPEATS_FILE} is not a repeat blend ({exc}): restore it from the saved "
                              "model, or delete it to mask known items") from exc
+    item_to_item = i2i.ItemToItem.load(directory / i2i.FILE) if (directory / i2i.FILE).is_file() else None
+    if blend.item_to_item_weight and item_to_item is None:
+        raise ValueError(f"{directory / REPEATS_FILE} weighs item-to-item scores but {directory / i2i.FILE} is "
+                         "missing: restore it from the saved model, or delete repeats.json to mask known items")
     return LoadedModel(model=model.to(device).eval(), item_ids=item_ids.astype(np.int64, copy=False),
-                       model_type=model_type, config=config, metadata=metadata, blend=blend)
+                       model_type=model_type, config=config, metadata=metadata, blend=blend, item_to_item=item_to_item)
 
 
 def read_item_ids(directory: Path) -> np.ndarray:

@@ -20,7 +20,11 @@ The model's ranking of new items may carry a recent-popularity prior: each new i
 page in the news), that ranks new items better than the model alone; on another it ranks them worse, so the
 weight is chosen with the others, 0 (no prior) among the choices.
 
-The four weights are chosen at training (:func:`fit_blend`) on held-out days: for each validation day,
+It may also carry item-to-item scores (:mod:`recsys.model.item_to_item`, EASE fitted at training): each new item's
+score plus ``item_to_item_weight`` times what the user's known items say for it. Chosen the same way, 0 among the
+choices.
+
+The five weights are chosen at training (:func:`fit_blend`) on held-out days: for each validation day,
 the users active that day, their history before it, and what they did that day; the weights that give the
 best NDCG@10 of those lists win (or the best HR@10, ties by NDCG@10: the job's ``train.repeats.objective``).
 A log without repeats chooses ``repeat_bias = -inf``: known items are masked, and the lists are the model's
@@ -41,6 +45,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
+    from recsys.model.item_to_item import ItemToItem
     from recsys.sequences import Sequences
 
 SECONDS_PER_DAY = 86_400.0
@@ -54,8 +59,10 @@ REPEAT_BIASES = (-math.inf, *np.arange(-6.0, 10.01, 0.5).round(2).tolist())
 AGE_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 NEW_RANK_WEIGHTS = (0.5, 1.0, 1.5, 2.0, 3.0)
 NO_PRIOR = (0.0,)
-# ranking validation rows: the bytes of one [rows, items] fp32 score matrix (rows fewer on a large catalog)
+# ranking validation rows: at most RANK_ROWS rows at once, fewer on a large catalog, so one [rows, items] fp32 score
+# matrix stays within RANK_BYTES
 RANK_BYTES = 256 * 2**20
+RANK_ROWS = 512
 
 
 def popularity_prior(users: np.ndarray) -> np.ndarray:
@@ -77,6 +84,7 @@ class RepeatBlend:
     age_weight: float = 0.0
     new_rank_weight: float = 1.0
     popularity_weight: float = 0.0   # 0: new items ranked by the model alone (and in every model saved before it)
+    item_to_item_weight: float = 0.0   # 0: no item-to-item scores (and in every model saved before them)
     figures: dict = field(default_factory=dict, compare=False)   # what the fit measured (validation users, NDCG)
 
     @property
@@ -115,7 +123,9 @@ class RepeatBlend:
         bias = data.get("repeat_bias")
         return cls(repeat_bias=-math.inf if bias is None else float(bias), age_weight=float(data.get("age_weight", 0.0)),
                    new_rank_weight=float(data.get("new_rank_weight", 1.0)),
-                   popularity_weight=float(data.get("popularity_weight", 0.0)), figures=dict(data.get("figures") or {}))
+                   popularity_weight=float(data.get("popularity_weight", 0.0)),
+                   item_to_item_weight=float(data.get("item_to_item_weight", 0.0)),
+                   figures=dict(data.get("figures") or {}))
 
 
 MASK_KNOWN = RepeatBlend()
@@ -169,24 +179,36 @@ class BlendValidation:
 
     One row per (user, validation day): the user's known items before that day (their counts and ages in
     days), which of them the user had on that day (``known_target``), and the model's ranks (0 = best,
-    among the items the user did not know) of the new items the user had on that day, once per popularity
-    weight (the model's scores plus that weight times :func:`popularity_prior`).
+    among the items the user did not know) of the new items the user had on that day, once per ranking of new items:
+    a popularity weight and an item-to-item weight (the model's scores plus the first times :func:`popularity_prior`
+    and the second times the item-to-item scores).
     """
 
     known_counts: np.ndarray      # [S, K] float, 0 where padded
     known_ages: np.ndarray        # [S, K] float days
     known_target: np.ndarray      # [S, K] bool
-    new_target_ranks: np.ndarray  # [P, S, T] float ranks of the day's new items under each popularity weight;
-                                  # inf: padded or not rankable
+    new_target_ranks: np.ndarray  # [P, S, T] float ranks of the day's new items under each ranking (weights
+                                  # below); inf: padded or not rankable
     targets: np.ndarray           # [S] int: how many distinct items the user had that day (the NDCG's ideal)
     known_index: np.ndarray | None = None   # [S, K] the known items' model indices: equal blended scores rank by
                                             # it, as the core's lists do (by candidate column); None: history order
-    popularity_weights: tuple[float, ...] = (0.0,)   # [P] the weights new_target_ranks was ranked under
+    popularity_weights: tuple[float, ...] = (0.0,)   # [P] the popularity weight of each ranking
+    item_to_item_weights: tuple[float, ...] | None = None   # [P] the item-to-item weight of each; None: all 0
 
     def __post_init__(self) -> None:
         if self.new_target_ranks.ndim != 3 or len(self.new_target_ranks) != len(self.popularity_weights):
             raise ValueError(f"new_target_ranks has shape {self.new_target_ranks.shape}; expected one [S, T] slice "
                              f"per popularity weight {self.popularity_weights}")
+        if self.item_to_item_weights is not None and len(self.item_to_item_weights) != len(self.popularity_weights):
+            raise ValueError(f"{len(self.item_to_item_weights)} item-to-item weights for "
+                             f"{len(self.popularity_weights)} rankings: one (popularity, item-to-item) pair per slice "
+                             "of new_target_ranks")
+
+    @property
+    def rankings(self) -> tuple[tuple[float, float], ...]:
+        """(popularity weight, item-to-item weight) of each slice of ``new_target_ranks``."""
+        i2i = self.item_to_item_weights or (0.0,) * len(self.popularity_weights)
+        return tuple((float(p), float(c)) for p, c in zip(self.popularity_weights, i2i))
 
     @property
     def samples(self) -> int:
@@ -219,15 +241,24 @@ class BlendSums:
 
 
 def blend_grid(biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS, rank_weights=NEW_RANK_WEIGHTS,
-               popularity_weights=NO_PRIOR) -> tuple[RepeatBlend, ...]:
-    """The candidate blends, in the order ties go: without the popularity prior first, then by its weight;
-    within one, masking first (it does not depend on the age and rank weights: listed once)."""
+               popularity_weights=NO_PRIOR, item_to_item_weights=NO_PRIOR) -> tuple[RepeatBlend, ...]:
+    """The candidate blends, in the order ties go: without item-to-item scores first, then by their weight; within
+    one, without the popularity prior first, then by its weight; within one, masking first (it does not depend on the
+    age and rank weights: listed once)."""
     grid = []
-    for p in popularity_weights:
-        grid += [RepeatBlend(popularity_weight=float(p))] if any(not math.isfinite(b) for b in biases) else []
-        grid += [RepeatBlend(float(b), float(a), float(w), float(p)) for a in age_weights for b in biases
-                 if math.isfinite(b) for w in rank_weights]
+    for c in item_to_item_weights:
+        for p in popularity_weights:
+            grid += ([RepeatBlend(popularity_weight=float(p), item_to_item_weight=float(c))]
+                     if any(not math.isfinite(b) for b in biases) else [])
+            grid += [RepeatBlend(float(b), float(a), float(w), float(p), float(c)) for a in age_weights for b in biases
+                     if math.isfinite(b) for w in rank_weights]
     return tuple(grid)
+
+
+def rankings_of(popularity_weights=NO_PRIOR, item_to_item_weights=NO_PRIOR) -> tuple[tuple[float, float], ...]:
+    """Every (popularity weight, item-to-item weight) pair of the grid: the rankings of new items the validation
+    rows are ranked under (:func:`rank_validation_days`)."""
+    return tuple((float(p), float(c)) for c in item_to_item_weights for p in popularity_weights)
 
 
 def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> BlendSums:
@@ -248,13 +279,13 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
         # the row with the most such items needs (exact; a day with dozens of new items costs no more)
         useful = int((valid.new_target_ranks < NDCG_K).sum(2).max(initial=0))
         new_ranks = np.sort(valid.new_target_ranks, axis=2)[:, :, :max(1, useful)]      # [P, S, T']
-        slice_of = {float(p): i for i, p in enumerate(valid.popularity_weights)}
-        missing = sorted({c.popularity_weight for c in candidates} - set(slice_of))
+        slice_of = {pair: i for i, pair in enumerate(valid.rankings)}
+        missing = sorted({_ranking(c) for c in candidates} - set(slice_of))
         if missing:
-            raise ValueError(f"the validation rows were ranked under popularity weights {valid.popularity_weights}, "
-                             f"not {missing}: rank them under every weight of the grid")
-        # candidates that differ only in repeat_bias and popularity_weight share the known items' places: scored
-        # together, one bias per slice, the new items' places once per popularity weight
+            raise ValueError(f"the validation rows were ranked under (popularity, item-to-item) weights "
+                             f"{valid.rankings}, not {missing}: rank them under every weight of the grid")
+        # candidates that differ only in repeat_bias and the new items' ranking share the known items' places: scored
+        # together, one bias per slice, the new items' places once per ranking
         groups: dict[tuple[float, float], list[int]] = {}
         for g, blend in enumerate(candidates):
             groups.setdefault((0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight), []).append(g)
@@ -269,14 +300,18 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
                 ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
             top_base, top_target = ordered[age_weight]
             biases = sorted({candidates[g].repeat_bias for g in members})
-            slices = sorted({slice_of[candidates[g].popularity_weight] for g in members})
+            slices = sorted({slice_of[_ranking(candidates[g])] for g in members})
             group_ndcg, group_hits = _score(top_base[None] + np.array(biases)[:, None, None], top_target,
                                             new_ranks[slices], rank_weight, ideal)               # [P', B] each
-            at = [(slices.index(slice_of[candidates[g].popularity_weight]), biases.index(candidates[g].repeat_bias))
+            at = [(slices.index(slice_of[_ranking(candidates[g])]), biases.index(candidates[g].repeat_bias))
                   for g in members]
             ndcg[members] = [group_ndcg[p, b] for p, b in at]
             hits[members] = [group_hits[p, b] for p, b in at]
     return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
+
+
+def _ranking(blend: RepeatBlend) -> tuple[float, float]:
+    return float(blend.popularity_weight), float(blend.item_to_item_weight)
 
 
 OBJECTIVES = ("ndcg_at_10", "hr_at_10")
@@ -284,8 +319,8 @@ OBJECTIVES = ("ndcg_at_10", "hr_at_10")
 
 def choose_blend(sums: BlendSums, objective: str = "ndcg_at_10") -> RepeatBlend:
     """The candidate with the best mean of ``objective`` (``ndcg_at_10``; or ``hr_at_10``, ties by NDCG@10; further
-    ties: the earlier, no prior and masking first), its figures attached: the chosen one's, masking's and the best
-    without the popularity prior's (what the prior added).
+    ties: the earlier, no item-to-item scores, no prior and masking first), its figures attached: the chosen one's,
+    masking's and the best without the popularity prior's (what the prior added) and without item-to-item scores.
 
     HR@10 counts a list that holds any of the day's items wherever it holds it; NDCG@10 also weighs where. On a log
     with repeats, NDCG@10 fills a list's first places with known items; HR@10 leaves more of them to new items when
@@ -302,8 +337,9 @@ def choose_blend(sums: BlendSums, objective: str = "ndcg_at_10") -> RepeatBlend:
         if keys[0][g] > keys[0][best] + 1e-12 or (abs(keys[0][g] - keys[0][best]) <= 1e-12
                                                    and keys[1][g] > keys[1][best] + 1e-12):
             best = g
-    masked = next((g for g, c in enumerate(sums.candidates) if c.masks_known and not c.popularity_weight), None)
+    masked = next((g for g, c in enumerate(sums.candidates) if c.masks_known and _ranking(c) == (0.0, 0.0)), None)
     no_prior = [g for g, c in enumerate(sums.candidates) if not c.popularity_weight]
+    no_i2i = [g for g, c in enumerate(sums.candidates) if not c.item_to_item_weight]
     nan = float("nan")
     figures = {"validation_rows": sums.rows, "objective": objective,
                "ndcg_at_10": round(float(mean_ndcg[best]), 6),
@@ -311,18 +347,22 @@ def choose_blend(sums: BlendSums, objective: str = "ndcg_at_10") -> RepeatBlend:
                "masked_ndcg_at_10": nan if masked is None else round(float(mean_ndcg[masked]), 6),
                "masked_hr_at_10": nan if masked is None else round(float(mean_hr[masked]), 6),
                "no_prior_ndcg_at_10": round(float(mean_ndcg[no_prior].max()), 6) if no_prior else nan,
+               "no_item_to_item_ndcg_at_10": round(float(mean_ndcg[no_i2i].max()), 6) if no_i2i else nan,
                "known_target_share": round(sums.known_targets / max(1, sums.targets), 6)}
     return replace(sums.candidates[best], figures=figures)
 
 
 def fit_blend(valid: BlendValidation, *, biases=REPEAT_BIASES, age_weights=AGE_WEIGHTS,
               rank_weights=NEW_RANK_WEIGHTS, popularity_weights: tuple[float, ...] | None = None,
-              objective: str = "ndcg_at_10") -> RepeatBlend:
+              item_to_item_weights: tuple[float, ...] | None = None, objective: str = "ndcg_at_10") -> RepeatBlend:
     """The weights with the best ``objective`` over the validation rows (ties: the more cautious, masking first):
-    :func:`blend_sums` over the grid, then :func:`choose_blend`. ``popularity_weights``: None, the ones the rows
-    were ranked under."""
-    weights = valid.popularity_weights if popularity_weights is None else popularity_weights
-    return choose_blend(blend_sums(valid, blend_grid(biases, age_weights, rank_weights, weights)), objective)
+    :func:`blend_sums` over the grid, then :func:`choose_blend`. ``popularity_weights``, ``item_to_item_weights``:
+    None, the ones the rows were ranked under."""
+    ranked_p = tuple(dict.fromkeys(p for p, _ in valid.rankings))
+    ranked_c = tuple(dict.fromkeys(c for _, c in valid.rankings))
+    grid = blend_grid(biases, age_weights, rank_weights, ranked_p if popularity_weights is None else popularity_weights,
+                      ranked_c if item_to_item_weights is None else item_to_item_weights)
+    return choose_blend(blend_sums(valid, grid), objective)
 
 
 def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
@@ -410,14 +450,15 @@ class RecentUsers:
 
 def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: ValidationDays, *,
                          recent: RecentUsers | None = None, popularity_weights=NO_PRIOR,
-                         device: torch.device | str = "cpu", batch: int = 512) -> BlendValidation:
+                         item_to_item: "ItemToItem | None" = None, item_to_item_weights=NO_PRIOR) -> BlendValidation:
     """The model's ranks of each day's new items, and the known items' counts and ages: what the fit needs.
 
     A known item is one in the history that the model knows (only those can be listed); a new target's rank
-    counts the items scored higher among those the user does not know (0 = best), once per popularity weight:
-    the model's score plus the weight times the day's prior from ``recent`` (None: no prior, every weight ranks
-    as the model alone). A target the model does not know cannot be ranked (inf), but still counts in the day's
-    ideal.
+    counts the items scored higher among those the user does not know (0 = best), once per pair of a popularity
+    weight and an item-to-item weight (:func:`rankings_of`): the model's score plus the first times the day's prior
+    from ``recent`` (None: no prior) plus the second times the scores of ``item_to_item`` (fitted on days before
+    the rows' days; None: none). A target the model does not know cannot be ranked (inf), but still counts in the
+    day's ideal. Ranked on the model's device.
     """
     from recsys.sequences import Vocabulary
 
@@ -447,41 +488,59 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     new_at = np.flatnonzero(~is_known_target)
     new_counts = np.bincount(target_row[new_at], minlength=days.rows)
     new_width = max(1, int(new_counts.max(initial=0)))
-    weights = tuple(float(w) for w in popularity_weights)
-    new_ranks = np.full((len(weights), days.rows, new_width), np.inf)
+    rankings = rankings_of(popularity_weights, item_to_item_weights)
+    new_ranks = np.full((len(rankings), days.rows, new_width), np.inf)
     new_place = np.arange(len(new_at)) - (np.cumsum(new_counts) - new_counts)[target_row[new_at]]
-    if recent is None:   # no prior: every weight ranks as the model alone, ranked once
-        ranked = _new_target_ranks(model, histories, target_row[new_at], target_idx[new_at], device=device,
-                                   batch=batch)
-        ranked = np.broadcast_to(ranked, (len(weights), len(new_at)))
-    else:
+    # what each ranking adds to the model's scores; without the prior or item-to-item scores, nothing: a weight then
+    # ranks as the model alone (and identical rankings are ranked once)
+    effective = tuple((p if recent is not None else 0.0, c if item_to_item is not None else 0.0) for p, c in rankings)
+    distinct = tuple(dict.fromkeys(effective))
+    prior = None
+    if recent is not None and any(p for p, _ in distinct):
         day_starts, day_of_row = np.unique(days.day_start_us, return_inverse=True)
-        prior = (recent.prior_by_day(day_starts, vocab), day_of_row, weights)
-        ranked = _new_target_ranks(model, histories, target_row[new_at], target_idx[new_at], device=device,
-                                   batch=batch, prior=prior)
-    new_ranks[:, target_row[new_at], new_place] = ranked
+        prior = (recent.prior_by_day(day_starts, vocab), day_of_row)
+    i2i = None
+    if item_to_item is not None and any(c for _, c in distinct):
+        i2i = _item_to_item_on(vocab, item_to_item)
+    ranked = _new_target_ranks(model, histories, target_row[new_at], target_idx[new_at], rankings=distinct,
+                               prior=prior, item_to_item=i2i)
+    new_ranks[:, target_row[new_at], new_place] = ranked[[distinct.index(e) for e in effective]]
     return BlendValidation(known_counts, known_ages, known_target, new_ranks, days.targets.lengths.astype(np.int64),
-                           known_index, weights)
+                           known_index, tuple(p for p, _ in rankings), tuple(c for _, c in rankings))
+
+
+def _item_to_item_on(vocab, item_to_item: "ItemToItem") -> tuple[np.ndarray, np.ndarray]:
+    """The item-to-item weights among the items the model knows, and their model indices: ([V', V'], [V'])."""
+    index = vocab.index_of(item_to_item.item_ids)
+    known = np.flatnonzero(index > 0)
+    return item_to_item.weights[np.ix_(known, known)], index[known]
 
 
 def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: np.ndarray, targets: np.ndarray, *,
-                      device, batch: int, prior: tuple[np.ndarray, np.ndarray, tuple[float, ...]] | None = None
-                      ) -> np.ndarray:
-    """For each popularity weight and each new target (its row, its model index): items scored above it among those
-    its user does not know (inf: the model does not know the target, or the user has no known item to be encoded)
-    -> [P, targets]. ``prior``: ([D, N + 1] each day's prior, [rows] each row's day, the P weights); None: none,
-    one weight."""
+                      rankings: tuple[tuple[float, float], ...] = ((0.0, 0.0),),
+                      prior: tuple[np.ndarray, np.ndarray] | None = None,
+                      item_to_item: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """For each ranking (popularity weight, item-to-item weight) and each new target (its row, its model index): items
+    scored above it among those its user does not know (inf: the model does not know the target, or the user has no
+    known item to be encoded) -> [P, targets]. ``prior``: ([D, N + 1] each day's prior, [rows] each row's day);
+    ``item_to_item``: ([V', V'] weights, [V'] their model indices); None: none (its weights add nothing)."""
+    from recsys.model.item_to_item import user_scores
     from recsys.sequences import pad_left
 
-    weights = (0.0,) if prior is None else prior[2]
-    out = np.full((len(weights), len(rows_all)), np.inf)
+    out = np.full((len(rankings), len(rows_all)), np.inf)
     usable = (targets > 0) & (histories.lengths[rows_all] > 0)
-    model = model.to(device).eval()
+    model = model.eval()
+    device = next(model.parameters()).device
     with torch.inference_mode():
         items = model.item_embeddings().detach().to(device).float()           # [N + 1, D]
         day_prior = None if prior is None else torch.as_tensor(prior[0], dtype=torch.float32, device=device)
+        if item_to_item is not None:
+            i2i_weights = torch.as_tensor(item_to_item[0], dtype=torch.float32, device=device)     # [V', V']
+            i2i_index = torch.as_tensor(item_to_item[1], dtype=torch.long, device=device)         # [V']
+            i2i_row = torch.full((len(items),), -1, dtype=torch.long, device=device)              # index -> row
+            i2i_row[i2i_index] = torch.arange(len(i2i_index), device=device)
         # a [rows, N + 1] score matrix (and, with the prior, its rows' priors and their sum) kept near RANK_BYTES
-        batch = max(1, min(batch, RANK_BYTES // (4 * len(items))))
+        batch = max(1, min(RANK_ROWS, RANK_BYTES // (4 * len(items))))
         for lo in range(0, histories.__len__(), batch):
             rows = np.arange(lo, min(lo + batch, len(histories)))
             pick = np.flatnonzero(usable & (rows_all >= lo) & (rows_all < rows[-1] + 1))
@@ -498,8 +557,17 @@ def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: 
             target = torch.as_tensor(targets[pick], device=device)
             row_prior = (None if day_prior is None else
                          day_prior[torch.as_tensor(prior[1][rows], device=device)])   # [b, N + 1] each row's day's
-            for p, weight in enumerate(weights):
+            row_i2i = None
+            if item_to_item is not None:                                              # [b, N + 1] the user's items say
+                flat = torch.from_numpy(np.asarray(part.items, dtype=np.int64)).to(device)
+                owner = torch.repeat_interleave(torch.arange(len(rows), device=device),
+                                                torch.from_numpy(np.asarray(part.lengths, dtype=np.int64)).to(device))
+                row_i2i = torch.zeros_like(scores)
+                row_i2i[:, i2i_index] = user_scores(i2i_weights, owner, i2i_row[flat], len(rows))
+            for p, (weight, i2i_weight) in enumerate(rankings):
                 ranked = scores if row_prior is None or not weight else torch.add(scores, row_prior, alpha=weight)
+                if row_i2i is not None and i2i_weight:
+                    ranked = torch.add(ranked, row_i2i, alpha=i2i_weight)
                 own = ranked[local, target]                                           # [t]
                 above = (ranked[local] > own[:, None]).sum(1)                         # [t]
                 out[p, pick] = above.cpu().numpy().astype(np.float64)

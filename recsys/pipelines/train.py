@@ -456,6 +456,7 @@ def _repeat_blend(run: _Training, ranker: "GateCandidate") -> RepeatBlend | None
     run.recorder.log_params({"repeat_bias": "masked" if blend.masks_known else blend.repeat_bias,
                              "repeat_age_weight": blend.age_weight, "repeat_new_rank_weight": blend.new_rank_weight,
                              "repeat_popularity_weight": blend.popularity_weight,
+                             "repeat_item_to_item_weight": blend.item_to_item_weight,
                              "repeat_objective": run.cfg.train.repeats.objective})
     run.recorder.log_metrics({f"repeats_{k}": v for k, v in blend.figures.items() if isinstance(v, (int, float))
                               and math.isfinite(v)})
@@ -506,13 +507,20 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
                                          "held_out_share": round(run.shards.held_out_share, 4),
                                          "training_kind": plan.kind, "warm_from_version": plan.holder_version,
                                          "new_items": None if new_item_ids is None else len(new_item_ids)},
-                               blend=blend, new_item_ids=new_item_ids)
+                               blend=blend, new_item_ids=new_item_ids, item_to_item=_night_item_to_item(run, blend))
         recorder.log_artifacts(model_dir, "model")
     artifact_uri = recorder.artifact_uri("model")
     if recorder.failed or artifact_uri is None:
         raise TrackingFailed(f"the training run could not be recorded: {recorder.error}")
     return tracking.register_version(run.cfg.mlflow.model_name, recorder.run_id, artifact_uri,
                                      description=f"trained on events before {run.date}")
+
+
+def _night_item_to_item(run: _Training, blend: RepeatBlend | None):
+    """The item-to-item weights fitted on the whole window, saved with the model when the blend weighs them."""
+    if blend is None or not blend.item_to_item_weight or run.blend_days is None:
+        return None
+    return run.blend_days.item_to_item.night if run.blend_days.item_to_item is not None else None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,10 @@ way, so an excluded item reaches no list.
 
 The repeat blend may weigh new items' recent popularity (``RepeatBlend.popularity_weight``): the weighted prior of
 each candidate (``recent_users``: users of the last day) is added to the product's scores before the selection
-(and to the fp32 rescoring), so it orders the new items at no cost beyond one add per score.
+(and to the fp32 rescoring), so it orders the new items at no cost beyond one add per score. It may weigh
+item-to-item scores too (``RepeatBlend.item_to_item_weight``, :mod:`recsys.model.item_to_item`): per row block, the
+weights' rows of the user's known items are summed (an index-add of ``[history items, weighted candidates]``) and
+added to the weighted candidates' columns of each tile's scores before the selection, and to the rescoring.
 
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
@@ -53,6 +56,7 @@ import torch
 
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
 from recsys.model import int8 as int8_kernels
+from recsys.model.item_to_item import ItemToItem, user_scores
 from recsys.model.base import SequenceRecommender
 from recsys.model.precision import cpu_bf16_supported, cpu_int8_refusal
 from recsys.model.repeats import MASK_KNOWN, SECONDS_PER_DAY, RepeatBlend, merge_known, popularity_prior
@@ -456,6 +460,9 @@ class Scorer:
     # users per candidate on the last day before the lists' day, aligned with ``candidates``: the new items'
     # recent-popularity prior, added to their scores times ``blend.popularity_weight``; None: no prior
     recent_users: np.ndarray | None = field(default=None, repr=False)
+    # the item-to-item weights saved with the model, added to new items' scores times ``blend.item_to_item_weight``;
+    # None: none
+    item_to_item: ItemToItem | None = field(default=None, repr=False)
     _cand_emb: torch.Tensor = field(init=False, repr=False)
     _int8_tiles: list | None = field(init=False, repr=False)
     _cand_emb32: torch.Tensor = field(init=False, repr=False)
@@ -468,6 +475,14 @@ class Scorer:
     _fill_cols: torch.Tensor = field(init=False, repr=False)
     _fill_scores: torch.Tensor = field(init=False, repr=False)
     _prior: torch.Tensor | None = field(init=False, repr=False)   # [C] fp32 weighted prior, None: none
+    # item-to-item: [V', W] weighted rows of the weighted items the model knows, restricted to the W candidate columns
+    # that have weights; those columns ascending ([W], and as numpy for the tiles' bounds); model index -> row (-1);
+    # candidate column -> position among the W (-1). None: no item-to-item scores
+    _i2i_weights: torch.Tensor | None = field(init=False, repr=False)
+    _i2i_cols: torch.Tensor = field(init=False, repr=False)
+    _i2i_cols_np: np.ndarray = field(init=False, repr=False)
+    _i2i_row_of_index: torch.Tensor = field(init=False, repr=False)
+    _i2i_pos_of_col: torch.Tensor = field(init=False, repr=False)
     _staging: "_HostStaging" = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -520,7 +535,34 @@ class Scorer:
                                  f"{len(self.candidates.item_ids)} candidates")
             prior = self.blend.popularity_weight * popularity_prior(self.recent_users)
             self._prior = torch.as_tensor(prior, dtype=torch.float32).to(dev)
+        self._prepare_item_to_item(num_items)
         self._staging = _HostStaging(dev)
+
+    def _prepare_item_to_item(self, num_items: int) -> None:
+        """The item-to-item weights in the core's terms (see the fields), when the blend weighs them."""
+        self._i2i_weights = None
+        if not self.blend.item_to_item_weight:
+            return
+        if self.item_to_item is None:
+            raise ValueError(f"the repeat blend weighs item-to-item scores ({self.blend.item_to_item_weight:g}) but no "
+                             "item-to-item weights came with the model")
+        dev = self.device
+        index = self.vocab.index_of(self.item_to_item.item_ids)                     # [V] model index, 0: unknown
+        rows = np.flatnonzero(index > 0)
+        cand_of_item = self._cand_of_item.cpu().numpy()
+        cols = cand_of_item[index[rows]]                                            # [V'] candidate column or -1
+        scored = np.flatnonzero(cols >= 0)
+        order = scored[np.argsort(cols[scored], kind="stable")]                     # weighted candidates by column
+        weights = self.item_to_item.weights[np.ix_(rows, rows[order])]             # [V', W]
+        self._i2i_weights = torch.as_tensor(self.blend.item_to_item_weight * weights, dtype=torch.float32).to(dev)
+        self._i2i_cols_np = cols[order].astype(np.int64)
+        self._i2i_cols = torch.as_tensor(self._i2i_cols_np).to(dev)
+        row_of_index = torch.full((num_items + 1,), -1, dtype=torch.long)
+        row_of_index[torch.as_tensor(index[rows])] = torch.arange(len(rows))
+        self._i2i_row_of_index = row_of_index.to(dev)
+        pos_of_col = torch.full((self.num_candidates,), -1, dtype=torch.long)
+        pos_of_col[torch.as_tensor(self._i2i_cols_np)] = torch.arange(len(order))
+        self._i2i_pos_of_col = pos_of_col.to(dev)
 
     @property
     def num_candidates(self) -> int:
@@ -569,7 +611,8 @@ class Scorer:
         with torch.inference_mode():
             items = self._staging.to_device(history_ids.items, slot=0)              # [S] external ids
             lengths = self._staging.to_device(history_ids.lengths, slot=1)          # [U]
-            seq, seen_rows, seen_cols, seen_at, known_per_user, unknown = self._prepare(items, lengths, n_users)
+            prepared = self._prepare(items, lengths, n_users)
+            seq, seen_rows, seen_cols, seen_at, known_per_user, unknown, history = prepared
             mask_known = not self.known_items_compete
             ex_rows, ex_cols = self._excluded_pairs(excluded, n_users)
             if len(ex_rows):   # masked in the selection with the known items; never merged back as known items
@@ -591,7 +634,7 @@ class Scorer:
             user = torch.where(usable[:, None], user, torch.zeros_like(user)).float()   # [B, D]
             self._sync()
             t1 = time.perf_counter()
-            vals, cols = self._select(user, sel_rows, sel_cols, k)                  # [B, k], [B, k] new items
+            vals, cols = self._select(user, sel_rows, sel_cols, k, history)         # [B, k], [B, k] new items
             if not mask_known:
                 vals, cols = self._blend(vals, cols, seen_rows, seen_cols, seen_at, known, k)
             vals = vals.float()
@@ -617,7 +660,8 @@ class Scorer:
         return ids_np, vals_np, use_fallback, stats
 
     def _prepare(self, items: torch.Tensor, lengths: torch.Tensor, n_users: int):
-        """Ids -> model indices, the padded model input, and the (row, column) pairs to mask. On device.
+        """Ids -> model indices, the padded model input, the (row, column) pairs to mask, and every known history
+        item's (row, model index), rows ascending. On device.
 
         Unknown items are dropped without compacting anything: each known item's place in the
         padded row is its rank from the end among the row's known items.
@@ -643,7 +687,8 @@ class Scorer:
         cols = self._cand_of_item[index]                                            # [S] candidate column or -1
         seen = known & (cols >= 0)
         at = torch.nonzero(seen).squeeze(1)                                         # [seen] flat history positions
-        return seq, rows[seen], cols[seen], at, total_known, int((~known).sum())
+        history = (rows[known], index[known])        # every known history item (row, model index): item-to-item
+        return seq, rows[seen], cols[seen], at, total_known, int((~known).sum()), history
 
     def _excluded_pairs(self, excluded: Sequences | None, n_users: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each user's rule-excluded items -> the (row, candidate column) pairs among them, rows ascending.
@@ -741,20 +786,34 @@ class Scorer:
         fit = CPU_BLOCK_BYTES // max(1, self.num_candidates * 4)
         return int(min(max(rows, 1), max(16, fit)))
 
-    def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
+    def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int,
+                history: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Top-k candidate columns of every user: one row block at a time, seen items masked in the
-        block's scores before its selection. ``user`` [B, D] fp32 -> (values [B, k] fp32, columns [B, k])."""
+        block's scores before its selection. ``user`` [B, D] fp32 -> (values [B, k] fp32, columns [B, k]).
+        ``history``: every known history item's (row, model index), rows ascending, for item-to-item scores."""
         n_users = len(user)
         block = self.row_block(n_users)
         starts = torch.arange(0, n_users + block, block, device=user.device).clamp_(max=n_users)
         bounds = torch.searchsorted(rows, starts).tolist() if len(rows) else [0] * len(starts)  # rows are sorted
+        use_i2i = self._i2i_weights is not None and history is not None
+        h_bounds = (torch.searchsorted(history[0], starts).tolist() if use_i2i and len(history[0])
+                    else [0] * len(starts))
         vals = torch.empty((n_users, k), dtype=torch.float32, device=user.device)
         out_cols = torch.empty((n_users, k), dtype=torch.long, device=user.device)
         for b, lo in enumerate(range(0, n_users, block)):
             hi = min(lo + block, n_users)
             r, c = rows[bounds[b]:bounds[b + 1]] - lo, cols[bounds[b]:bounds[b + 1]]
-            vals[lo:hi], out_cols[lo:hi] = self._select_block(user[lo:hi], r, c, k)
+            term = None
+            if use_i2i:
+                h_rows, h_index = history[0][h_bounds[b]:h_bounds[b + 1]], history[1][h_bounds[b]:h_bounds[b + 1]]
+                term = self._item_to_item_scores(h_rows - lo, h_index, hi - lo)
+            vals[lo:hi], out_cols[lo:hi] = self._select_block(user[lo:hi], r, c, k, term)
         return vals, out_cols
+
+    def _item_to_item_scores(self, rows: torch.Tensor, index: torch.Tensor, n_rows: int) -> torch.Tensor:
+        """[n_rows, W] weighted item-to-item scores of the weighted candidates, from the rows' known items."""
+        assert self._i2i_weights is not None
+        return user_scores(self._i2i_weights, rows, self._i2i_row_of_index[index], n_rows)
 
     def _tiles(self, rows: int) -> list:
         """(first column, end column, packed int8 items or None) of each item tile a row block is scored over."""
@@ -764,10 +823,12 @@ class Scorer:
         tile = self.tile_size(rows, self._cand_emb.element_size())
         return [(start, min(start + tile, num_c), None) for start in range(0, num_c, tile)]
 
-    def _select_block(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
+    def _select_block(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int,
+                      term: torch.Tensor | None = None):
         """One row block: product, masking and exact top-k, over item tiles when the catalog is tiled.
 
-        bf16/fp16 and int8 products preselect ``BF16_PRESELECT * k`` candidates, rescored in fp32 below."""
+        bf16/fp16 and int8 products preselect ``BF16_PRESELECT * k`` candidates, rescored in fp32 below.
+        ``term``: [b, W] item-to-item scores of the weighted candidates (``_i2i_cols``), added before both."""
         low_precision = self._cand_emb.dtype != torch.float32 or self._int8_tiles is not None
         want = min(self.num_candidates, int(BF16_PRESELECT * k)) if low_precision else k
         u = user.to(self._cand_emb.dtype)
@@ -782,6 +843,10 @@ class Scorer:
                 scores = u @ self._cand_emb[start:stop].T                            # [b, T]
             if self._prior is not None:                                              # new items' popularity prior
                 scores += self._prior[start:stop].to(scores.dtype)
+            if term is not None:                                                     # item-to-item scores
+                a, z = np.searchsorted(self._i2i_cols_np, [start, stop])
+                if z > a:
+                    scores.index_add_(1, self._i2i_cols[a:z] - start, term[:, a:z].to(scores.dtype))
             if len(cols):
                 in_tile = (cols >= start) & (cols < stop) if stop - start < num_c else slice(None)
                 scores.index_put_((rows[in_tile], cols[in_tile] - start), neg_inf)
@@ -803,6 +868,9 @@ class Scorer:
         exact = (rows32 * user[:, None, :]).sum(2)                              # [b, want]
         if self._prior is not None:
             exact += self._prior[best_col]
+        if term is not None:
+            pos = self._i2i_pos_of_col[best_col]                                    # [b, want] -1: no weights
+            exact += torch.where(pos >= 0, term.gather(1, pos.clamp(min=0)), torch.zeros_like(exact))
         exact = torch.where(torch.isneginf(best_val), torch.full_like(exact, float("-inf")), exact)
         return _keyed_topk(exact, best_col, k)
 
@@ -841,10 +909,13 @@ class ReferenceScorer(Scorer):
             return self.model.encode(seq)
         return self.model(seq)[:, -1]                                               # [B, L, D] -> [B, D]
 
-    def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int):
+    def _select(self, user: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, k: int,
+                history: tuple[torch.Tensor, torch.Tensor] | None = None):
         scores = user @ self._cand_emb.T                                            # [B, C]
         if self._prior is not None:
             scores += self._prior
+        if self._i2i_weights is not None and history is not None:
+            scores[:, self._i2i_cols] += self._item_to_item_scores(history[0], history[1], len(user))
         if len(cols):
             scores.index_put_((rows, cols), torch.tensor(float("-inf"), device=scores.device))
         return torch.topk(scores, k, dim=1)

@@ -166,10 +166,10 @@ def _get_scorer(spec: ScoringSpec, device):
 
     def load():
         loaded = load_model(fetch_model(spec.model), device=device)
-        return loaded.model, Vocabulary(loaded.item_ids), loaded.blend
+        return loaded.model, Vocabulary(loaded.item_ids), loaded.blend, loaded.item_to_item
 
     def prepare():
-        (model, vocab, blend), _ = cache.MODELS.get_or_load(model_key, load)
+        (model, vocab, blend, item_to_item), _ = cache.MODELS.get_or_load(model_key, load)
         int8 = None
         if spec.params.dtype == "int8":
             check_dtype("int8", device)       # refuse before quantizing anything
@@ -182,6 +182,7 @@ def _get_scorer(spec: ScoringSpec, device):
             device=device,
             int8=int8,
             blend=blend,
+            item_to_item=item_to_item,
             rules=spec.rules,
             popularity=spec.popularity,
             recent_users=spec.recent_users,

@@ -1,0 +1,109 @@
+"""Item-to-item weights beside the model: EASE (Steck 2019), fitted in closed form at training. Pure numpy/torch.
+
+Why: on a log where users come back, the lists' hits on items new to the user are bounded by how well new items are
+ranked, and a sequence model trained on next items ranks them about as well as matrix factorisation. EASE learns, for
+every pair of the log's most used items, how much having one says about the other (a ridge regression of each item's
+column on all the others, the diagonal held at zero). Its scores, added to the model's for the items a user does not
+know, rank those items better than either alone on Wikipedia edits and on the sample data (docs/quality.md, "A second
+ranker beside the model"). The repeat blend chooses how much they add (``RepeatBlend.item_to_item_weight``, 0 among
+the choices), so a log where they do not help keeps the model's ranking.
+
+The fit: ``G`` the items x items co-occurrence counts (users who had both, each user's distinct items), ``P = (G + l2
+I)^-1``, ``B = -P / diag(P)`` column by column, ``diag(B) = 0``. A user's score for item ``j`` is the sum of ``B[i, j]``
+over the items ``i`` they had. Only the ``max_items`` items with the most users take part (``train.repeats.
+item_to_item.max_items``): the inverse is cubic in them and ``B`` is square, so a large catalog keeps its head; the
+other items get no item-to-item score (their ranking is the model's).
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FILE = "item_to_item.npz"
+
+
+@dataclass(frozen=True, eq=False)
+class ItemToItem:
+    """EASE weights over a set of items: ``weights[a, b]`` is what having ``item_ids[a]`` says for ``item_ids[b]``."""
+
+    item_ids: np.ndarray   # [V] int64 external ids, distinct
+    weights: np.ndarray    # [V, V] float32, zero diagonal
+    l2: float
+
+    def __post_init__(self) -> None:
+        v = len(self.item_ids)
+        if self.weights.shape != (v, v):
+            raise ValueError(f"item-to-item weights have shape {self.weights.shape} for {v} items; expected ({v}, {v})")
+        if len(np.unique(self.item_ids)) != v:
+            raise ValueError("item-to-item item ids have duplicates: each row must be a distinct item")
+
+    def save(self, path: Path) -> None:
+        """One ``.npz`` (numbers only, no pickle): item ids, weights, l2."""
+        buffer = io.BytesIO()
+        np.savez(buffer, item_ids=self.item_ids.astype(np.int64), weights=self.weights.astype(np.float32),
+                 l2=np.array([self.l2]))
+        Path(path).write_bytes(buffer.getvalue())
+
+    @classmethod
+    def load(cls, path: Path) -> "ItemToItem":
+        try:
+            with np.load(Path(path), allow_pickle=False) as data:
+                return cls(data["item_ids"].astype(np.int64), data["weights"].astype(np.float32), float(data["l2"][0]))
+        except (OSError, KeyError, ValueError) as exc:
+            raise ValueError(f"{path} is not a recsys item-to-item file ({exc}): restore it from the saved model, or "
+                             "delete it and choose a repeat blend without item_to_item_weight") from exc
+
+
+def ease_weights(gram: np.ndarray, l2: float) -> np.ndarray:
+    """EASE's closed form from the co-occurrence counts ``gram`` [V, V] (symmetric; its diagonal: each item's users).
+
+    >>> w = ease_weights(np.array([[2.0, 2.0, 0.0], [2.0, 2.0, 0.0], [0.0, 0.0, 1.0]]), 1.0)
+    >>> round(float(w[0, 1]), 3), round(float(w[1, 0]), 3), float(abs(w[2]).sum() + abs(w[:, 2]).sum())
+    (0.667, 0.667, 0.0)
+    """
+    if l2 <= 0:
+        raise ValueError(f"the item-to-item l2 must be positive, got {l2}")
+    gram = np.asarray(gram, dtype=np.float64)
+    precision = np.linalg.inv(gram + l2 * np.eye(len(gram)))
+    weights = -precision / np.diag(precision)[None, :]
+    np.fill_diagonal(weights, 0.0)
+    return weights.astype(np.float32)
+
+
+def from_co_counts(item_ids: np.ndarray, rows: np.ndarray, cols: np.ndarray, counts: np.ndarray,
+                   l2: float) -> ItemToItem:
+    """Fit from sparse co-occurrence counts: (row, col, users) of the upper triangle, diagonal included (positions
+    into ``item_ids``). Items no user had (an empty row) keep all-zero weights.
+
+    >>> fit = from_co_counts(np.array([7, 8, 9]), np.array([0, 0, 1, 2]), np.array([0, 1, 1, 2]),
+    ...                      np.array([2, 2, 2, 1]), 1.0)
+    >>> round(float(fit.weights[0, 1]), 3), round(float(fit.weights[1, 0]), 3), fit.item_ids.tolist()
+    (0.667, 0.667, [7, 8, 9])
+    """
+    item_ids = np.asarray(item_ids, dtype=np.int64)
+    gram = np.zeros((len(item_ids), len(item_ids)))
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    np.add.at(gram, (rows, cols), counts)
+    off = rows != cols
+    np.add.at(gram, (cols[off], rows[off]), np.asarray(counts)[off])
+    return ItemToItem(item_ids, ease_weights(gram, l2), float(l2))
+
+
+def user_scores(weights: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """[n_rows, W] item-to-item scores: row ``r`` sums ``weights[p]`` over its items' positions ``p`` (``rows``,
+    ``positions`` aligned, one entry per distinct item a user had; a position -1: an item without weights, skipped).
+    ``weights`` [V, W]: the rows of every weighted item, its columns those scored (a subset, e.g. the candidates).
+
+    >>> w = torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    >>> user_scores(w, torch.tensor([0, 0, 1]), torch.tensor([0, 1, -1]), 3).tolist()
+    [[2.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    """
+    out = torch.zeros((n_rows, weights.shape[1]), dtype=weights.dtype, device=weights.device)
+    keep = positions >= 0
+    if bool(keep.any()):
+        out.index_add_(0, rows[keep], weights.index_select(0, positions[keep]))
+    return out
