@@ -5,8 +5,6 @@ Each expected list is computed by hand from the definition: a new item's score i
 """
 from __future__ import annotations
 
-import datetime as dt
-
 import numpy as np
 import pytest
 import torch
@@ -147,32 +145,39 @@ def test_the_weights_are_saved_with_the_model_and_a_blend_that_needs_missing_one
         load_model(tmp_path / "m")
 
 
-def test_spark_counts_each_pair_of_the_users_items_and_splits_them_at_the_first_validation_day(spark):
-    """The co-occurrence counts by Spark equal the users x items matrix's Gram, over the whole window and over the
-    pairs both first had before the split; only the max_items items with the most users take part."""
+def test_spark_counts_each_pair_of_the_users_items_and_leaves_out_the_held_out_newest_for_the_blend_s_fit(spark):
+    """The co-occurrence counts by Spark equal the users x items matrix's Gram: over the whole window (the night's
+    weights) and without each held-out user's newest item (the blend's, fitted as the selection model trained: users
+    with fewer than three items hold none out); only the max_items items with the most users take part."""
     import pandas as pd
 
     from recsys.config import load_config
     from recsys.learning.item_to_item import fit_item_to_item
+    from recsys.learning.shards import HASH_BUCKETS
 
     rng = np.random.default_rng(5)
     n = 400
-    events = pd.DataFrame({"user_id": rng.integers(0, 40, n), "item_id": rng.integers(100, 112, n),
+    events = pd.DataFrame({"user_id": rng.integers(0, 60, n), "item_id": rng.integers(100, 112, n),
                            "ts": pd.Timestamp("2024-01-01", tz="UTC") + pd.to_timedelta(rng.integers(0, 10 * 86400, n),
                                                                                          unit="s")})
-    split = dt.datetime(2024, 1, 8, tzinfo=dt.timezone.utc)
     cfg = load_config(overrides=["train.repeats.item_to_item.max_items=10", "train.repeats.item_to_item.l2=3"])
-    fits = fit_item_to_item(spark.createDataFrame(events), cfg, split)
+    frame = spark.createDataFrame(events)
+    fits = fit_item_to_item(frame, cfg, held_out_below=HASH_BUCKETS)
     users = events.groupby("item_id").user_id.nunique()
     top = users.reset_index().sort_values(["user_id", "item_id"], ascending=[False, True]).item_id[:10]
     assert fits.night.item_ids.tolist() == sorted(top.tolist())
 
-    def gram(frame: pd.DataFrame) -> np.ndarray:
-        x = pd.crosstab(frame.user_id, frame.item_id).reindex(columns=fits.night.item_ids, fill_value=0).clip(0, 1)
+    def gram(pairs: pd.DataFrame) -> np.ndarray:
+        x = pd.crosstab(pairs.user_id, pairs.item_id).reindex(columns=fits.night.item_ids, fill_value=0).clip(0, 1)
         return x.to_numpy(float).T @ x.to_numpy(float)
 
-    first = events.groupby(["user_id", "item_id"]).ts.min().reset_index()
-    assert np.allclose(fits.night.weights, ease_weights(gram(first), 3.0), atol=1e-5)
-    before = first[first.ts < pd.Timestamp(split)]
-    assert np.allclose(fits.validation.weights, ease_weights(gram(before), 3.0), atol=1e-5)
-    assert not np.allclose(fits.validation.weights, fits.night.weights)
+    last = events.groupby(["user_id", "item_id"]).ts.max().reset_index()
+    assert np.allclose(fits.night.weights, ease_weights(gram(last), 3.0), atol=1e-5)
+    ordered = last.sort_values(["user_id", "ts", "item_id"])
+    newest = ordered.groupby("user_id").tail(1)
+    newest = newest[newest.user_id.map(last.groupby("user_id").size()) >= 3]
+    trained = last.drop(newest.index)
+    assert 30 < len(newest) < 60
+    assert np.allclose(fits.validation.weights, ease_weights(gram(trained), 3.0), atol=1e-5)
+    nobody = fit_item_to_item(frame, cfg, held_out_below=0)      # no user held out: both fits alike
+    assert np.allclose(nobody.validation.weights, nobody.night.weights)

@@ -66,7 +66,7 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
     """Write the held-out (user, day) rows of the days before ``date`` under ``directory`` (see the module
     docstring), count the users per item of those days and the day before, and return both; below
     ``HASH_BUCKETS``, only the held-out users' rows (the counts are everyone's, as the night's are). With item-to-item
-    weights among the choices, their fits too (:mod:`recsys.learning.item_to_item`), split at the first day.
+    weights among the choices, their fits too (:mod:`recsys.learning.item_to_item`).
     ``events``: :func:`recsys.learning.shards.training_events`, the read training's shards are written from."""
     settings = cfg.train.repeats
     first = dt.datetime.combine(date - dt.timedelta(days=settings.validation_days), dt.time(), dt.timezone.utc)
@@ -91,7 +91,8 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
      .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
              hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS)
      .write.mode("overwrite").parquet(directory))
-    i2i = (fit_item_to_item(events, cfg, first) if any(settings.item_to_item.weights) else None)
+    i2i = (fit_item_to_item(events, cfg, held_out_below=held_out_below) if any(settings.item_to_item.weights)
+           else None)
     return BlendDays(parquet_files(directory), _recent_users(recent), i2i)
 
 
