@@ -392,15 +392,22 @@ def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, r
     for k in range(n_known):
         np.add(above_rank, known[:, :, k:k + 1] >= rank_score, out=above_rank, casting="unsafe")
     scale = np.where(ideal > 0, ideal, 1.0)
+    known_ndcg = np.where(ideal > 0, known_gain / scale, 0.0)                     # [B, S] the rows' known items alone
     ndcg, hits = [], []
-    for ranks in new_ranks:                                                       # [S, T] one popularity weight
+    for ranks in new_ranks:                                                       # [S, T] one ranking of new items
         useful = ranks < NDCG_K
-        rank = np.where(useful, ranks, 0).astype(np.int64)
-        above = np.take_along_axis(above_rank, np.broadcast_to(rank, (len(known), *rank.shape)), 2)   # [B, S, T]
-        new_place = np.where(useful, rank + above, 2 * NDCG_K)
+        # only rows with a new item ranked under 10 can differ from their known items' figures: the others (most
+        # rows, on most logs) are summed as they are, so a ranking costs what its few such rows cost
+        sel = useful.any(1)
+        u = useful[sel]
+        rank = np.where(u, ranks[sel], 0).astype(np.int64)
+        above = np.take_along_axis(above_rank[:, sel], np.broadcast_to(rank, (len(known), *rank.shape)), 2)  # [B, s, T]
+        new_place = np.where(u, rank + above, 2 * NDCG_K)
         new_gain = _GAIN[new_place].sum(-1)
-        ndcg.append(np.where(ideal > 0, (known_gain + new_gain) / scale, 0.0).sum(-1))
-        hits.append((known_hit | (new_place < NDCG_K).any(-1)).sum(-1).astype(np.float64))
+        sel_ndcg = np.where(ideal[sel] > 0, (known_gain[:, sel] + new_gain) / scale[sel], 0.0)
+        ndcg.append(known_ndcg[:, ~sel].sum(-1) + sel_ndcg.sum(-1))
+        sel_hits = known_hit[:, sel] | (new_place < NDCG_K).any(-1)
+        hits.append((known_hit[:, ~sel].sum(-1) + sel_hits.sum(-1)).astype(np.float64))
     return np.array(ndcg), np.array(hits)
 
 

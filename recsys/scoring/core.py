@@ -56,8 +56,8 @@ import torch
 
 from recsys.data.contracts import RECOMMENDATION_TYPE, SOURCE_MODEL, SOURCE_POPULARITY
 from recsys.model import int8 as int8_kernels
-from recsys.model.item_to_item import ItemToItem, user_scores
 from recsys.model.base import SequenceRecommender
+from recsys.model.item_to_item import ItemToItem, user_scores
 from recsys.model.precision import cpu_bf16_supported, cpu_int8_refusal
 from recsys.model.repeats import MASK_KNOWN, SECONDS_PER_DAY, RepeatBlend, merge_known, popularity_prior
 from recsys.scoring.params import DEFAULT_RULES, RuleParams
