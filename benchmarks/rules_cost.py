@@ -1,6 +1,7 @@
 """CPU time of the scoring core and the task checks on one chunk, one thread, with and without the operators'
-rules (docs/rules.md): known items masked (the default), a repeat blend letting them in, and the blend with
-20 excluded items per user, min_new_items 30 and fill popularity.
+rules (docs/rules.md): known items masked (the default), a repeat blend letting them in, the blend with
+20 excluded items per user, min_new_items 30 and fill popularity, and the blend with item-to-item scores over
+the ``train.repeats.item_to_item.max_items`` (2,000) items the histories hold most (recsys.model.item_to_item).
 
 CPU time (``time.process_time``) rather than wall time, so figures taken on a shared, loaded machine stay
 comparable; the variants run 3 times, interleaved, medians reported.
@@ -15,6 +16,8 @@ import pyarrow as pa
 import torch
 
 from recsys.bench import shapes
+from recsys.config import load_config
+from recsys.model.item_to_item import ItemToItem
 from recsys.model.repeats import RepeatBlend
 from recsys.scoring.checks import ListRules, TaskChecks
 from recsys.scoring.core import KnownItems, Scorer
@@ -31,6 +34,11 @@ ids = shapes.item_ids(shape)
 excluded = Sequences.from_lists([rng.choice(ids, 20, replace=False) for _ in range(shape.users)])
 known = KnownItems(rng.integers(1, 5, len(seqs.items)), np.zeros(len(seqs.items), np.int64), 86_400 * 10**6)
 blend = RepeatBlend(repeat_bias=1.0, age_weight=0.5, new_rank_weight=1.0)
+weighted = int(load_config().train.repeats.item_to_item.max_items)
+i2i_weights = rng.normal(0, 0.01, (weighted, weighted)).astype(np.float32)
+np.fill_diagonal(i2i_weights, 0.0)
+seen, times = np.unique(seqs.items, return_counts=True)
+i2i = ItemToItem(seen[np.argsort(-times, kind="stable")[:weighted]], i2i_weights, 200.0)   # the most used, as fitted
 common = dict(model=net, vocab=base.vocab, candidates=base.candidates, fallback=base.fallback, device=base.device,
               **shapes.params(shape).scorer_settings())
 variants = {
@@ -38,6 +46,8 @@ variants = {
     "blend": (Scorer(**common, blend=blend), known, None),
     "blend + rules": (Scorer(**common, blend=blend, rules=RuleParams(min_new_items=30),
                              popularity=rng.integers(0, 100, shape.items)), known, excluded),
+    "blend + item-to-item": (Scorer(**common, blend=RepeatBlend(1.0, 0.5, 1.0, item_to_item_weight=16.0),
+                                    item_to_item=i2i), known, None),
 }
 history_arrow = pa.array(seqs.to_lists(), pa.list_(pa.int64()))
 excluded_arrow = pa.array(excluded.to_lists(), pa.list_(pa.int64()))
@@ -59,4 +69,4 @@ for rep in range(3):
         assert all(v == 0 for k, v in task.finish().items() if k != "item_counts"), name
 for name in variants:
     s, c = statistics.median(score_s[name]), statistics.median(check_s[name])
-    print(f"{name:18s} core {s * 1000:6.0f} ms cpu   checks {c * 1000:5.1f} ms cpu")
+    print(f"{name:20s} core {s * 1000:6.0f} ms cpu   checks {c * 1000:5.1f} ms cpu")
