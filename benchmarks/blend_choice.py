@@ -132,8 +132,12 @@ def _build(work: Path, models: dict[dt.date, Path], nights: list[dt.date], cache
     cfg = run_config(work)
     weights = cfg.train.repeats.popularity_weights
     for n in honest_nights(cfg, models, nights, cache):
+        # the night's item-to-item weights (fitted on the events before it: honest), saved where its blend weighs them
+        i2i = n.model.item_to_item
+        i2i_weights = cfg.train.repeats.item_to_item.weights if i2i is not None else (0.0,)
         chunks = [rank_validation_days(n.model.model, n.model.item_ids, chunk, recent=n.days.recent,
-                                       popularity_weights=weights) for chunk in validation_chunks(n.days.rows)]
+                                       popularity_weights=weights, item_to_item=i2i, item_to_item_weights=i2i_weights)
+                  for chunk in validation_chunks(n.days.rows)]
         (cache / f"{n.night}.pkl").write_bytes(pickle.dumps({"chunks": chunks, "blend": n.blend}))
         print(f"{n.night}: {sum(c.samples for c in chunks):,} rows, the job's blend {n.blend}", flush=True)
 
@@ -169,8 +173,10 @@ def grid_sums(chunks: list[BlendValidation], candidates):
 
 def compare(rows: dict[dt.date, dict], resamples: int, seed: int) -> dict:
     nights = list(rows)
-    weights = rows[nights[0]]["chunks"][0].popularity_weights
-    grid = blend_grid(popularity_weights=weights)
+    # the rankings every night's rows were ranked under: item-to-item weights only where every night's model has them
+    common = set.intersection(*(set(rows[n]["chunks"][0].rankings) for n in nights))
+    grid = blend_grid(popularity_weights=sorted({p for p, _ in common}),
+                      item_to_item_weights=sorted({c for _, c in common}))
     sums = {night: grid_sums(rows[night]["chunks"], grid) for night in nights}
     figures = {p: [] for p in POLICIES}
     chosen = {p: {} for p in POLICIES}

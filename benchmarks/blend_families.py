@@ -67,6 +67,9 @@ def _build(work: Path, models: dict[dt.date, Path], nights: list[dt.date], cache
     weights = tuple(cfg.train.repeats.popularity_weights)
     for n in honest_nights(cfg, models, nights, cache):
         night, days, vocab, blend = n.night, n.days, n.vocab, n.blend
+        if blend.item_to_item_weight:
+            raise SystemExit(f"the job's blend of {night} weighs item-to-item scores, which these families leave out: "
+                             "run this on a backtest with --set train.repeats.item_to_item.weights=[0]")
         model = n.model.model.eval()
         items = model.item_embeddings().detach().float()
         prior = torch.as_tensor(n.prior, dtype=torch.float32)

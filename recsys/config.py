@@ -276,6 +276,7 @@ class RepeatsConfig(_Section):
     max_rows: int = Field(ge=100, le=10_000_000)
     popularity_weights: tuple[float, ...] = Field(min_length=1, max_length=10)
     objective: Literal["ndcg_at_10", "hr_at_10"]
+    min_rows: int = Field(ge=0)
     item_to_item: ItemToItemConfig
 
     @field_validator("popularity_weights")

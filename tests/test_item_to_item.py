@@ -5,6 +5,8 @@ Each expected list is computed by hand from the definition: a new item's score i
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -145,6 +147,40 @@ def test_the_weights_are_saved_with_the_model_and_a_blend_that_needs_missing_one
         load_model(tmp_path / "m")
 
 
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_task_s_pair_counts_are_every_user_s_pairs_however_they_are_chunked_and_sent(dense):
+    """Each user's distinct items (positions) with the held-out newest flagged, in two Arrow batches: the task's
+    counts, summed by key, equal the users x items matrix's Gram's upper triangle (all pairs; pairs without a held
+    item), whether added up in the task or sent chunk by chunk, in chunks of 7 pairs or of millions."""
+    import pyarrow as pa
+
+    from recsys.learning.item_to_item import _partition_counts
+
+    rng = np.random.default_rng(3)
+    n_items, users = 9, 40
+    lists = [rng.choice(n_items, rng.integers(1, 7), replace=False) for _ in range(users)]
+    helds = [np.arange(len(x)) == rng.integers(0, len(x) + 1) for x in lists]     # at most one held item a user
+    entry = pa.struct([("pos", pa.int32()), ("held", pa.bool_())])
+    items = pa.array([[{"pos": int(p), "held": bool(h)} for p, h in zip(x, hh)] for x, hh in zip(lists, helds)],
+                     pa.list_(entry))
+    batches = [pa.RecordBatch.from_arrays([items.slice(0, 15)], ["items"]),
+               pa.RecordBatch.from_arrays([items.slice(15)], ["items"])]
+    x = np.zeros((users, n_items))
+    kept = np.zeros((users, n_items))
+    for u, (items_u, held_u) in enumerate(zip(lists, helds)):
+        x[u, items_u] = 1
+        kept[u, items_u[~held_u]] = 1
+    upper = np.triu_indices(n_items)
+    for max_pairs in (7, 1 << 24):
+        every, trained = np.zeros(n_items * n_items), np.zeros(n_items * n_items)
+        for out in _partition_counts(n_items, dense, iter(batches), max_pairs):
+            np.add.at(every, out.column(0).to_numpy(), out.column(1).to_numpy())
+            np.add.at(trained, out.column(0).to_numpy(), out.column(2).to_numpy())
+        every, trained = every.reshape(n_items, n_items), trained.reshape(n_items, n_items)
+        assert np.array_equal(every[upper], (x.T @ x)[upper]) and not np.tril(every, -1).any()
+        assert np.array_equal(trained[upper], (kept.T @ kept)[upper])
+
+
 def test_spark_counts_each_pair_of_the_users_items_and_leaves_out_the_held_out_newest_for_the_blend_s_fit(spark):
     """The co-occurrence counts by Spark equal the users x items matrix's Gram: over the whole window (the night's
     weights) and without each held-out user's newest item (the blend's, fitted as the selection model trained: users
@@ -181,3 +217,50 @@ def test_spark_counts_each_pair_of_the_users_items_and_leaves_out_the_held_out_n
     assert np.allclose(fits.validation.weights, ease_weights(gram(trained), 3.0), atol=1e-5)
     nobody = fit_item_to_item(frame, cfg, held_out_below=0)      # no user held out: both fits alike
     assert np.allclose(nobody.validation.weights, nobody.night.weights)
+
+
+def _paired_log():
+    """300 users over 20 days; the 40 items come in 20 pairs. Each user had both items of two pairs before day 11,
+    the first item of a third pair on day 11-13, and its partner on one day of the last week (day 14-20): who had
+    one item of a pair had the other, and the last week's new item is the partner of a known one."""
+    import pandas as pd
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for user in range(300):
+        pairs = rng.choice(20, 3, replace=False)
+        for p in pairs[:2]:
+            for item in (2 * p, 2 * p + 1):
+                rows.append((user, 500 + item, int(rng.integers(1, 11))))
+        first, partner = (2 * pairs[2], 2 * pairs[2] + 1)[::1 if rng.random() < 0.5 else -1]
+        rows.append((user, 500 + first, int(rng.integers(11, 14))))
+        rows.append((user, 500 + partner, int(rng.integers(14, 21))))
+    frame = pd.DataFrame(rows, columns=["user_id", "item_id", "day"])
+    frame["ts"] = pd.Timestamp("2024-01-01", tz="UTC") + pd.to_timedelta(frame.day - 1, unit="D") + pd.Timedelta(
+        hours=12)
+    return frame.drop(columns="day")
+
+
+@pytest.mark.parametrize("min_rows, chosen", [(0, True), (100_000, False)])
+def test_training_s_fit_weighs_item_to_item_scores_that_name_the_next_item_when_it_has_rows_enough(spark, tmp_path,
+                                                                                                   min_rows, chosen):
+    """Through training's own code (Spark writes the validation days and fits the weights; the blend is chosen on
+    them): on the paired log, with a model that knows nothing (random weights), the blend takes item-to-item scores;
+    with fewer validation rows than train.repeats.min_rows it takes neither them nor the popularity prior."""
+    import datetime as dt
+
+    from recsys.config import load_config
+    from recsys.learning.repeats import fit_repeat_blend, write_validation_days
+
+    cfg = load_config(overrides=[f"train.repeats.min_rows={min_rows}", "train.repeats.item_to_item.l2=10",
+                                 "history.window_days=60"])
+    date = dt.date(2024, 1, 21)
+    days = write_validation_days(spark.createDataFrame(_paired_log()), cfg, date, str(tmp_path / "rows"))
+    assert days.validation_rows == 300
+    ranker = SimpleNamespace(model=random_model(40, seed=4, max_len=8), item_ids=np.arange(500, 540))   # a Ranker
+    blend = fit_repeat_blend(cfg, date, ranker, torch.device("cpu"), days)
+    if chosen:
+        assert days.item_to_item is not None and blend.item_to_item_weight > 0
+        assert blend.figures["no_item_to_item_ndcg_at_10"] < blend.figures["ndcg_at_10"]
+    else:
+        assert days.item_to_item is None and blend.item_to_item_weight == 0 and blend.popularity_weight == 0

@@ -3,31 +3,38 @@
 Two fits from one aggregation. The weights the repeat blend is chosen with are fitted as the model that ranks the
 new items on the validation days was trained (the selection model): without each held-out user's newest item (the
 pair of their latest event; users with fewer than ``MIN_HELD_OUT_LEN`` items hold none out), so neither ranker of
-new items is judged on pairs it trained on and the other did not.
-The weights saved with the model for the nights are fitted on every pair of the window, as the refit model is
-trained on every item. One self-join of each user's distinct items, each flagged when it is the held-out newest,
-yields both counts.
+new items is judged on pairs it trained on and the other did not. The weights saved with the model for the nights
+are fitted on every pair of the window, as the refit model is trained on every item.
 
-Only the window's ``train.repeats.item_to_item.max_items`` items with the most users take part (ties by item id):
-the driver collects at most ``max_items ** 2 / 2`` counts and inverts a ``max_items``-square matrix
-(:func:`recsys.model.item_to_item.ease_weights`). The self-join costs the sum over users of their distinct
-items squared, spread over the executors.
+One pass yields both counts: each user's distinct items, the held-out newest flagged, collected per user; each
+task counts its users' pairs with numpy (:func:`recsys.model.item_to_item.pair_counts`: the sum over users of their
+items squared, halved, in vectorised chunks rather than as the rows of a self-join, which Spark would shuffle one
+by one: docs/performance.md, "Item-to-item scores in the core") and Spark adds the tasks' counts up. Only the window's
+``train.repeats.item_to_item.max_items`` items with the most users take part (ties by item id): the driver collects
+at most ``max_items ** 2 / 2`` counts and inverts a ``max_items``-square matrix
+(:func:`recsys.model.item_to_item.ease_weights`).
 """
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from recsys.config import Config
 from recsys.learning.shards import HASH_BUCKETS, held_out_bucket
 from recsys.model.stream import MIN_HELD_OUT_LEN
-from recsys.model.item_to_item import ItemToItem, from_co_counts
+from recsys.model.item_to_item import ItemToItem, from_co_counts, pair_counts
 
 log = logging.getLogger(__name__)
+
+COUNTS_DDL = "key long, all long, trained long"
+DENSE_ITEMS = 2048   # up to this many weighted items a task adds its counts up in two dense arrays (64 MiB at most)
 
 
 @dataclass(frozen=True)
@@ -54,18 +61,45 @@ def fit_item_to_item(events: DataFrame, cfg: Config, *, held_out_below: int = HA
             & (F.count(F.lit(1)).over(Window.partitionBy("user_id")) >= F.lit(MIN_HELD_OUT_LEN)))
     index = events.sparkSession.createDataFrame([(int(i), p) for p, i in enumerate(item_ids)], "item_id long, pos int")
     had = (pairs.withColumn("held", held)          # ranked among all the user's items, then cut to the top items
-           .join(F.broadcast(index), "item_id").select("user_id", "pos", "held"))
-    left = had.select("user_id", F.col("pos").alias("i"), F.col("held").alias("held_i"))
-    right = had.select("user_id", F.col("pos").alias("j"), F.col("held").alias("held_j"))
-    counts = (left.join(right, "user_id").filter(F.col("i") <= F.col("j"))
-              .groupBy("i", "j")
-              .agg(F.count(F.lit(1)).alias("all"),
-                   F.sum(F.when(~F.col("held_i") & ~F.col("held_j"), 1).otherwise(0)).alias("trained"))
-              .toArrow())
-    rows, cols = (counts.column(c).to_numpy().astype(np.int64) for c in ("i", "j"))
+           .join(F.broadcast(index), "item_id")
+           .groupBy("user_id").agg(F.collect_list(F.struct("pos", "held")).alias("items")))
+    task = partial(_partition_counts, len(item_ids), len(item_ids) <= DENSE_ITEMS)
+    counts = (had.select("items").mapInArrow(task, COUNTS_DDL)
+              .groupBy("key").agg(F.sum("all").alias("all"), F.sum("trained").alias("trained")).toArrow())
+    keys = counts.column("key").to_numpy().astype(np.int64)
+    rows, cols = keys // len(item_ids), keys % len(item_ids)
     whole = counts.column("all").to_numpy().astype(np.float64)
     trained = counts.column("trained").to_numpy().astype(np.float64)
     log.info("item-to-item weights over %d items (%d co-occurring pairs, l2 %g)", len(item_ids), len(rows),
              settings.l2)
     return ItemToItemFits(validation=from_co_counts(item_ids, rows, cols, trained, settings.l2),
                           night=from_co_counts(item_ids, rows, cols, whole, settings.l2))
+
+
+def _partition_counts(n_items: int, dense: bool, batches: Iterator[pa.RecordBatch],
+                      max_pairs: int = 1 << 24) -> Iterator[pa.RecordBatch]:
+    """A task's users (``items``: list<struct<pos, held>>) -> their co-occurrence counts (:func:`pair_counts`): added
+    up over the task and sent once when ``dense`` (few enough items for two ``n_items ** 2`` arrays), else chunk by
+    chunk (Spark sums them either way)."""
+    every = np.zeros(n_items * n_items if dense else 0, dtype=np.int64)
+    trained = np.zeros_like(every)
+    for batch in batches:
+        items = batch.column(0)
+        pos, held = items.flatten().flatten()              # the users' (pos, held) entries, one after another
+        offsets = items.offsets.to_numpy()
+        offsets = offsets - offsets[0]
+        for keys, all_, kept in pair_counts(offsets, pos.to_numpy(zero_copy_only=False),
+                                            held.to_numpy(zero_copy_only=False), n_items, max_pairs):
+            if dense:
+                every[keys] += all_
+                trained[keys] += kept
+            else:
+                yield _counts_batch(keys, all_, kept)
+    if dense:
+        nonzero = np.flatnonzero(every)
+        yield _counts_batch(nonzero, every[nonzero], trained[nonzero])
+
+
+def _counts_batch(keys: np.ndarray, every: np.ndarray, trained: np.ndarray) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([pa.array(keys, pa.int64()), pa.array(every, pa.int64()),
+                                       pa.array(trained, pa.int64())], names=["key", "all", "trained"])

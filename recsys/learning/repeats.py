@@ -59,6 +59,7 @@ class BlendDays:
     rows: ShardFiles
     recent: RecentUsers
     item_to_item: ItemToItemFits | None = None
+    validation_rows: int | None = None   # (user, day) rows before sampling; None: not counted
 
 
 def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directory: str, *,
@@ -91,9 +92,10 @@ def write_validation_days(events: DataFrame, cfg: Config, date: dt.date, directo
      .select(F.unix_micros(F.col(DAY).cast("timestamp")).alias(DAY), hist.HISTORY_COLUMN,
              hist.HISTORY_COUNTS_COLUMN, hist.HISTORY_LAST_US_COLUMN, TARGETS)
      .write.mode("overwrite").parquet(directory))
-    i2i = (fit_item_to_item(events, cfg, held_out_below=held_out_below) if any(settings.item_to_item.weights)
-           else None)
-    return BlendDays(parquet_files(directory), _recent_users(recent), i2i)
+    weighs_new = rows >= settings.min_rows          # enough rows to choose a ranking of new items on
+    i2i = (fit_item_to_item(events, cfg, held_out_below=held_out_below)
+           if weighs_new and any(settings.item_to_item.weights) else None)
+    return BlendDays(parquet_files(directory), _recent_users(recent), i2i, rows)
 
 
 def _recent_users(per_item: pa.Table) -> RecentUsers:
@@ -144,9 +146,14 @@ def fit_repeat_blend(cfg: Config, date: dt.date, ranker: Ranker, device, days: B
     """The blend chosen on the held-out days' rows (:func:`write_validation_days`), with the model that ranks
     the new items."""
     model, item_ids = ranker.model.to(device), ranker.item_ids   # ranked on this device
-    weights = cfg.train.repeats.popularity_weights
-    # without fitted weights (none asked for, or no pairs) the grid holds no item-to-item weight: none can be chosen
-    i2i_weights = cfg.train.repeats.item_to_item.weights if days.item_to_item is not None else (0.0,)
+    settings = cfg.train.repeats
+    few = days.validation_rows is not None and days.validation_rows < settings.min_rows
+    if few:
+        log.info("[train %s] %d (user, day) rows, fewer than train.repeats.min_rows=%d: new items keep the model's "
+                 "ranking (no popularity prior, no item-to-item scores)", date, days.validation_rows, settings.min_rows)
+    weights = (0.0,) if few else settings.popularity_weights
+    # without fitted weights (none asked for, too few rows, or no pairs) the grid holds no item-to-item weight
+    i2i_weights = settings.item_to_item.weights if days.item_to_item is not None else (0.0,)
     i2i = days.item_to_item.validation if days.item_to_item is not None else None
     candidates = blend_grid(popularity_weights=weights, item_to_item_weights=i2i_weights)
     sums = blend_sums(BlendValidation.empty(), candidates)

@@ -17,6 +17,7 @@ other items get no item-to-item score (their ranking is the model's).
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,39 @@ def from_co_counts(item_ids: np.ndarray, rows: np.ndarray, cols: np.ndarray, cou
     off = rows != cols
     np.add.at(gram, (cols[off], rows[off]), np.asarray(counts)[off])
     return ItemToItem(item_ids, ease_weights(gram, l2), float(l2))
+
+
+def pair_counts(offsets: np.ndarray, positions: np.ndarray, held: np.ndarray, n_items: int,
+                max_pairs: int = 1 << 24) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Co-occurrence counts of a batch of users' distinct items, ``max_pairs`` pairs at a time: (keys ``i * n_items +
+    j`` with ``i <= j``, distinct and ascending; users with both; users with both, neither the held-out newest) per
+    chunk, a key possibly again in a later chunk. ``offsets`` [U + 1] and ``positions`` [S]: each user's items
+    (positions into the weighted items, each once a user); ``held`` [S]: the item is its user's held-out newest.
+    Vectorised: every (item, itself or a later item of the same user) pair of a chunk at once.
+
+    >>> [(k.tolist(), a.tolist(), t.tolist()) for k, a, t in pair_counts(np.array([0, 2, 3]), np.array([1, 0, 1]),
+    ...                                                                    np.array([False, True, False]), 2)]
+    [([0, 1, 3], [1, 1, 2], [0, 0, 2])]
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    held = np.asarray(held, dtype=bool)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    partners = offsets[owner + 1] - np.arange(len(positions))                       # [S] itself and the later items
+    ends = np.cumsum(partners)
+    start = 0
+    while start < len(positions):                                                      # the items whose pairs fit
+        stop = max(start + 1, int(np.searchsorted(ends, (ends[start - 1] if start else 0) + max_pairs, "right")))
+        count = partners[start:stop]
+        first = np.repeat(np.arange(start, stop), count)                                # [P] each pair's first item
+        second = first + np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count)
+        a, b = positions[first], positions[second]
+        keys, inverse, every = np.unique(np.minimum(a, b) * n_items + np.maximum(a, b), return_inverse=True,
+                                         return_counts=True)
+        trained = np.bincount(inverse, weights=~(held[first] | held[second]), minlength=len(keys))
+        yield keys, every.astype(np.int64), trained.astype(np.int64)
+        start = stop
 
 
 def user_scores(weights: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, n_rows: int) -> torch.Tensor:
