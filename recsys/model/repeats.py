@@ -463,8 +463,8 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     A known item is one in the history that the model knows (only those can be listed); a new target's rank
     counts the items scored higher among those the user does not know (0 = best), once per pair of a popularity
     weight and an item-to-item weight (:func:`rankings_of`): the model's score plus the first times the day's prior
-    from ``recent`` (None: no prior) plus the second times the scores of ``item_to_item`` (fitted on days before
-    the rows' days; None: none). A target the model does not know cannot be ranked (inf), but still counts in the
+    from ``recent`` (None: no prior) plus the second times the scores of ``item_to_item`` (fitted on what the model
+    trained on, not on the rows' own items; None: none). A target the model does not know cannot be ranked (inf), but still counts in the
     day's ideal. Ranked on the model's device.
     """
     from recsys.sequences import Vocabulary
