@@ -9,9 +9,9 @@ are fitted on every pair of the window, as the refit model is trained on every i
 One pass yields both counts: each user's distinct items, the held-out newest flagged, collected per user; each
 task counts its users' pairs with numpy (:func:`recsys.model.item_to_item.pair_counts`: the sum over users of their
 items squared, halved, in vectorised chunks rather than as the rows of a self-join, which Spark would shuffle one
-by one: docs/performance.md, "Item-to-item scores in the core") and Spark adds the tasks' counts up. Only the window's
-``train.repeats.item_to_item.max_items`` items with the most users take part (ties by item id): the driver collects
-at most ``max_items ** 2 / 2`` counts and inverts a ``max_items``-square matrix
+by one: docs/performance.md, "Item-to-item scores in the core") and Spark adds the tasks' counts up. Only the
+window's ``train.repeats.item_to_item.max_items`` items with the most users take part (ties by item id): the driver
+collects at most ``max_items ** 2 / 2`` counts and inverts a ``max_items``-square matrix
 (:func:`recsys.model.item_to_item.ease_weights`).
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pyspark.sql import functions as F
 
 from recsys.config import Config
 from recsys.learning.shards import HASH_BUCKETS, held_out_bucket
-from recsys.model.stream import MIN_HELD_OUT_LEN
 from recsys.model.item_to_item import ItemToItem, from_co_counts, pair_counts
+from recsys.model.stream import MIN_HELD_OUT_LEN
 
 log = logging.getLogger(__name__)
 

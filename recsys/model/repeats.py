@@ -464,8 +464,8 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     counts the items scored higher among those the user does not know (0 = best), once per pair of a popularity
     weight and an item-to-item weight (:func:`rankings_of`): the model's score plus the first times the day's prior
     from ``recent`` (None: no prior) plus the second times the scores of ``item_to_item`` (fitted on what the model
-    trained on, not on the rows' own items; None: none). A target the model does not know cannot be ranked (inf), but still counts in the
-    day's ideal. Ranked on the model's device.
+    trained on, not on the rows' own items; None: none). A target the model does not know cannot be ranked (inf),
+    but still counts in the day's ideal. Ranked on the model's device.
     """
     from recsys.sequences import Vocabulary
 
