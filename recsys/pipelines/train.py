@@ -62,6 +62,7 @@ from recsys.redaction import redact_text, redact_uri
 
 if TYPE_CHECKING:
     from recsys.learning.repeats import BlendDays
+    from recsys.model.item_to_item import ItemToItem
 
 log = logging.getLogger(__name__)
 NO_HOOKS = Hooks()
@@ -516,7 +517,7 @@ def _register(run: _Training, model: Any, item_ids: np.ndarray, metrics: dict[st
                                      description=f"trained on events before {run.date}")
 
 
-def _night_item_to_item(run: _Training, blend: RepeatBlend | None):
+def _night_item_to_item(run: _Training, blend: RepeatBlend | None) -> "ItemToItem | None":
     """The item-to-item weights fitted on the whole window, saved with the model when the blend weighs them."""
     if blend is None or not blend.item_to_item_weight or run.blend_days is None:
         return None
