@@ -252,6 +252,14 @@ class ModelConfig(_Section):
         return getattr(self, model_type or self.type)
 
 
+def _blend_weights(weights: tuple[float, ...], below: float, zero: str, only_zero: str) -> tuple[float, ...]:
+    """A grid of weights the repeat blend chooses among: distinct, from 0 (``zero``) up to ``below``."""
+    if any(not 0 <= w < below for w in weights) or len(set(weights)) != len(weights):
+        raise ValueError(f"must be distinct weights from 0 ({zero}) up to {below}, got {list(weights)}; "
+                         f"[0] keeps new items {only_zero}")
+    return weights
+
+
 class ItemToItemConfig(_Section):
     """Item-to-item (EASE) scores beside the model's for new items (recsys.model.item_to_item), weighed by the blend."""
 
@@ -262,10 +270,7 @@ class ItemToItemConfig(_Section):
     @field_validator("weights")
     @classmethod
     def _distinct_and_not_negative(cls, weights: tuple[float, ...]) -> tuple[float, ...]:
-        if any(not 0 <= w < 10_000 for w in weights) or len(set(weights)) != len(weights):
-            raise ValueError(f"must be distinct weights from 0 (none) up to 10000, got {list(weights)}; "
-                             "[0] keeps new items ranked without item-to-item scores")
-        return weights
+        return _blend_weights(weights, 10_000, "none", "ranked without item-to-item scores")
 
 
 class RepeatsConfig(_Section):
@@ -282,10 +287,7 @@ class RepeatsConfig(_Section):
     @field_validator("popularity_weights")
     @classmethod
     def _distinct_and_not_negative(cls, weights: tuple[float, ...]) -> tuple[float, ...]:
-        if any(not 0 <= w < 1000 for w in weights) or len(set(weights)) != len(weights):
-            raise ValueError(f"must be distinct weights from 0 (no prior) up to 1000, got {list(weights)}; "
-                             "[0] keeps new items ranked by the model alone")
-        return weights
+        return _blend_weights(weights, 1000, "no prior", "ranked by the model alone")
 
 
 class TrainConfig(_Section):

@@ -20,9 +20,13 @@ import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from recsys.sequences import Vocabulary
 
 FILE = "item_to_item.npz"
 
@@ -41,6 +45,13 @@ class ItemToItem:
             raise ValueError(f"item-to-item weights have shape {self.weights.shape} for {v} items; expected ({v}, {v})")
         if len(np.unique(self.item_ids)) != v:
             raise ValueError("item-to-item item ids have duplicates: each row must be a distinct item")
+
+    def known_to(self, vocab: "Vocabulary") -> tuple[np.ndarray, np.ndarray]:
+        """The weighted items a model's vocabulary knows: (their rows here, their model indices). Only those can be
+        in a history the model reads or be scored."""
+        index = vocab.index_of(self.item_ids)
+        rows = np.flatnonzero(index > 0)
+        return rows, index[rows]
 
     def save(self, path: Path) -> None:
         """One ``.npz`` (numbers only, no pickle): item ids, weights, l2."""

@@ -518,9 +518,8 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
 
 def _item_to_item_on(vocab, item_to_item: "ItemToItem") -> tuple[np.ndarray, np.ndarray]:
     """The item-to-item weights among the items the model knows, and their model indices: ([V', V'], [V'])."""
-    index = vocab.index_of(item_to_item.item_ids)
-    known = np.flatnonzero(index > 0)
-    return item_to_item.weights[np.ix_(known, known)], index[known]
+    known, index = item_to_item.known_to(vocab)
+    return item_to_item.weights[np.ix_(known, known)], index
 
 
 def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: np.ndarray, targets: np.ndarray, *,

@@ -38,8 +38,9 @@ The repeat blend may weigh new items' recent popularity (``RepeatBlend.popularit
 each candidate (``recent_users``: users of the last day) is added to the product's scores before the selection
 (and to the fp32 rescoring), so it orders the new items at no cost beyond one add per score. It may weigh
 item-to-item scores too (``RepeatBlend.item_to_item_weight``, :mod:`recsys.model.item_to_item`): per row block, the
-weights' rows of the user's known items are summed (an index-add of ``[history items, weighted candidates]``) and
-added to the weighted candidates' columns of each tile's scores before the selection, and to the rescoring.
+weights' rows of the user's known items are summed (one ``embedding_bag`` over ``[weighted items, weighted
+candidates]``) and added to the weighted candidates' columns of each tile's scores before the selection, and to the
+rescoring.
 
 No pyspark or mlflow here: the same code runs inside the Spark UDF, in the benchmark's bare-core
 baseline, in tests, and on a GPU machine that has neither installed.
@@ -547,10 +548,8 @@ class Scorer:
             raise ValueError(f"the repeat blend weighs item-to-item scores ({self.blend.item_to_item_weight:g}) but no "
                              "item-to-item weights came with the model")
         dev = self.device
-        index = self.vocab.index_of(self.item_to_item.item_ids)                     # [V] model index, 0: unknown
-        rows = np.flatnonzero(index > 0)
-        cand_of_item = self._cand_of_item.cpu().numpy()
-        cols = cand_of_item[index[rows]]                                            # [V'] candidate column or -1
+        rows, index = self.item_to_item.known_to(self.vocab)                       # [V'] the ones the model knows
+        cols = self._cand_of_item.cpu().numpy()[index]                              # [V'] candidate column or -1
         scored = np.flatnonzero(cols >= 0)
         order = scored[np.argsort(cols[scored], kind="stable")]                     # weighted candidates by column
         weights = self.item_to_item.weights[np.ix_(rows, rows[order])]             # [V', W]
@@ -558,7 +557,7 @@ class Scorer:
         self._i2i_cols_np = cols[order].astype(np.int64)
         self._i2i_cols = torch.as_tensor(self._i2i_cols_np).to(dev)
         row_of_index = torch.full((num_items + 1,), -1, dtype=torch.long)
-        row_of_index[torch.as_tensor(index[rows])] = torch.arange(len(rows))
+        row_of_index[torch.as_tensor(index)] = torch.arange(len(rows))
         self._i2i_row_of_index = row_of_index.to(dev)
         pos_of_col = torch.full((self.num_candidates,), -1, dtype=torch.long)
         pos_of_col[torch.as_tensor(self._i2i_cols_np)] = torch.arange(len(order))
