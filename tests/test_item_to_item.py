@@ -264,3 +264,13 @@ def test_training_s_fit_weighs_item_to_item_scores_that_name_the_next_item_when_
         assert blend.figures["no_item_to_item_ndcg_at_10"] < blend.figures["ndcg_at_10"]
     else:
         assert days.item_to_item is None and blend.item_to_item_weight == 0 and blend.popularity_weight == 0
+
+
+def test_dense_pair_counts_refuse_arrays_of_another_catalog_size():
+    """The dense counts are indexed ``i * n_items + j``: arrays sized for another catalog would misplace them."""
+    from recsys.model.item_to_item import add_pair_counts
+
+    every, trained = np.zeros(9, dtype=np.int64), np.zeros(9, dtype=np.int64)
+    with pytest.raises(ValueError, match="2 items need two arrays of 4 counts"):
+        add_pair_counts(np.array([0, 2]), np.array([0, 1]), np.array([False, False]), 2, every, trained)
+    assert not every.any() and not trained.any()

@@ -7,9 +7,10 @@ new items is judged on pairs it trained on and the other did not. The weights sa
 are fitted on every pair of the window, as the refit model is trained on every item.
 
 One pass yields both counts: each user's distinct items, the held-out newest flagged, collected per user; each
-task counts its users' pairs with numpy (:func:`recsys.model.item_to_item.pair_counts`: the sum over users of their
-items squared, halved, in vectorised chunks rather than as the rows of a self-join, which Spark would shuffle one
-by one: docs/performance.md, "Item-to-item scores in the core") and Spark adds the tasks' counts up. Only the
+task counts its users' pairs with numpy (:func:`recsys.model.item_to_item.add_pair_counts` into two dense arrays,
+or :func:`~recsys.model.item_to_item.pair_counts` above ``DENSE_ITEMS`` items: the sum over users of their items
+squared, halved, in vectorised chunks rather than as the rows of a self-join, which Spark would shuffle one by one:
+docs/performance.md, "Item-to-item scores in the core") and Spark adds the tasks' counts up. Only the
 window's ``train.repeats.item_to_item.max_items`` items with the most users take part (ties by item id): the driver
 collects at most ``max_items ** 2 / 2`` counts and inverts a ``max_items``-square matrix
 (:func:`recsys.model.item_to_item.ease_weights`).
@@ -28,7 +29,7 @@ from pyspark.sql import functions as F
 
 from recsys.config import Config
 from recsys.learning.shards import HASH_BUCKETS, held_out_bucket
-from recsys.model.item_to_item import ItemToItem, from_co_counts, pair_counts
+from recsys.model.item_to_item import ItemToItem, add_pair_counts, from_co_counts, pair_counts
 from recsys.model.stream import MIN_HELD_OUT_LEN
 
 log = logging.getLogger(__name__)
@@ -88,13 +89,12 @@ def _partition_counts(n_items: int, dense: bool, batches: Iterator[pa.RecordBatc
         pos, held = items.flatten().flatten()              # the users' (pos, held) entries, one after another
         offsets = items.offsets.to_numpy()
         offsets = offsets - offsets[0]
-        for keys, all_, kept in pair_counts(offsets, pos.to_numpy(zero_copy_only=False),
-                                            held.to_numpy(zero_copy_only=False), n_items, max_pairs):
-            if dense:
-                every[keys] += all_
-                trained[keys] += kept
-            else:
-                yield _counts_batch(keys, all_, kept)
+        pos, held = pos.to_numpy(zero_copy_only=False), held.to_numpy(zero_copy_only=False)
+        if dense:
+            add_pair_counts(offsets, pos, held, n_items, every, trained, max_pairs)
+            continue
+        for keys, all_, kept in pair_counts(offsets, pos, held, n_items, max_pairs):
+            yield _counts_batch(keys, all_, kept)
     if dense:
         nonzero = np.flatnonzero(every)
         yield _counts_batch(nonzero, every[nonzero], trained[nonzero])
