@@ -3,6 +3,7 @@
     python benchmarks/new_page_prior.py [--log ../shared/data/wikipedia-edits/edits.csv.gz] [--seed 42]
         [--from-day 24] [--to-day 30] [--json PATH]
     python benchmarks/new_page_prior.py --events DATA/events --from-day 33 --to-day 39   # the job's input layout
+    python benchmarks/new_page_prior.py --order first   # histories in the order pages were found
 
 Why: on Wikipedia edits the job's lists hold fewer pages new to the user than masked Spark ALS's, and with all
 ten places the default SASRec orders new pages about as well as masked ALS (docs/quality.md, "Where the gap on new
@@ -59,18 +60,24 @@ def read_events(path: Path) -> pd.DataFrame:
     return frame.drop(columns="ts").sort_values(["user_id", "seconds"], kind="stable").reset_index(drop=True)
 
 
-def histories(past: pd.DataFrame) -> dict[int, np.ndarray]:
+ORDERS = ("latest", "first")
+
+
+def histories(past: pd.DataFrame, order: str = "latest") -> dict[int, np.ndarray]:
     """Each user's distinct pages (model indices), ordered by their latest edit, newest last: the job's order (ties
-    by page here, by a seeded hash in the job)."""
-    latest = past.groupby(["user_id", "item"], sort=False).seconds.max().reset_index()
-    latest = latest.sort_values(["user_id", "seconds", "item"], kind="stable")
-    return {u: g.item.to_numpy() for u, g in latest.groupby("user_id", sort=False)}
+    by page here, by a seeded hash in the job). ``order="first"``: by each page's first edit instead (the order
+    the user found them in, so that every next page of a training sequence was new to the user then)."""
+    by = past.groupby(["user_id", "item"], sort=False).seconds
+    when = (by.max() if order == "latest" else by.min()).reset_index()
+    when = when.sort_values(["user_id", "seconds", "item"], kind="stable")
+    return {u: g.item.to_numpy() for u, g in when.groupby("user_id", sort=False)}
 
 
-def night(edits: pd.DataFrame, day: int, max_len: int) -> tuple[np.ndarray, Lists, list[np.ndarray]]:
+def night(edits: pd.DataFrame, day: int, max_len: int,
+          order: str = "latest") -> tuple[np.ndarray, Lists, list[np.ndarray]]:
     """The day's returning users with a new page: their histories as [U, max_len] (left-padded), new pages, known."""
     past, today = edits[edits.day < day], edits[edits.day == day]
-    seqs = histories(past)
+    seqs = histories(past, order)
     rows, news, known = [], [], []
     for user, pages in today.groupby("user_id").item:
         if user not in seqs:
@@ -133,6 +140,8 @@ def arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--from-day", type=int, default=24, help="first night, days since the log's first event")
     parser.add_argument("--to-day", type=int, default=30)
+    parser.add_argument("--order", choices=ORDERS, default="latest",
+                        help="histories (trained on and served) by each page's latest edit (the job's) or first")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
@@ -170,14 +179,14 @@ def trained_nights(edits: pd.DataFrame, n_items: int, args: argparse.Namespace) 
     config = model_config(cfg.train.model, n_items, "sasrec")
     settings = replace(train_settings(cfg.train, torch.device("cpu")), seed=args.seed)
     for day in range(args.from_day, args.to_day + 1):
-        train = Sequences.from_lists(list(histories(edits[edits.day < day - 1]).values()))
-        valid_seq, valid_new, valid_known = night(edits, day - 1, config.max_len)
+        train = Sequences.from_lists(list(histories(edits[edits.day < day - 1], args.order).values()))
+        valid_seq, valid_new, valid_known = night(edits, day - 1, config.max_len, args.order)
 
         def validate(model) -> dict[str, float]:
             return {"ndcg@10": float(listed(model_scores(model, valid_seq, valid_known), valid_new).ndcg.mean())}
 
         model = fit(train, config, settings, valid=validate).model
-        yield Night(day, model, (valid_seq, valid_new, valid_known), night(edits, day, config.max_len))
+        yield Night(day, model, (valid_seq, valid_new, valid_known), night(edits, day, config.max_len, args.order))
 
 
 def main() -> int:
