@@ -32,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blend_choice import honest_rows, trained_models  # noqa: E402
+from blend_choice import _rows, honest_rows, trained_models  # noqa: E402
 from recsys.model.repeats import (OBJECTIVES, REPEAT_BIASES, BlendSums, BlendValidation, blend_grid,  # noqa: E402
                                   blend_sums, choose_blend)
 
@@ -52,10 +52,8 @@ def shifted(v: BlendValidation, e: float, offset: float) -> BlendValidation:
 
 def new_rows_only(v: BlendValidation) -> BlendValidation:
     """The rows with an item new to the user, their known targets taken out: hits there are hits on new items."""
-    keep = v.known_target.sum(1) < v.targets
-    return replace(v, known_counts=v.known_counts[keep], known_ages=v.known_ages[keep],
-                   known_target=np.zeros_like(v.known_target[keep]), new_target_ranks=v.new_target_ranks[:, keep],
-                   targets=v.targets[keep], known_index=None if v.known_index is None else v.known_index[keep])
+    rows = _rows(v, v.known_target.sum(1) < v.targets)
+    return replace(rows, known_target=np.zeros_like(rows.known_target))
 
 
 def total(chunks: list[BlendValidation], grid, e: float, offset: float) -> BlendSums:
