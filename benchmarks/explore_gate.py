@@ -32,9 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from blend_choice import _rows, honest_rows, trained_models  # noqa: E402
+from blend_choice import _rows, grid_sums, honest_rows, trained_models  # noqa: E402
 from recsys.model.repeats import (OBJECTIVES, REPEAT_BIASES, BlendSums, BlendValidation, blend_grid,  # noqa: E402
-                                  blend_sums, choose_blend)
+                                  choose_blend)
 
 
 def explore_logit(v: BlendValidation) -> np.ndarray:
@@ -57,10 +57,7 @@ def new_rows_only(v: BlendValidation) -> BlendValidation:
 
 
 def total(chunks: list[BlendValidation], grid, e: float, offset: float) -> BlendSums:
-    sums = blend_sums(BlendValidation.empty(), grid)
-    for v in chunks:
-        sums = sums.add(blend_sums(shifted(v, e, offset), grid))
-    return sums
+    return grid_sums([shifted(v, e, offset) for v in chunks], grid)
 
 
 def main(argv=None) -> int:
@@ -101,9 +98,7 @@ def main(argv=None) -> int:
                     best = (e, blend)
             e, blend = best[0], replace(best[1], figures={})
             every = total(chunks[night], (blend,), e, offset)
-            new = blend_sums(BlendValidation.empty(), (blend,))
-            for v in chunks[night]:
-                new = new.add(blend_sums(new_rows_only(shifted(v, e, offset)), (blend,)))
+            new = grid_sums([new_rows_only(shifted(v, e, offset)) for v in chunks[night]], (blend,))
             figures += [every.ndcg[0], every.hits[0], every.rows, new.hits[0], new.rows]
             picks.append(e)
         print(f"{label:24s} {figures[0] / figures[2]:8.4f} {figures[1] / figures[2]:8.4f} "
