@@ -234,6 +234,60 @@ def test_rows_ranked_a_chunk_at_a_time_add_up_to_the_fit_on_all_of_them():
         sums.add(blend_sums(BlendValidation.empty(), grid[:3]))
 
 
+def _merged_list_figures(blend: RepeatBlend, counts, ages, known_target, new_ranks, targets) -> tuple[float, bool]:
+    """One row's NDCG@10 and hit, its list built item by item: every known item at its blended score, a new item at
+    each rank 0-9 at ``-w log1p(r)``, best first, a known item before a new one of the same score."""
+    known = [(blend.repeat_bias + math.log(c) - blend.age_weight * math.log1p(a), 0, hit)
+             for c, a, hit in zip(counts, ages, known_target) if c > 0]
+    new = [(-blend.new_rank_weight * math.log1p(r), 1, r in set(new_ranks)) for r in range(10)]
+    listed = sorted(known + new, key=lambda entry: (-entry[0], entry[1]))[:10]
+    ideal = sum(1 / math.log2(p + 2) for p in range(min(targets, 10)))
+    gains = [1 / math.log2(p + 2) for p, (_, _, hit) in enumerate(listed) if hit]
+    return (sum(gains) / ideal if ideal else 0.0), bool(gains)
+
+
+def test_the_fit_s_sums_are_those_of_lists_built_item_by_item_ties_included():
+    """The fit places items without building lists; built one by one they give the same NDCG@10 and hits for every
+    candidate, on rows where a known item's score equals a new rank's exactly (count 1, age 0 and bias 0 tie with
+    rank 0; count 2 and bias -2 log 2 with rank 1 at weight 1) and on random ones."""
+    from recsys.model.repeats import blend_grid, blend_sums
+
+    rng = np.random.default_rng(7)
+    rows, width, new_width = 300, 12, 4
+    lengths = rng.integers(1, width + 1, rows)
+    present = np.arange(width)[None, :] < lengths[:, None]
+    counts = np.where(present, rng.integers(1, 4, (rows, width)), 0).astype(float)
+    ages = np.where(present, rng.choice([0.0, 0.0, 1.0, 2.5, 7.0], (rows, width)), 0.0)
+    known_target = present & (rng.random((rows, width)) < 0.2)
+    new_counts = rng.integers(0, new_width + 1, rows)
+    distinct = np.argsort(rng.random((2, rows, 14)), axis=2)[:, :, :new_width].astype(float)   # a rank per item
+    ranks = np.sort(np.where(np.arange(new_width)[None, None] < new_counts[None, :, None], distinct, np.inf), axis=2)
+    targets = known_target.sum(1) + (ranks[0] < np.inf).sum(1)
+    valid = BlendValidation(counts, ages, known_target, ranks, targets.astype(np.int64), popularity_weights=(0.0, 1.0))
+    grid = blend_grid((-math.inf, -2 * math.log(2), 0.0, 1.5), (0.0, 1.0), (1.0, 2.0), (0.0, 1.0))
+    sums = blend_sums(valid, grid)
+    ties = 0
+    for g, blend in enumerate(grid):
+        ranking = valid.new_target_ranks[int(blend.popularity_weight)]
+        figures = [_merged_list_figures(blend, counts[r], ages[r], known_target[r] if not blend.masks_known else
+                                        np.zeros(width, bool), ranking[r][ranking[r] < np.inf].astype(int).tolist(),
+                                        targets[r]) if not blend.masks_known else
+                   _masked_figures(ranking[r], targets[r]) for r in range(rows)]
+        assert sums.ndcg[g] == pytest.approx(sum(n for n, _ in figures), abs=1e-9), blend
+        assert sums.hits[g] == sum(h for _, h in figures), blend
+        if not blend.masks_known:
+            known_scores = blend.repeat_scores(np.maximum(counts[present], 1), ages[present])
+            ties += int(np.isin(known_scores, -blend.new_rank_weight * np.log1p(np.arange(10))).sum())
+    assert ties > 100   # the rows hold exact ties: the order between a known item and a new one is tested there
+
+
+def _masked_figures(ranks: np.ndarray, targets: int) -> tuple[float, bool]:
+    """A masking blend's row: the new items alone, at their ranks."""
+    ideal = sum(1 / math.log2(p + 2) for p in range(min(targets, 10)))
+    gains = [1 / math.log2(r + 2) for r in ranks if r < 10]
+    return (sum(gains) / ideal if ideal else 0.0), bool(gains)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "reference", "bfloat16"])
 def test_the_core_ranks_new_items_by_the_model_s_score_plus_the_weighted_popularity_of_the_day_before(dtype):
     """By hand: score = the model's + popularity_weight * log1p(users of the last day), known items masked; the

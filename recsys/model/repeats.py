@@ -290,6 +290,8 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
         for g, blend in enumerate(candidates):
             groups.setdefault((0.0 if blend.masks_known else blend.age_weight, blend.new_rank_weight), []).append(g)
         ordered: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        entries: dict[tuple[int, ...], _NewEntries] = {}
+        position = {g: (slice_of[_ranking(c)], c.repeat_bias) for g, c in enumerate(candidates)}
         for (age_weight, rank_weight), members in groups.items():
             if age_weight not in ordered:
                 base = np.where(present, log_counts - age_weight * log_ages, -np.inf)
@@ -299,14 +301,18 @@ def blend_sums(valid: BlendValidation, candidates: tuple[RepeatBlend, ...]) -> B
                          np.lexsort((valid.known_index, -base), axis=1))[:, :NDCG_K]
                 ordered[age_weight] = (np.take_along_axis(base, order, 1), np.take_along_axis(valid.known_target, order, 1))
             top_base, top_target = ordered[age_weight]
-            biases = sorted({candidates[g].repeat_bias for g in members})
-            slices = sorted({slice_of[_ranking(candidates[g])] for g in members})
-            group_ndcg, group_hits = _score(top_base[None] + np.array(biases)[:, None, None], top_target,
-                                            new_ranks[slices], rank_weight, ideal)               # [P', B] each
-            at = [(slices.index(slice_of[_ranking(candidates[g])]), biases.index(candidates[g].repeat_bias))
-                  for g in members]
-            ndcg[members] = [group_ndcg[p, b] for p, b in at]
-            hits[members] = [group_hits[p, b] for p, b in at]
+            biases = sorted({position[g][1] for g in members})
+            slices = tuple(sorted({position[g][0] for g in members}))
+            if slices not in entries:
+                entries[slices] = _NewEntries.of(new_ranks[list(slices)])
+            group_ndcg, group_hits = _score(top_base, top_target, np.array(biases), entries[slices], rank_weight,
+                                            ideal)                                                  # [P', B] each
+            slice_at = {s: i for i, s in enumerate(slices)}
+            bias_at = {b: i for i, b in enumerate(biases)}
+            p_at = [slice_at[position[g][0]] for g in members]
+            b_at = [bias_at[position[g][1]] for g in members]
+            ndcg[members] = group_ndcg[p_at, b_at]
+            hits[members] = group_hits[p_at, b_at]
     return BlendSums(candidates, ndcg, hits, int(valid.samples), int(valid.known_target.sum()), int(valid.targets.sum()))
 
 
@@ -371,44 +377,81 @@ def _ideal_dcg(targets: np.ndarray) -> np.ndarray:
     return cumulative[np.clip(targets, 0, NDCG_K)]
 
 
-def _score(known: np.ndarray, known_target: np.ndarray, new_ranks: np.ndarray, rank_weight: float,
-           ideal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """([P, B] sums of NDCG@10, [P, B] rows with a hit) of the merged lists; ``known`` [B, S, K]: the known items'
-    blended scores, descending along K, under B repeat biases at once; ``new_ranks`` [P, S, T]: the new items' ranks
-    under P popularity weights (the known items' places do not depend on them: computed once).
+@dataclass(frozen=True)
+class _NewEntries:
+    """The new items ranked under 10 (the only ones that can reach a top-10 place) of P rankings, one entry each,
+    grouped by (ranking, row) with the best rank first: what :func:`_score` places among the known items."""
 
-    Places are integers under ``2 * NDCG_K``, so each one's gain is looked up (0 from place 10 on)."""
-    n_known = known.shape[-1]
-    # new ranks whose score beats a known item's: -w log1p(r) > s  <=>  r < exp(-s / w) - 1
-    beaten_by_new = np.where(np.isfinite(known), np.ceil(np.clip(np.exp(np.clip(-known / rank_weight, None, 30)) - 1,
-                                                                 0, NDCG_K)), NDCG_K).astype(np.int64)
-    known_place = np.arange(n_known) + beaten_by_new                              # [B, S, K] under 2 * NDCG_K
-    known_gain = (_GAIN[known_place] * known_target).sum(-1)                      # [B, S]
-    known_hit = (known_target & (known_place < NDCG_K)).any(-1)                   # [B, S]
-    # known items at or above a new item at each rank under 10 (the only ranks that can reach a top-10 place),
-    # counted one known column at a time: a [B, S, 10] sum, not a [B, S, 10, K] temporary
-    rank_score = -rank_weight * np.log1p(np.arange(NDCG_K))                       # [10]
-    above_rank = np.zeros((*known.shape[:2], NDCG_K), dtype=np.int8)              # at most K <= NDCG_K
-    for k in range(n_known):
-        np.add(above_rank, known[:, :, k:k + 1] >= rank_score, out=above_rank, casting="unsafe")
+    ranking: np.ndarray     # [E] the ranking's slice
+    row: np.ndarray         # [E]
+    rank: np.ndarray        # [E] int, under NDCG_K
+    starts: np.ndarray      # [Q] the first entry of each (ranking, row) pair
+    rankings: int           # P
+
+    @classmethod
+    def of(cls, new_ranks: np.ndarray) -> "_NewEntries":
+        """From ``new_ranks`` [P, S, T], each row's ranks ascending along T."""
+        ranking, row, col = np.nonzero(new_ranks < NDCG_K)          # (ranking, row) pairs contiguous, rank ascending
+        rank = new_ranks[ranking, row, col].astype(np.int64)
+        first = np.r_[True, (ranking[1:] != ranking[:-1]) | (row[1:] != row[:-1])] if len(row) else np.zeros(0, bool)
+        return cls(ranking, row, rank, np.flatnonzero(first), len(new_ranks))
+
+
+def _score(top_base: np.ndarray, top_target: np.ndarray, biases: np.ndarray, new: _NewEntries, rank_weight: float,
+           ideal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([P, B] sums of NDCG@10, [P, B] rows with a hit) of the merged lists under B repeat biases and P rankings of
+    new items. ``top_base`` [S, K]: each row's best known items' scores without the bias, descending along K (-inf:
+    padding), ``top_target`` [S, K] which of them the user had that day; ``new``: the new items ranked under 10.
+
+    One comparison decides both orders: a new item at rank ``r`` (score ``-w log1p(r)``) is above a known item
+    with blended score ``s`` when ``-w log1p(r) > s``, else below it. So a known item's place is its column plus
+    the ranks that beat it (``beaten``), and a new item's is its rank plus the known items with ``beaten <= r``.
+    Only what can change a row's figures is computed: the known items the user had that day, and the rows with a
+    new item ranked under 10; every other row adds its known items' figures as they are. Places are integers
+    under ``2 * NDCG_K``, so each one's gain is looked up (0 from place 10 on)."""
+    n_rows, n_known = top_base.shape
+    n_biases = len(biases)
+    # ranks' scores ascending once negated: beaten = #{r : -w log1p(r) > s} is a sorted search of -s
+    negated_rank_score = rank_weight * np.log1p(np.arange(NDCG_K))
     scale = np.where(ideal > 0, ideal, 1.0)
-    known_ndcg = np.where(ideal > 0, known_gain / scale, 0.0)                     # [B, S] the rows' known items alone
-    ndcg, hits = [], []
-    for ranks in new_ranks:                                                       # [S, T] one ranking of new items
-        useful = ranks < NDCG_K
-        # only rows with a new item ranked under 10 can differ from their known items' figures: the others (most
-        # rows, on most logs) are summed as they are, so a ranking costs what its few such rows cost
-        sel = useful.any(1)
-        u = useful[sel]
-        rank = np.where(u, ranks[sel], 0).astype(np.int64)
-        above = np.take_along_axis(above_rank[:, sel], np.broadcast_to(rank, (len(known), *rank.shape)), 2)  # [B, s, T]
-        new_place = np.where(u, rank + above, 2 * NDCG_K)
-        new_gain = _GAIN[new_place].sum(-1)
-        sel_ndcg = np.where(ideal[sel] > 0, (known_gain[:, sel] + new_gain) / scale[sel], 0.0)
-        ndcg.append(known_ndcg[:, ~sel].sum(-1) + sel_ndcg.sum(-1))
-        sel_hits = known_hit[:, sel] | (new_place < NDCG_K).any(-1)
-        hits.append((known_hit[:, ~sel].sum(-1) + sel_hits.sum(-1)).astype(np.float64))
-    return np.array(ndcg), np.array(hits)
+
+    # the known items the user had that day: their places and gains, summed per row (rows in order, columns too)
+    t_row, t_col = np.nonzero(top_target)
+    t_starts = np.flatnonzero(np.r_[True, t_row[1:] != t_row[:-1]]) if len(t_row) else np.zeros(0, np.int64)
+    known_gain = np.zeros((n_biases, n_rows))
+    known_hit = np.zeros((n_biases, n_rows), dtype=bool)
+    if len(t_row):
+        t_place = t_col + np.searchsorted(negated_rank_score, -(top_base[t_row, t_col][None] + biases[:, None]))
+        known_gain[:, t_row[t_starts]] = np.add.reduceat(_GAIN[t_place], t_starts, axis=1)
+        # places grow along K (columns descend in score): the row's first target holds its best place
+        known_hit[:, t_row[t_starts]] = t_place[:, t_starts] < NDCG_K
+    known_ndcg = np.where(ideal > 0, known_gain / scale, 0.0)                    # [B, S] the rows' known items alone
+    ndcg = np.broadcast_to(known_ndcg.sum(-1), (new.rankings, n_biases)).copy()  # [P, B]
+    hits = np.broadcast_to(known_hit.sum(-1).astype(np.float64), (new.rankings, n_biases)).copy()
+    if not len(new.row):
+        return ndcg, hits
+
+    # rows with a new item under 10: how many known items sit at or above each rank r (beaten <= r), per bias
+    rows, at = np.unique(new.row, return_inverse=True)
+    beaten = np.searchsorted(negated_rank_score, -(top_base[rows][None] + biases[:, None, None]))   # [B, U, K]
+    cells = np.arange(n_biases * len(rows))[:, None] * (NDCG_K + 1) + beaten.reshape(-1, n_known)
+    above_rank = np.cumsum(np.bincount(cells.ravel(), minlength=n_biases * len(rows) * (NDCG_K + 1))
+                           .reshape(n_biases, len(rows), NDCG_K + 1), axis=2)                       # [B, U, 11]
+    new_place = new.rank + above_rank[:, at, new.rank]                                              # [B, E]
+    new_gain = np.add.reduceat(_GAIN[new_place], new.starts, axis=1)                               # [B, Q]
+    pair_row, pair_ranking = new.row[new.starts], new.ranking[new.starts]
+    # a pair's row with its new items in place of its known items alone, per ranking
+    with_new = np.where(ideal[pair_row] > 0, (known_gain[:, pair_row] + new_gain) / scale[pair_row], 0.0)
+    # ranks ascend within a pair and places with them: its first new item holds its best place
+    hit_added = (new_place[:, new.starts] < NDCG_K) & ~known_hit[:, pair_row]
+    ndcg += _sum_by(with_new - known_ndcg[:, pair_row], pair_ranking, new.rankings)
+    hits += _sum_by(hit_added.astype(np.float64), pair_ranking, new.rankings)
+    return ndcg, hits
+
+
+def _sum_by(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """[groups, B]: ``values`` [B, Q] summed over the columns of each group."""
+    return (values @ (group[:, None] == np.arange(groups))).T
 
 
 # the NDCG gain of each list place under 2 * NDCG_K + 1 (0 from NDCG_K on: not in the top 10)
@@ -485,13 +528,11 @@ def rank_validation_days(model: torch.nn.Module, item_ids: np.ndarray, days: Val
     known_target = np.zeros((days.rows, width), dtype=bool)
     known_index = np.zeros((days.rows, width), dtype=np.int64)
     known_index[row_of, place] = histories.items
-    is_known_target = np.zeros(len(target_idx), dtype=bool)
-    for r in np.unique(target_row):   # a day's targets against the row's known items (a handful each)
-        hist_r = histories.items[histories.offsets[r]:histories.offsets[r + 1]]
-        t_at = np.flatnonzero(target_row == r)
-        hit = np.isin(target_idx[t_at], hist_r) & (target_idx[t_at] > 0)
-        is_known_target[t_at] = hit
-        known_target[r, :len(hist_r)] = np.isin(hist_r, target_idx[t_at])
+    # a day's targets against the row's known items: (row, model index) pairs of both, matched at once
+    pair_known = row_of * (len(vocab) + 1) + histories.items
+    pair_target = target_row * (len(vocab) + 1) + target_idx
+    is_known_target = np.isin(pair_target, pair_known) & (target_idx > 0)
+    known_target[row_of, place] = np.isin(pair_known, pair_target)
     new_at = np.flatnonzero(~is_known_target)
     new_counts = np.bincount(target_row[new_at], minlength=days.rows)
     new_width = max(1, int(new_counts.max(initial=0)))
@@ -570,11 +611,17 @@ def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: 
                                                 torch.from_numpy(np.asarray(part.lengths, dtype=np.int64)).to(device))
                 row_i2i = torch.zeros_like(scores)
                 row_i2i[:, i2i_index] = user_scores(i2i_weights, owner, i2i_row[flat], len(rows))
+            # each target's row of each addend, taken once: the rankings below add them up for these rows only
+            own_scores = scores[local]                                                # [t, N + 1]
+            own_prior = None if row_prior is None else row_prior[local]
+            own_i2i = None if row_i2i is None else row_i2i[local]
+            at_target = torch.arange(len(local), device=device)
             for p, (weight, i2i_weight) in enumerate(rankings):
-                ranked = scores if row_prior is None or not weight else torch.add(scores, row_prior, alpha=weight)
-                if row_i2i is not None and i2i_weight:
-                    ranked = torch.add(ranked, row_i2i, alpha=i2i_weight)
-                own = ranked[local, target]                                           # [t]
-                above = (ranked[local] > own[:, None]).sum(1)                         # [t]
+                ranked = own_scores if own_prior is None or not weight else torch.add(own_scores, own_prior,
+                                                                                     alpha=weight)
+                if own_i2i is not None and i2i_weight:
+                    ranked = torch.add(ranked, own_i2i, alpha=i2i_weight)
+                own = ranked[at_target, target]                                       # [t]
+                above = (ranked > own[:, None]).sum(1)                                # [t]
                 out[p, pick] = above.cpu().numpy().astype(np.float64)
     return out
