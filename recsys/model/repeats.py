@@ -611,17 +611,20 @@ def _new_target_ranks(model: torch.nn.Module, histories: "Sequences", rows_all: 
                                                 torch.from_numpy(np.asarray(part.lengths, dtype=np.int64)).to(device))
                 row_i2i = torch.zeros_like(scores)
                 row_i2i[:, i2i_index] = user_scores(i2i_weights, owner, i2i_row[flat], len(rows))
-            # each target's row of each addend, taken once: the rankings below add them up for these rows only
-            own_scores = scores[local]                                                # [t, N + 1]
-            own_prior = None if row_prior is None else row_prior[local]
-            own_i2i = None if row_i2i is None else row_i2i[local]
-            at_target = torch.arange(len(local), device=device)
-            for p, (weight, i2i_weight) in enumerate(rankings):
-                ranked = own_scores if own_prior is None or not weight else torch.add(own_scores, own_prior,
-                                                                                     alpha=weight)
-                if own_i2i is not None and i2i_weight:
-                    ranked = torch.add(ranked, own_i2i, alpha=i2i_weight)
-                own = ranked[at_target, target]                                       # [t]
-                above = (ranked > own[:, None]).sum(1)                                # [t]
-                out[p, pick] = above.cpu().numpy().astype(np.float64)
+            # each target's row of each addend, taken once (at most a batch of targets at a time, so the copies
+            # stay within the batch's own size): the rankings below add them up for these rows only
+            for t_lo in range(0, len(local), batch):
+                at = slice(t_lo, t_lo + batch)
+                own_scores = scores[local[at]]                                        # [t, N + 1]
+                own_prior = None if row_prior is None else row_prior[local[at]]
+                own_i2i = None if row_i2i is None else row_i2i[local[at]]
+                at_target = torch.arange(len(own_scores), device=device)
+                for p, (weight, i2i_weight) in enumerate(rankings):
+                    ranked = (own_scores if own_prior is None or not weight else
+                              torch.add(own_scores, own_prior, alpha=weight))
+                    if own_i2i is not None and i2i_weight:
+                        ranked = torch.add(ranked, own_i2i, alpha=i2i_weight)
+                    own = ranked[at_target, target[at]]                               # [t]
+                    above = (ranked > own[:, None]).sum(1)                            # [t]
+                    out[p, pick[at]] = above.cpu().numpy().astype(np.float64)
     return out
