@@ -269,10 +269,10 @@ def test_the_fit_s_sums_are_those_of_lists_built_item_by_item_ties_included():
     ties = 0
     for g, blend in enumerate(grid):
         ranking = valid.new_target_ranks[int(blend.popularity_weight)]
-        figures = [_merged_list_figures(blend, counts[r], ages[r], known_target[r] if not blend.masks_known else
-                                        np.zeros(width, bool), ranking[r][ranking[r] < np.inf].astype(int).tolist(),
-                                        targets[r]) if not blend.masks_known else
-                   _masked_figures(ranking[r], targets[r]) for r in range(rows)]
+        figures = [_masked_figures(ranking[r], targets[r]) if blend.masks_known else
+                   _merged_list_figures(blend, counts[r], ages[r], known_target[r],
+                                        ranking[r][ranking[r] < np.inf].astype(int).tolist(), targets[r])
+                   for r in range(rows)]
         assert sums.ndcg[g] == pytest.approx(sum(n for n, _ in figures), abs=1e-9), blend
         assert sums.hits[g] == sum(h for _, h in figures), blend
         if not blend.masks_known:
