@@ -393,8 +393,18 @@ class _NewEntries:
         """From ``new_ranks`` [P, S, T], each row's ranks ascending along T."""
         ranking, row, col = np.nonzero(new_ranks < NDCG_K)          # (ranking, row) pairs contiguous, rank ascending
         rank = new_ranks[ranking, row, col].astype(np.int64)
-        first = np.r_[True, (ranking[1:] != ranking[:-1]) | (row[1:] != row[:-1])] if len(row) else np.zeros(0, bool)
-        return cls(ranking, row, rank, np.flatnonzero(first), len(new_ranks))
+        return cls(ranking, row, rank, _run_starts(ranking, row), len(new_ranks))
+
+
+def _run_starts(*keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal ``keys`` (equal in every one of them, runs contiguous) starts: the offsets
+    ``np.add.reduceat`` sums them by."""
+    if not len(keys[0]):
+        return np.zeros(0, np.int64)
+    change = np.zeros(len(keys[0]) - 1, bool)
+    for key in keys:
+        change |= key[1:] != key[:-1]
+    return np.flatnonzero(np.r_[True, change])
 
 
 def _score(top_base: np.ndarray, top_target: np.ndarray, biases: np.ndarray, new: _NewEntries, rank_weight: float,
@@ -417,7 +427,7 @@ def _score(top_base: np.ndarray, top_target: np.ndarray, biases: np.ndarray, new
 
     # the known items the user had that day: their places and gains, summed per row (rows in order, columns too)
     t_row, t_col = np.nonzero(top_target)
-    t_starts = np.flatnonzero(np.r_[True, t_row[1:] != t_row[:-1]]) if len(t_row) else np.zeros(0, np.int64)
+    t_starts = _run_starts(t_row)
     known_gain = np.zeros((n_biases, n_rows))
     known_hit = np.zeros((n_biases, n_rows), dtype=bool)
     if len(t_row):
