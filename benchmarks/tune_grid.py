@@ -44,8 +44,9 @@ GRID: dict[str, dict] = {
 }
 
 
-def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_dict: dict) -> dict:
-    """One training (in a worker process): the point's settings, one seed, validation figures."""
+def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_dict: dict, base: dict = BASE
+           ) -> dict:
+    """One training (in a worker process): the point's settings over ``base``, one seed, validation figures."""
     import torch
 
     from recsys.evaluation.ranking import SequenceModelScorer, rank_phase
@@ -55,7 +56,7 @@ def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_d
     torch.set_num_threads(1)
     model = {**cfg_dict["model"], **overrides.get("model", {})}
     config = SASRecConfig(num_items=len(item_ids), **model)
-    train_fields = {**BASE, **{k: v for k, v in overrides.items() if k != "model"}}
+    train_fields = {**base, **{k: v for k, v in overrides.items() if k != "model"}}
     settings = replace(TrainSettings(**cfg_dict["settings"]), seed=seed, num_threads=1, **train_fields)
 
     def validate(m):
@@ -66,7 +67,7 @@ def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_d
     seconds = time.perf_counter() - started
     return {"point": point, "seed": seed, "valid_ndcg@10": result.best_metrics["ndcg@10"],
             "valid_hr@10": result.best_metrics["hr@10"], "best_epoch": result.best_epoch,
-            "epochs_run": len(result.curve), "seconds_per_epoch": seconds / len(result.curve)}
+            "epochs_run": len(result.curve), "seconds_per_epoch": seconds / len(result.curve), "items": len(item_ids)}
 
 
 def main() -> None:
