@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
 from loo_validation import load
-from tune_grid import _train
+from tune_grid import _train, seed_summary
 
 
 def main() -> None:
@@ -70,14 +69,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     summary = {}
     for m in minimums:
-        mine = [r for r in rows if r["min_item_count"] == m]
-        values = [r["valid_ndcg@10"] for r in mine]
-        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        s = summary[m] = {"items": mine[0]["items"], "mean": statistics.fmean(values), "sd": sd, "by_seed": values,
-                          "hr@10": statistics.fmean(r["valid_hr@10"] for r in mine),
-                          "best_epochs": [r["best_epoch"] for r in mine],
-                          "seconds_per_epoch": statistics.fmean(r["seconds_per_epoch"] for r in mine)}
-        print(f"| {m} | {s['items']:,} | {s['mean']:.4f} | {sd:.4f} | {' / '.join(f'{v:.4f}' for v in values)} | "
+        s = summary[m] = {"items": len(vocabularies[m].item_ids),
+                          **seed_summary([r for r in rows if r["min_item_count"] == m])}
+        seeds = " / ".join(f"{v:.4f}" for v in s["by_seed"])
+        print(f"| {m} | {s['items']:,} | {s['mean']:.4f} | {s['sd']:.4f} | {seeds} | "
               f"{s['hr@10']:.4f} | {'/'.join(map(str, s['best_epochs']))} | {s['seconds_per_epoch']:.2f} |")
     if a.json:
         with open(a.json, "w") as f:

@@ -70,6 +70,16 @@ def _train(point: str, overrides: dict, seed: int, train, valid, item_ids, cfg_d
             "epochs_run": len(result.curve), "seconds_per_epoch": seconds / len(result.curve), "items": len(item_ids)}
 
 
+def seed_summary(rows: list[dict]) -> dict:
+    """One point's trainings (a row a seed, as :func:`_train` returns them) -> the mean, spread and per-seed figures
+    its table row shows."""
+    values = [r["valid_ndcg@10"] for r in rows]
+    return {"mean": statistics.fmean(values), "sd": statistics.stdev(values) if len(values) > 1 else float("nan"),
+            "by_seed": values, "hr@10": statistics.fmean(r["valid_hr@10"] for r in rows),
+            "best_epochs": [r["best_epoch"] for r in rows],
+            "seconds_per_epoch": statistics.fmean(r["seconds_per_epoch"] for r in rows)}
+
+
 def main() -> None:
     from recsys.learning.settings import train_settings
 
@@ -111,14 +121,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     summary = {}
     for point in points:
-        mine = [r for r in rows if r["point"] == point]
-        values = [r["valid_ndcg@10"] for r in mine]
-        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        summary[point] = {"mean": statistics.fmean(values), "sd": sd, "by_seed": values,
-                          "best_epochs": [r["best_epoch"] for r in mine],
-                          "seconds_per_epoch": statistics.fmean(r["seconds_per_epoch"] for r in mine)}
-        s = summary[point]
-        print(f"| {point} | {s['mean']:.4f} | {sd:.4f} | {' / '.join(f'{v:.4f}' for v in values)} | "
+        s = summary[point] = seed_summary([r for r in rows if r["point"] == point])
+        print(f"| {point} | {s['mean']:.4f} | {s['sd']:.4f} | {' / '.join(f'{v:.4f}' for v in s['by_seed'])} | "
               f"{'/'.join(map(str, s['best_epochs']))} | {s['seconds_per_epoch']:.1f} |")
     if a.json:
         with open(a.json, "w") as f:
