@@ -142,20 +142,24 @@ def test_the_hr_objective_leaves_a_place_to_a_new_item_where_ndcg_fills_the_list
 
 
 def test_validation_ranks_are_the_model_s_ranks_among_the_items_the_user_does_not_know():
+    """Rows 1 and 2 have nothing new to rank (a known item; an item the model does not know): only rows 0 and 3
+    are encoded, and each target's rank is its own row's."""
     model = random_model(NUM_ITEMS, seed=5)
-    histories = Sequences.from_lists([ITEM_IDS[[1, 2]], ITEM_IDS[[3]]])
-    days = ValidationDays(histories=histories, counts=np.array([4, 1, 2]), last_us=np.array([8, 9, 7]) * DAY_US,
-                          day_start_us=np.array([10, 10]) * DAY_US,
-                          targets=Sequences.from_lists([ITEM_IDS[[2, 10]], np.array([99999, ITEM_IDS[20]])]))
+    histories = Sequences.from_lists([ITEM_IDS[[1, 2]], ITEM_IDS[[5, 6]], ITEM_IDS[[7]], ITEM_IDS[[3]]])
+    days = ValidationDays(histories=histories, counts=np.array([4, 1, 1, 1, 1, 2]),
+                          last_us=np.array([8, 9, 9, 9, 9, 7]) * DAY_US, day_start_us=np.array([10] * 4) * DAY_US,
+                          targets=Sequences.from_lists([ITEM_IDS[[2, 10]], ITEM_IDS[[5]], np.array([99999]),
+                                                        np.array([99999, ITEM_IDS[20]])]))
     valid = rank_validation_days(model, ITEM_IDS, days)
-    assert valid.known_target.tolist() == [[False, True], [False, False]]
-    assert valid.known_counts.tolist() == [[4, 1], [2, 0]] and valid.known_ages[0].tolist() == [2.0, 1.0]
-    assert valid.targets.tolist() == [2, 2]
+    assert valid.known_target.tolist() == [[False, True], [True, False], [False, False], [False, False]]
+    assert valid.known_counts.tolist() == [[4, 1], [1, 1], [1, 0], [2, 0]]
+    assert valid.known_ages[0].tolist() == [2.0, 1.0] and valid.targets.tolist() == [2, 1, 1, 2]
+    assert np.isinf(valid.new_target_ranks[:, [1, 2]]).all()
     # by hand: score every item the user does not know, count those above the target
     from recsys.sequences import pad_left
 
     emb = model.item_embeddings()
-    for row, hist_idx, target_idx in ((0, [2, 3], 11), (1, [4], 21)):
+    for row, hist_idx, target_idx in ((0, [2, 3], 11), (3, [4], 21)):
         user = model.encode(torch.as_tensor(pad_left(Sequences.from_lists([hist_idx]), model.max_len)))[0]
         scores = (emb @ user).detach().numpy()
         others = [i for i in range(1, NUM_ITEMS + 1) if i not in hist_idx]

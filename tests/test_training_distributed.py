@@ -16,6 +16,7 @@ import jobkit
 from recsys.config import load_config
 from recsys.errors import TrainingProcessFailed
 from recsys.hooks import Hooks
+from recsys.learning.item_to_item import COUNTS_DDL
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -44,7 +45,7 @@ def _config(root: Path, tmp: Path, *extra: str):
     ])
 
 
-PAIR_COUNTS = ["key", "all", "trained"]   # recsys.learning.item_to_item's counts, one row per pair of items
+PAIR_COUNTS = [field.split()[0] for field in COUNTS_DDL.split(",")]   # the item-to-item counts' columns: a pair a row
 
 
 @pytest.fixture
