@@ -17,7 +17,9 @@ window with the job's reader, fits implicit ALS (rank 64, 10 iterations, as ``re
 baseline) and writes ``recommendForAllUsers(top_n)`` as Parquet. Every child is timed from start to
 exit (JVM start-up included, as the scheduler pays it) with the peak resident memory of its process
 tree sampled (driver Python, JVM, Python workers); the job's own stage seconds come from its log lines.
-The table printed at the end: each night's seconds, the mean night of each, their ratio.
+The table printed at the end: the mean night of each and their ratio, and, where the nights held both a full
+training and a warm one (each night trained: ``train.every_nights`` 1), a week as scheduled: one full night and
+``train.full_every_nights`` - 1 warm ones (the means of this run's), against ALS's mean night.
 
 Nothing here is timed inside pytest: the figures and their command belong in docs/performance.md.
 """
@@ -41,6 +43,7 @@ FIRST_NIGHT = dt.date(2024, 3, 1)
 ALS_RANK, ALS_ITERATIONS = 64, 10
 DEFAULT_WINDOW_DAYS = 10_000              # history.window_days in recsys/default.yaml
 TRAIN_STAGE = re.compile(r"\[train \S+\] (.+?) done in ([\d.]+)s")
+TRAIN_KIND = re.compile(r"\[train \S+\] (full|warm) training: ")     # recsys.pipelines.train's plan line
 RECOMMEND_BREAKDOWN = "seconds by stage: "     # recsys.pipelines.nightly.STAGE_BREAKDOWN
 
 
@@ -72,15 +75,36 @@ def job_night(root: Path, date: dt.date, extra: list[str]) -> dict:
     if code != 0:
         raise SystemExit(f"recsys train failed for {date} (exit {code}); log: {root / f'train-{date}.log'}")
     trained = "not due" not in out
+    kind = _kind(out)
     stages = {label: float(s) for label, s in TRAIN_STAGE.findall(out)}
     code, rec_s, rec_peak, out = _timed([*cli, "recommend", "--date", str(date), *sets], root / f"recommend-{date}.log")
     if code != 0:
         raise SystemExit(f"recsys recommend failed for {date} (exit {code}); log: {root / f'recommend-{date}.log'}")
     lines = [line for line in out.splitlines() if RECOMMEND_BREAKDOWN in line]
     breakdown = json.loads(lines[-1].split(RECOMMEND_BREAKDOWN, 1)[1]) if lines else {}
-    return {"trained": trained, "train_s": round(train_s, 1), "train_stages_s": stages, "train_peak_mb": train_peak,
+    return {"trained": trained, "kind": kind, "train_s": round(train_s, 1), "train_stages_s": stages,
+            "train_peak_mb": train_peak,
             "recommend_s": round(rec_s, 1), "recommend_stages_s": breakdown, "recommend_peak_mb": rec_peak,
             "night_s": round(train_s + rec_s, 1)}
+
+
+def _kind(out: str) -> str | None:
+    """The night's training kind from its log (full | warm), None when it did not train."""
+    found = TRAIN_KIND.findall(out)
+    return found[-1] if found else None
+
+
+def week_as_scheduled(rows: list[dict], full_every: int, prefix: str = "") -> float | None:
+    """A week of the schedule from this run's nights: one full night and ``full_every - 1`` warm ones, each at this
+    run's mean of its kind, over ``full_every`` nights; None without a full and a warm night to take them from, or
+    when a night did not train (another cadence than every night: the nights' mix is not one of each)."""
+    if any(not r[f"{prefix}trained"] for r in rows):
+        return None
+    full = [r[f"{prefix}night_s"] for r in rows if r[f"{prefix}kind"] == "full"]
+    warm = [r[f"{prefix}night_s"] for r in rows if r[f"{prefix}kind"] == "warm"]
+    if not full or not warm:
+        return None
+    return (statistics.mean(full) + (full_every - 1) * statistics.mean(warm)) / full_every
 
 
 def one_process_night(root: Path, date: dt.date, extra: list[str]) -> dict:
@@ -90,7 +114,7 @@ def one_process_night(root: Path, date: dt.date, extra: list[str]) -> dict:
     if code != 0:
         raise SystemExit(f"recsys night failed for {date} (exit {code}); log: {root / f'night-{date}.log'}")
     lines = [line for line in out.splitlines() if RECOMMEND_BREAKDOWN in line]
-    return {"trained": "training not due" not in out and "training failed" not in out,
+    return {"trained": "training not due" not in out and "training failed" not in out, "kind": _kind(out),
             "train_stages_s": {label: float(s) for label, s in TRAIN_STAGE.findall(out)},
             "recommend_stages_s": json.loads(lines[-1].split(RECOMMEND_BREAKDOWN, 1)[1]) if lines else {},
             "night_peak_mb": peak, "night_s": round(night_s, 1)}
@@ -142,7 +166,7 @@ def _als_child(events: str, date: str, window_days: str, top_n: str, out_dir: st
 
 
 def run_scale(work: Path, users: int, items: int, days: int, nights: int, extra: list[str], window_days: int,
-              top_n: int, modes: tuple[str, ...] = ("one",)) -> dict:
+              top_n: int, modes: tuple[str, ...] = ("one",), full_every: int = 7) -> dict:
     """Each mode's nights (``two``: train then recommend, two processes; ``one``: ``recsys night``) on its own
     copy of the generated data and store, beside Spark ALS's night on the same events."""
     from recsys.data.sample import SampleSpec, generate_sample
@@ -185,6 +209,9 @@ def run_scale(work: Path, users: int, items: int, days: int, nights: int, extra:
         job_mean = statistics.mean(r[f"{prefix}night_s"] for r in rows)
         result[f"{prefix}mean_night_s"] = round(job_mean, 1)
         result[f"{prefix}ratio"] = round(job_mean / als_mean, 2)
+        week = week_as_scheduled(rows, full_every, prefix)
+        result[f"{prefix}week_night_s"] = None if week is None else round(week, 1)
+        result[f"{prefix}week_ratio"] = None if week is None else round(week / als_mean, 2)
     return result
 
 
@@ -217,21 +244,29 @@ def main() -> int:
     extra = [f"scoring.top_n={args.top_n}", *args.set]
     if args.train_every:
         extra.append(f"train.every_nights={args.train_every}")
+    from recsys.config import load_config
+
+    full_every = load_config(None, extra).train.full_every_nights      # the cadence the nights ran with
     args.work.mkdir(parents=True, exist_ok=True)
     results = []
     for users in args.users:
         results.append(run_scale(args.work, users, args.items, args.days, args.nights, extra, window_days, args.top_n,
-                                 modes))
+                                 modes, full_every))
         if args.json:
             args.json.write_text(json.dumps({"settings": extra, "scales": results}, indent=2))
     names = {"two": "recsys, train + recommend", "one": "recsys night, one process"}
     print("\n| users | events | " + " | ".join(f"mean night: {names[m]}" for m in modes)
-          + " | Spark ALS (fit + recommendForAllUsers) | " + " | ".join(f"ratio ({m})" for m in modes) + " |")
-    print("|---|---|" + "---|" * (2 * len(modes) + 1))
+          + " | Spark ALS (fit + recommendForAllUsers) | " + " | ".join(f"ratio ({m})" for m in modes)
+          + " | " + " | ".join(f"a week as scheduled ({m}: 1 full + {full_every - 1} warm) / ALS" for m in modes)
+          + " |")
+    print("|---|---|" + "---|" * (3 * len(modes) + 1))
     for r in results:
         prefixes = ["" if m == modes[0] else f"{m}_" for m in modes]
+        weeks = [f"{r[p + 'week_night_s']} s = {r[p + 'week_ratio']}x" if r[p + "week_ratio"] is not None else
+                 "(needs a full and a warm night, each night trained)" for p in prefixes]
         print(f"| {r['users']:,} | {r['events']:,} | " + " | ".join(f"{r[p + 'mean_night_s']} s" for p in prefixes)
-              + f" | {r['mean_als_night_s']} s | " + " | ".join(f"{r[p + 'ratio']}x" for p in prefixes) + " |")
+              + f" | {r['mean_als_night_s']} s | " + " | ".join(f"{r[p + 'ratio']}x" for p in prefixes)
+              + " | " + " | ".join(weeks) + " |")
     return 0
 
 
