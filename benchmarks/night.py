@@ -19,7 +19,7 @@ exit (JVM start-up included, as the scheduler pays it) with the peak resident me
 tree sampled (driver Python, JVM, Python workers); the job's own stage seconds come from its log lines.
 The table printed at the end: the mean night of each and their ratio, and, where the nights held both a full
 training and a warm one (each night trained: ``train.every_nights`` 1), a week as scheduled: one full night and
-``train.full_every_nights`` - 1 warm ones (the means of this run's), against ALS's mean night.
+``train.full_every_nights`` - 1 warm ones (this run's mean night of each kind), against ALS's mean night.
 
 Nothing here is timed inside pytest: the figures and their command belong in docs/performance.md.
 """

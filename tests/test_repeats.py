@@ -142,8 +142,8 @@ def test_the_hr_objective_leaves_a_place_to_a_new_item_where_ndcg_fills_the_list
 
 
 def test_validation_ranks_are_the_model_s_ranks_among_the_items_the_user_does_not_know():
-    """Rows 1 and 2 have nothing new to rank (a known item; an item the model does not know): only rows 0 and 3
-    are encoded, and each target's rank is its own row's."""
+    """Rows 1 and 2 have nothing new to rank (a known item; an item the model does not know): their ranks stay
+    unranked (inf), and each other target's rank is its own row's, counted by hand."""
     model = random_model(NUM_ITEMS, seed=5)
     histories = Sequences.from_lists([ITEM_IDS[[1, 2]], ITEM_IDS[[5, 6]], ITEM_IDS[[7]], ITEM_IDS[[3]]])
     days = ValidationDays(histories=histories, counts=np.array([4, 1, 1, 1, 1, 2]),
