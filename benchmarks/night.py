@@ -41,7 +41,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 FIRST_NIGHT = dt.date(2024, 3, 1)
 ALS_RANK, ALS_ITERATIONS = 64, 10
-DEFAULT_WINDOW_DAYS = 10_000              # history.window_days in recsys/default.yaml
 TRAIN_STAGE = re.compile(r"\[train \S+\] (.+?) done in ([\d.]+)s")
 TRAIN_KIND = re.compile(r"\[train \S+\] (full|warm) training: ")     # recsys.pipelines.train's plan line
 RECOMMEND_BREAKDOWN = "seconds by stage: "     # recsys.pipelines.nightly.STAGE_BREAKDOWN
@@ -166,7 +165,7 @@ def _als_child(events: str, date: str, window_days: str, top_n: str, out_dir: st
 
 
 def run_scale(work: Path, users: int, items: int, days: int, nights: int, extra: list[str], window_days: int,
-              top_n: int, modes: tuple[str, ...] = ("one",), full_every: int = 7) -> dict:
+              top_n: int, modes: tuple[str, ...], full_every: int) -> dict:
     """Each mode's nights (``two``: train then recommend, two processes; ``one``: ``recsys night``) on its own
     copy of the generated data and store, beside Spark ALS's night on the same events."""
     from recsys.data.sample import SampleSpec, generate_sample
@@ -238,15 +237,14 @@ def main() -> int:
         parser.error(f"--modes {args.modes!r}: give two, one, or both (two,one)")
     if args.nights < 1 or args.days < 1:
         parser.error("--nights and --days must be at least 1")
-    # ALS reads the window the job reads: history.window_days as set here, else the default (every event)
-    window_days = next((int(s.split("=", 1)[1]) for s in reversed(args.set) if s.startswith("history.window_days=")),
-                       DEFAULT_WINDOW_DAYS)
     extra = [f"scoring.top_n={args.top_n}", *args.set]
     if args.train_every:
         extra.append(f"train.every_nights={args.train_every}")
     from recsys.config import load_config
 
-    full_every = load_config(None, extra).train.full_every_nights      # the cadence the nights ran with
+    # the configuration the nights run with: ALS reads the window the job reads, and the week follows its cadence
+    cfg = load_config(None, extra)
+    window_days, full_every = cfg.history.window_days, cfg.train.full_every_nights
     args.work.mkdir(parents=True, exist_ok=True)
     results = []
     for users in args.users:
